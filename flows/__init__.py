@@ -1,0 +1,1 @@
+"""Entry points of the pipeline: the `lopd` command line (and, with the pipeline issue, the Prefect flows)."""

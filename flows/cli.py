@@ -1,0 +1,83 @@
+"""The `lopd` command line: one subcommand per pipeline stage, all reading the same params.yaml.
+
+    lopd base      [--params params.yaml] [--set section.key=value ...]   build the embedded base policy
+    lopd evaluate  [--params ...] [--set ...]                               held-out success -> metrics/eval.json
+
+Every command takes --params and repeatable --set overrides; a bad key or value stops it before any work, with
+the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
+from lopd_core.config import ConfigError, Params, load_params
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def cmd_base(params: Params, args) -> int:
+    from lopd_core.model.warmstart import build_base
+
+    out = args.out or params.model.base_dir
+    _log(f"building the embedded base into {out}")
+    report = build_base(params, out, log=_log)
+    _log(f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
+         f"({report.epochs_done} epochs), final loss {report.final_loss}")
+    return 0
+
+
+def cmd_evaluate(params: Params, args) -> int:
+    from lopd_core.evaluation import evaluate, write_metrics
+    from lopd_core.model.loading import load_policy
+
+    model, tokenizer = load_policy(params.model)
+    started = time.perf_counter()
+    results = evaluate(model, tokenizer, params, log=_log)
+    path = write_metrics(results, args.out or params.eval.out)
+    _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def stage(name: str, help_text: str, func):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--params", default="params.yaml", help="the run's configuration (default: params.yaml)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one parameter (repeatable), e.g. --set rollout.temperature=0.7")
+        p.set_defaults(func=func)
+        return p
+
+    stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
+        "--out", default=None, help="output directory (default: model.base_dir)")
+    stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate).add_argument(
+        "--out", default=None, help="metrics file (default: eval.out)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        params = load_params(args.params, args.overrides)
+    except ConfigError as exc:
+        print(f"lopd: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return args.func(params, args)
+    except FileNotFoundError as exc:  # includes ModelNotFoundError: say what is missing, no traceback
+        print(f"lopd: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

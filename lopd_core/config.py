@@ -1,0 +1,233 @@
+"""One typed configuration for a run: `params.yaml` -> nested dataclasses, validated at load.
+
+Why this shape: every command reads the configuration once at the edge (`load_params`) and passes typed
+sections down; library functions take explicit arguments. A wrong key or value fails here, naming the key, the
+value and what was expected, instead of deep inside a training step twenty minutes later.
+
+Overrides use the same dotted names as the file: `--set rollout.temperature=0.7` (the value is parsed as YAML,
+so `true`, `3`, `[a, b]` keep their types).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A key or value of params.yaml (or of a --set override) is not what the pipeline expects."""
+
+
+def _check(predicate, expected: str):
+    return {"check": (predicate, expected)}
+
+
+def positive():
+    return _check(lambda v: v > 0, "a number > 0")
+
+
+def non_negative():
+    return _check(lambda v: v >= 0, "a number >= 0")
+
+
+def fraction():
+    return _check(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+
+
+def one_of(*choices):
+    return _check(lambda v: v in choices, "one of " + ", ".join(map(repr, choices)))
+
+
+def subset_of(*choices):
+    return _check(lambda v: len(v) > 0 and set(v) <= set(choices), "a non-empty list of " + ", ".join(choices))
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture of the embedded base (a small Qwen3) and its tokenizer."""
+
+    vocab_size: int = field(default=2048, metadata=positive())
+    hidden_size: int = field(default=128, metadata=positive())
+    num_layers: int = field(default=4, metadata=positive())
+    num_heads: int = field(default=4, metadata=positive())
+    num_kv_heads: int = field(default=2, metadata=positive())
+    intermediate_size: int = field(default=384, metadata=positive())
+    max_positions: int = field(default=1024, metadata=positive())
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start of the embedded base on oracle demonstrations with controlled noise."""
+
+    demos: int = field(default=6000, metadata=positive())
+    # Share of demonstrations that carry 1..max_experiences same-world successes as text in the first user turn.
+    experience_fraction: float = field(default=0.5, metadata=fraction())
+    max_experiences: int = field(default=3, metadata=positive())
+    # Probability that a demonstration *without* experience follows another world's conventions: the base then
+    # knows each world's rules only imperfectly, while demonstrations with experience always follow them.
+    convention_noise: float = field(default=0.5, metadata=fraction())
+    slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
+    epochs: float = field(default=2.0, metadata=positive())
+    batch_tokens: int = field(default=8192, metadata=positive())
+    lr: float = field(default=3e-3, metadata=positive())
+    warmup_steps: int = field(default=20, metadata=non_negative())
+    time_budget_s: float = field(default=240.0, metadata=positive())  # stop training early past this
+
+
+@dataclass
+class ModelConfig:
+    # Empty: the embedded base that `lopd base` builds at `base_dir`. Otherwise any causal-LM directory or hub
+    # id (loaded offline unless HF_HUB_OFFLINE=0).
+    name_or_path: str = ""
+    base_dir: str = "data/base"
+    dtype: str = field(default="float32", metadata=one_of("float32", "bfloat16", "float16"))
+    device: str = "auto"
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class EnvsConfig:
+    # Environment mix for training and evaluation: name -> weight.
+    mix: dict[str, float] = field(default_factory=lambda: {"toolworld": 1.0},
+                                  metadata=_check(lambda v: v and set(v) <= {"toolworld"} and all(w > 0 for w in v.values()),
+                                                  "a non-empty mapping of known environments (toolworld) to weights > 0"))
+    train_tasks: int = field(default=4000, metadata=positive())
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = field(default=32, metadata=positive())  # trajectories generated together
+    max_new_tokens: int = field(default=64, metadata=positive())  # per assistant turn
+    max_context: int = field(default=1024, metadata=positive())
+    temperature: float = field(default=1.0, metadata=non_negative())
+    top_p: float = field(default=1.0, metadata=_check(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"))
+
+
+@dataclass
+class EvalConfig:
+    n_per_split: int = field(default=200, metadata=positive())
+    splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
+                              metadata=subset_of("train", "test_id", "test_ood"))
+    modes: list[str] = field(default_factory=lambda: ["greedy", "sampled"], metadata=subset_of("greedy", "sampled"))
+    temperature: float = field(default=1.0, metadata=positive())  # the `sampled` mode
+    # Also report success with 1..3 same-world oracle successes as text in the first user turn
+    # (the base's ability to use experience in context); reported under "<split>+experience".
+    with_experience: bool = True
+    num_experiences: int = field(default=3, metadata=positive())
+    out: str = "metrics/eval.json"
+
+
+@dataclass
+class TrackingConfig:
+    mlflow_uri: str = "sqlite:///mlflow.db"
+    experiment: str = "lopd"
+
+
+@dataclass
+class Params:
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    envs: EnvsConfig = field(default_factory=EnvsConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: got {value!r}, expected a mapping of {tp.__name__} fields")
+        return _build(tp, value, key)
+    if origin in (list, tuple):
+        (item_tp,) = typing.get_args(tp)[:1]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: got {value!r}, expected a list")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: got {value!r}, expected a mapping")
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, inner, key)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in _SCALARS:
+        if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
+            raise ConfigError(f"{key}: got {value!r}, expected {_SCALARS[tp]}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")  # a bug in this module, not in the params
+
+
+def _build(cls, raw: dict, prefix: str):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"{where}{unknown[0]}: unknown key (value {raw[unknown[0]]!r}); expected one of: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}.{name}" if prefix else name
+        value = _coerce(value, hints[name], key)
+        check = fields[name].metadata.get("check")
+        if check is not None and not check[0](value):
+            raise ConfigError(f"{key}: got {value!r}, expected {check[1]}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `section.key=value` to the raw mapping in place (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value")
+    dotted, text = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part!r} is not a section (value {child!r})")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{dotted}: value {text!r} is not valid YAML ({exc})") from None
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
+    """Read params.yaml (a missing file means all defaults), apply overrides, validate, return typed Params."""
+    path = Path(path)
+    raw: dict = {}
+    if path.exists():
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded).__name__}")
+        raw = loaded or {}
+    elif path.name != "params.yaml":
+        raise ConfigError(f"{path}: no such params file")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return _build(Params, raw, "")

@@ -1,0 +1,78 @@
+"""Build the tiny Qwen3 and load any causal LM (embedded base, a local directory or a hub id) the same way.
+
+Loading is offline-friendly: with HF_HUB_OFFLINE=1 (the package default, see lopd_core/offline.py) a hub id
+that is not in the local cache fails at once with a message saying what to do, instead of retrying the
+network for tens of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from lopd_core.config import ModelConfig, TinyModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The configured model is neither a local directory nor available offline."""
+
+
+def tiny_qwen3(cfg: TinyModelConfig, tokenizer) -> Qwen3ForCausalLM:
+    """A freshly initialised small Qwen3 sized by `cfg`, its vocabulary taken from the tokenizer."""
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def model_path(cfg: ModelConfig) -> str:
+    """Where the policy comes from: the configured name, else the embedded base directory."""
+    return cfg.name_or_path or cfg.base_dir
+
+
+def load_policy(cfg: ModelConfig, device: torch.device | None = None):
+    """Return (model, tokenizer) in eval mode on `device`; a clear error when the model is missing."""
+    source = model_path(cfg)
+    local = Path(source)
+    if not cfg.name_or_path and not (local / "config.json").exists():
+        raise ModelNotFoundError(
+            f"no embedded base at {source!r}: build it with `lopd base` (or set model.name_or_path)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype])
+    except OSError as exc:
+        hint = (
+            " (offline mode: HF_HUB_OFFLINE=1; download it once with HF_HUB_OFFLINE=0 or point"
+            " model.name_or_path at a local directory)"
+            if os.environ.get("HF_HUB_OFFLINE") == "1" and not local.exists()
+            else ""
+        )
+        raise ModelNotFoundError(f"cannot load model {source!r}{hint}: {exc}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device or resolve_device(cfg.device)).eval()
+    return model, tokenizer

@@ -1,0 +1,172 @@
+"""Batched multi-turn rollouts, token in and token out.
+
+Each round generates one assistant turn for every unfinished trajectory of the batch: the contexts are
+left-padded and prefilled together, then decoded with a KV cache until every row has closed its turn with
+<|im_end|> (or hit `max_new_tokens`). The decoded action goes to that trajectory's environment, and the tool
+observation is appended as forced ids. Re-prefilling each round keeps the bookkeeping simple (no ragged cache
+surgery between turns); prefill is one batched forward, so it is cheap next to token-by-token decoding.
+
+What a trajectory records (the contract training relies on):
+  * token_ids       — the whole conversation, exactly the ids the policy saw and produced;
+  * action_mask     — 1 where the policy sampled the token (its actions and their closing <|im_end|>), 0 for
+                      forced tokens (system, user, observations, turn framing, a closing <|im_end|> the engine
+                      had to add after a turn ran out of tokens);
+  * sample_logprobs — log-probability of each sampled token under the distribution it was drawn from
+                      (after temperature and top-p; greedy records the plain log-softmax), 0 where forced;
+  * reward, success, stop_reason and the environment's episode record.
+Text is decoded only to hand an action to the environment; it is never tokenized again for training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from lopd_core.envs import Task, make_env
+from lopd_core.model.chat import ChatCodec, TrajectoryIds
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64  # per assistant turn
+    max_context: int = 1024  # a trajectory that outgrows this is closed with stop_reason "context_limit"
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    task: Task
+    sample_index: int = 0
+    experiences: tuple[str, ...] = ()  # success texts placed in the first user turn (empty for the student)
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    sample_index: int
+    experiences: tuple[str, ...]
+    token_ids: list[int]
+    action_mask: list[int]
+    sample_logprobs: list[float]
+    prompt_length: int  # forced tokens before the first action
+    reward: float = 0.0
+    success: bool = False
+    stop_reason: str = ""
+    num_turns: int = 0
+    episode: list[dict] = field(default_factory=list)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+
+def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator):
+    """Sample (or take the argmax of) one token per row; return ids and their sampling log-probs. (B, V) -> (B,)"""
+    logits = logits.float()
+    if sampling.temperature == 0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        ids = logprobs.argmax(dim=-1)
+        return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
+    logprobs = torch.log_softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+        cum = sorted_lp.exp().cumsum(dim=-1)
+        drop_sorted = cum - sorted_lp.exp() >= sampling.top_p  # keep the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logprobs = torch.log_softmax(logprobs.masked_fill(drop, float("-inf")), dim=-1)
+    ids = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
+                  generator: torch.Generator) -> list[tuple[list[int], list[float]]]:
+    """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
+    ids end with `stop_id` unless the turn ran out of `max_new_tokens`."""
+    device = next(model.parameters()).device
+    batch, width = len(contexts), max(len(c) for c in contexts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    for row, ctx in enumerate(contexts):  # left padding: every row's next token lands in the last column
+        input_ids[row, width - len(ctx):] = torch.tensor(ctx)
+        attention[row, width - len(ctx):] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    cache = DynamicCache()
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    next_pos = positions[:, -1:] + 1  # (B, 1)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    produced: list[list[int]] = [[] for _ in contexts]
+    logps: list[list[float]] = [[] for _ in contexts]
+    for _ in range(sampling.max_new_tokens):
+        ids, lps = _pick_tokens(out.logits[:, -1, :], sampling, generator)
+        ids = ids.masked_fill(done, pad_id)
+        for row in (~done).nonzero().flatten().tolist():
+            produced[row].append(int(ids[row]))
+            logps[row].append(float(lps[row]))
+        done |= ids == stop_id
+        if bool(done.all()):
+            break
+        attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
+        out = model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos,
+                    past_key_values=out.past_key_values, use_cache=True)
+        next_pos = next_pos + 1
+    return list(zip(produced, logps))
+
+
+def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> None:
+    traj.reward = float(result.reward)
+    traj.success = bool(result.info.get("success", False))
+    traj.stop_reason = stop_reason or result.info.get("stop_reason", "")
+    traj.episode = list(env.episode)
+
+
+@torch.no_grad()
+def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling: Sampling,
+            batch_size: int = 32, seed: int = 0, progress=None) -> list[Trajectory]:
+    """Play every request to the end; deterministic for a given seed, model and request order."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    trajectories: list[Trajectory] = []
+    for start in range(0, len(requests), batch_size):
+        chunk = requests[start:start + batch_size]
+        envs, trajs = [], []
+        for req in chunk:
+            env = make_env(req.task)
+            first = env.reset(req.task)
+            ids: TrajectoryIds = codec.start(first.system, first.user, list(req.experiences) or None)
+            envs.append(env)
+            trajs.append(Trajectory(req.task, req.sample_index, req.experiences, ids.token_ids,
+                                    ids.action_mask, ids.sample_logprobs, prompt_length=len(ids)))
+        active = list(range(len(chunk)))
+        while active:
+            turns = generate_turn(model, [trajs[i].token_ids for i in active], sampling=sampling,
+                                  stop_id=codec.im_end_id, pad_id=codec.pad_id, generator=generator)
+            still = []
+            for i, (ids, lps) in zip(active, turns):
+                traj, env = trajs[i], envs[i]
+                grow = TrajectoryIds(traj.token_ids, traj.action_mask, traj.sample_logprobs)
+                grow.add_action(ids, lps)
+                if not ids or ids[-1] != codec.im_end_id:
+                    grow.add_forced([codec.im_end_id])  # the engine closed the turn, not the policy
+                traj.num_turns += 1
+                result = env.step(codec.decode_action(ids))
+                if result.done:
+                    _finish(traj, env, result)
+                    continue
+                grow.add_forced(codec.observation_ids(result.observation))
+                if len(traj.token_ids) + sampling.max_new_tokens > sampling.max_context:
+                    _finish(traj, env, env.step(""), stop_reason="context_limit")  # empty answer closes it
+                    continue
+                still.append(i)
+            active = still
+        trajectories.extend(trajs)
+        if progress is not None:
+            progress(len(trajectories), len(requests))
+    model.train(was_training)
+    return trajectories

@@ -1,0 +1,1 @@
+"""Thin orchestration wrappers over lopd_core (Prefect tasks come with the pipeline stage)."""

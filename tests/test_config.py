@@ -1,0 +1,68 @@
+"""Configuration: the file loads to typed sections, overrides apply, and mistakes name key, value, expectation."""
+
+import pytest
+
+from lopd_core.config import ConfigError, Params, load_params
+
+
+def test_params_yaml_loads_and_matches_defaults():
+    params = load_params("params.yaml")
+    assert isinstance(params, Params)
+    # params.yaml spells out the defaults: a drift between the two would confuse users.
+    assert params.to_dict() == Params().to_dict()
+
+
+def test_overrides_keep_yaml_types():
+    params = load_params("params.yaml", ["rollout.temperature=0.7", "eval.splits=[test_id]", "seed=3",
+                                         "model.tiny.num_layers=2"])
+    assert params.rollout.temperature == 0.7
+    assert params.eval.splits == ["test_id"]
+    assert params.seed == 3
+    assert params.model.tiny.num_layers == 2
+
+
+def test_int_widens_to_float():
+    assert load_params("params.yaml", ["rollout.temperature=1"]).rollout.temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("rollout.temprature=0.5", ["rollout.temprature", "unknown key", "temperature"]),
+        ("rollout.temperature=-1", ["rollout.temperature", "-1", ">= 0"]),
+        ("rollout.batch_size=abc", ["rollout.batch_size", "'abc'", "an integer"]),
+        ("rollout.batch_size=true", ["rollout.batch_size", "True", "an integer"]),
+        ("eval.with_experience=1", ["eval.with_experience", "1", "true or false"]),
+        ("eval.modes=[greedy, beam]", ["eval.modes", "beam", "greedy, sampled"]),
+        ("model.dtype=fp8", ["model.dtype", "fp8", "one of"]),
+        ("envs.mix={nowhere: 1.0}", ["envs.mix", "nowhere", "known environments"]),
+        ("nosection.key=1", ["nosection", "unknown key"]),
+        ("model.tiny=3", ["model.tiny", "3", "mapping"]),
+        ("rollout.top_p=0", ["rollout.top_p", "(0, 1]"]),
+        ("model.warmstart.slip=1.5", ["model.warmstart.slip", "1.5", "[0, 1]"]),
+    ],
+)
+def test_bad_values_fail_naming_key_value_and_expectation(override, fragments):
+    with pytest.raises(ConfigError) as info:
+        load_params("params.yaml", [override])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_malformed_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_params("params.yaml", ["rollout.temperature"])
+    with pytest.raises(ConfigError, match="no such params file"):
+        load_params(tmp_path / "other.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_params(bad)
+
+
+def test_cli_reports_config_error(capsys):
+    from flows.cli import main
+
+    assert main(["evaluate", "--set", "rollout.batch_size=0"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.batch_size" in err and "> 0" in err
