@@ -19,6 +19,7 @@ Text is decoded only to hand an action to the environment; it is never tokenized
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +82,11 @@ def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gene
     return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
 
 
+def _cache_keyword(model) -> str:
+    """transformers 5.24 renamed `past_key_values` to `cache`; accept either release line."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
                   generator: torch.Generator) -> list[tuple[list[int], list[float]]]:
@@ -95,9 +101,9 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
         attention[row, width - len(ctx):] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    cache = DynamicCache()
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = {_cache_keyword(model): DynamicCache()}  # filled in place by every forward below
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **cache)
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     produced: list[list[int]] = [[] for _ in contexts]
@@ -112,8 +118,8 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
         if bool(done.all()):
             break
         attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
-        out = model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos, use_cache=True,
+                    **cache)
         next_pos = next_pos + 1
     return list(zip(produced, logps))
 

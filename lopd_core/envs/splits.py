@@ -1,0 +1,91 @@
+"""Deterministic task sets: train / test_id from the train templates, test_ood from the ood ones.
+
+Instance ``i`` of a split depends only on (seed, split, i), so a larger ``n`` extends a
+smaller one. Templates cycle evenly and, within each template, worlds cycle evenly. train and
+test_id draw from disjoint rng streams *and* are disjoint by content: every instance's
+content hash assigns it to exactly one of the two splits (1 in 8 to test_id), so no test_id
+task can equal a train task for any seed or size. Each task's ``max_turns`` is the number of
+calls its oracle needs + 2 (one for the answer, one spare); generation replays the oracle
+and fails loudly if a template ever produces an instance its oracle cannot solve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+
+from .base import SPLITS, Task
+from .templates import TEMPLATES, Template
+from .worlds import WORLDS, conventions_for
+
+ENV_NAME = "toolworld"
+TEST_ID_BUCKETS = 8
+_MAX_ATTEMPTS = 200
+
+
+def _content_key(tpl: Template, world: str, draft) -> int:
+    blob = json.dumps(
+        [tpl.name, world, draft.instruction, draft.state, draft.checks, draft.answer], sort_keys=True
+    )
+    return int.from_bytes(hashlib.sha1(blob.encode()).digest()[:8], "big")
+
+
+def _templates_for(split: str) -> list[Template]:
+    group = "ood" if split == "test_ood" else "train"
+    return [t for t in TEMPLATES.values() if t.split_group == group]
+
+
+def build_task(tpl: Template, world: str, split: str, index: int, draft) -> Task:
+    spec = {
+        "domains": list(tpl.domains),
+        "state": draft.state,
+        "conventions": conventions_for(world, tpl.domains),
+        "checks": draft.checks,
+        "params": draft.params,
+        "answer": draft.answer,
+    }
+    task = Task(
+        task_id=f"{ENV_NAME}/{split}/{tpl.name}/{index:06d}",
+        env=ENV_NAME,
+        split=split,
+        template=tpl.name,
+        world=world,
+        instruction=f"[{world}] {draft.instruction}",
+        spec=json.loads(json.dumps(spec)),
+        max_turns=64,
+    )
+    from .oracle import run_oracle  # local: oracle imports the env, which is fine but keep splits light
+
+    actions, results, _ = run_oracle(task)
+    if not results[-1].info["success"]:
+        raise RuntimeError(
+            f"template {tpl.name} produced an instance its oracle cannot solve: {task.to_json()}"
+        )
+    return dataclasses.replace(task, max_turns=len(actions) - 1 + 2)
+
+
+def make_tasks(env: str, split: str, n: int, seed: int) -> list[Task]:
+    if env != ENV_NAME:
+        raise ValueError(f"unknown env {env!r}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    templates = _templates_for(split)
+    worlds = list(WORLDS)
+    tasks = []
+    for i in range(n):
+        tpl = templates[i % len(templates)]
+        world = worlds[(i // len(templates)) % len(worlds)]
+        for attempt in range(_MAX_ATTEMPTS):
+            rng = random.Random(f"{ENV_NAME}|{seed}|{split}|{i}|{attempt}")
+            draft = tpl.generate(rng, world)
+            if split == "test_ood":
+                break
+            in_test = _content_key(tpl, world, draft) % TEST_ID_BUCKETS == 0
+            if in_test == (split == "test_id"):
+                break
+        else:
+            raise RuntimeError(f"could not draw a {split} instance of {tpl.name}")
+        tasks.append(build_task(tpl, world, split, i, draft))
+    return tasks
