@@ -1,6 +1,9 @@
 """The `lopd` command line: one subcommand per pipeline stage, all reading the same params.yaml.
 
     lopd base      [--params params.yaml] [--set section.key=value ...]   build the embedded base policy
+    lopd bank      [--params ...] [--set ...]        roll out the policy, keep its successes in the bank
+    lopd coldstart [--params ...] [--set ...]        train φ0, the composer's cold start, on bank successes
+    lopd distill   [--params ...] [--set ...] [--fresh]   LOPD training; resumes from the last checkpoint
     lopd evaluate  [--params ...] [--set ...]                               held-out success -> metrics/eval.json
 
 Every command takes --params and repeatable --set overrides; a bad key or value stops it before any work, with
@@ -33,6 +36,32 @@ def cmd_base(params: Params, args) -> int:
     return 0
 
 
+def cmd_bank(params: Params, args) -> int:
+    from lopd_core.lopd.stages import seed_bank
+
+    summary = seed_bank(params, log=_log)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def cmd_coldstart(params: Params, args) -> int:
+    from lopd_core.lopd.stages import run_coldstart
+
+    summary = run_coldstart(params, log=_log)
+    _log(f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
+         f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}")
+    return 0
+
+
+def cmd_distill(params: Params, args) -> int:
+    from lopd_core.lopd.stages import run_lopd
+
+    summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=_log)
+    _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}, "
+         f"{summary['skipped_updates']} skipped updates; student at {summary['student']}")
+    return 0
+
+
 def cmd_evaluate(params: Params, args) -> int:
     from lopd_core.evaluation import evaluate, write_metrics
     from lopd_core.model.loading import load_policy
@@ -60,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
         "--out", default=None, help="output directory (default: model.base_dir)")
+    stage("bank", "roll out the policy on training tasks and keep its successes in the bank", cmd_bank)
+    stage("coldstart", "train the composer's cold start φ0 on bank successes", cmd_coldstart)
+    distill = stage("distill", "LOPD distillation (resumes from the last checkpoint)", cmd_distill)
+    distill.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
+    distill.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # resumption tests
     stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate).add_argument(
         "--out", default=None, help="metrics file (default: eval.out)")
     return parser

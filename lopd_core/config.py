@@ -125,6 +125,65 @@ class EvalConfig:
 
 
 @dataclass
+class BankConfig:
+    """The experience bank: parquet is the source of truth, Chroma a derived index rebuilt from it."""
+
+    dir: str = "data/bank"  # bank.parquet lives here
+    index_dir: str = "data/bank_index"  # the Chroma folder (outside DVC-tracked outputs: opening it writes)
+    chroma_url: str = ""  # e.g. http://localhost:8000 to use a Chroma server instead of the folder
+    collection: str = "experiences"
+    top_j: int = field(default=3, metadata=positive())
+    allow_self_retrieval: bool = True  # may a task retrieve its own earlier success (as the official code)
+    min_reward: float = field(default=1.0, metadata=fraction())
+    seed_tasks: int = field(default=800, metadata=positive())  # train tasks rolled out to seed the bank
+    samples_per_task: int = field(default=2, metadata=positive())
+
+
+@dataclass
+class ComposerConfig:
+    num_queries: int = field(default=32, metadata=positive())  # K latents per experience (official code: 32)
+    hidden_size: int = field(default=0, metadata=non_negative())  # 0 = the LM's width
+    num_layers: int = field(default=2, metadata=positive())
+    num_heads: int = field(default=4, metadata=positive())
+    max_experience_tokens: int = field(default=256, metadata=positive())
+
+
+@dataclass
+class ColdStartConfig:
+    steps: int = field(default=60, metadata=positive())
+    batch_size: int = field(default=16, metadata=positive())
+    lr: float = field(default=1e-3, metadata=positive())
+    # Weight of KL(latent teacher || base reading the experiences as text); 0 = the paper's NLL only.
+    kl_weight: float = field(default=1.0, metadata=non_negative())
+    out: str = "data/composer/phi0.pt"
+
+
+@dataclass
+class LopdConfig:
+    steps: int = field(default=40, metadata=positive())
+    tasks_per_step: int = field(default=8, metadata=positive())  # B
+    samples_per_task: int = field(default=4, metadata=positive())  # G
+    temperature: float = field(default=1.0, metadata=positive())  # rollout sampling temperature
+    student_mode: str = field(default="full", metadata=one_of("full", "lora"))
+    lora_rank: int = field(default=8, metadata=positive())
+    lr_student: float = field(default=3e-4, metadata=positive())
+    lr_composer: float = field(default=1e-3, metadata=positive())
+    student_loss: str = field(default="topk", metadata=one_of("topk", "full", "sampled"))
+    top_k: int = field(default=20, metadata=positive())
+    importance_weight: bool = False  # truncated IS weight when temperature != 1
+    importance_cap: float = field(default=2.0, metadata=positive())
+    margin: float = 0.05  # m
+    anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
+    beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β
+    beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
+    advantage: str = field(default="continuous", metadata=one_of("continuous", "binary", "group"))
+    max_grad_norm: float = field(default=1.0, metadata=positive())
+    checkpoint_every: int = field(default=10, metadata=positive())
+    out_dir: str = "data/lopd"
+    csv: str = "plots/distill.csv"
+
+
+@dataclass
 class TrackingConfig:
     mlflow_uri: str = "sqlite:///mlflow.db"
     experiment: str = "lopd"
@@ -136,6 +195,10 @@ class Params:
     model: ModelConfig = field(default_factory=ModelConfig)
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    bank: BankConfig = field(default_factory=BankConfig)
+    composer: ComposerConfig = field(default_factory=ComposerConfig)
+    coldstart: ColdStartConfig = field(default_factory=ColdStartConfig)
+    lopd: LopdConfig = field(default_factory=LopdConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 

@@ -21,8 +21,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            # Words are split only before spaces (not at punctuation, as GPT-2's regex does), so frequent
+            # pieces such as ` "arguments":` or ` "bank_get_balance",` become single tokens: a tool call
+            # takes about 11 tokens instead of 23, which halves both training and rollout cost.
+            # A newline is always a token of its own, so turn framing (`user` `\n`) ends on a token boundary
+            # whatever follows: the latent teacher splices its latents there into the student's ids.
+            pre_tokenizers.Split("\n", behavior="isolated"),
+            pre_tokenizers.Split(" ", behavior="merged_with_next"),
             pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     bpe.decoder = decoders.ByteLevel()

@@ -107,22 +107,22 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     total_steps = max(1, int(len(batches) * ws.epochs))
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01, betas=(0.9, 0.98))
 
-    def lr_at(step: int) -> float:
+    def lr_at(step: int, planned: int) -> float:
         if step < ws.warmup_steps:
             return ws.lr * (step + 1) / ws.warmup_steps
-        progress = (step - ws.warmup_steps) / max(1, total_steps - ws.warmup_steps)
-        return ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        progress = (step - ws.warmup_steps) / max(1, planned - ws.warmup_steps)
+        return ws.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
     model.train()
     t_train = time.perf_counter()
-    step, loss_ema = 0, float("nan")
-    while step < total_steps:
+    step, loss_ema, planned = 0, float("nan"), total_steps
+    while step < planned:
         if step and step % len(batches) == 0:
             rng.shuffle(batches)
         batch = [seqs[i] for i in batches[step % len(batches)]]
         ids, attention, labels = collate(batch, codec.pad_id)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, planned)
         loss = action_token_loss(model, ids, attention, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -131,10 +131,16 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train
-        if step % 25 == 0 or step == total_steps:
-            log(f"base: step {step}/{total_steps} loss {loss_ema:.3f} ({elapsed:.0f}s)")
-        if elapsed > ws.time_budget_s:
-            log(f"base: time budget {ws.time_budget_s:.0f}s reached at step {step}/{total_steps}")
+        if step == 20:
+            # Fit the schedule to the time budget: a cosine cut off half-way would end at a high learning rate.
+            affordable = int(ws.time_budget_s / (elapsed / step))
+            if affordable < planned:
+                planned = max(step + 1, affordable)
+                log(f"base: {total_steps} steps planned, {planned} fit the {ws.time_budget_s:.0f}s budget")
+        if step % 25 == 0 or step == planned:
+            log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr_at(step, planned):.2e} ({elapsed:.0f}s)")
+        if elapsed > ws.time_budget_s * 1.1:
+            log(f"base: time budget {ws.time_budget_s:.0f}s overrun at step {step}/{planned}; stopping")
             break
     seconds_train = time.perf_counter() - t_train
 

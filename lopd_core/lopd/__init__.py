@@ -1,0 +1,1 @@
+"""The LOPD core: losses for the student (reverse KL toward the latent teacher) and the composer."""

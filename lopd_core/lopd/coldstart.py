@@ -1,0 +1,97 @@
+"""`lopd coldstart`: train φ0, a composer whose latents make the frozen base reproduce bank successes.
+
+For a successful trajectory τ of task x and the J experiences retrieved for x (never τ's own task, so φ0 must
+carry what *other* successes know rather than copy the answer):
+  * NLL — the paper's objective: −mean log p_base(a | latents c_φ, student ids) over τ's action tokens;
+  * KL — our addition, after xRAG: KL(p_base+text ‖ p_base+latents) at the same positions, where the first is
+    the same frozen base reading the experiences as plain text between the same framing tokens. It pulls the
+    latents toward meaning what the text means, and costs one extra no-grad forward.
+loss = NLL + kl_weight · KL, both token means. Logged per step with the latent/embedding norm ratio.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from lopd_core.lopd import losses as L
+from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.lopd.models import TeacherView, freeze
+from lopd_core.lopd.teacher import Framing, action_logits, build_batch
+
+COLDSTART_COLUMNS = ["step", "nll", "kl", "loss", "latent_norm_ratio", "grad_norm", "step_seconds"]
+
+
+def text_block_embeddings(base, tokenizer, experiences: list[list[str]]) -> list[torch.Tensor]:
+    """Embeddings of the experiences as text, joined as the chat format joins them (no grad)."""
+    embed = base.get_input_embeddings()
+    device = embed.weight.device
+    out = []
+    with torch.no_grad():
+        for texts in experiences:
+            ids = tokenizer("\n".join(texts), add_special_tokens=False)["input_ids"] if texts else []
+            out.append(embed(torch.tensor(ids, dtype=torch.long, device=device)))
+    return out
+
+
+def train_coldstart(base, tokenizer, composer: Composer, successes: list, retriever, *, steps: int,
+                    batch_size: int, lr: float, kl_weight: float, seed: int, csv_path: str | Path | None = None,
+                    max_experience_tokens: int = 256, log=print) -> list[dict]:
+    """`successes`: trajectories (token_ids, action_mask, task) with success; `retriever(tasks)` gives
+    experience texts per task, excluding the task itself. Trains `composer` in place; returns the log rows."""
+    if not successes:
+        raise ValueError("cold start needs at least one successful trajectory in the bank's seed rollouts")
+    freeze(base)
+    view = TeacherView(base)
+    framing = Framing.from_tokenizer(tokenizer)
+    encoder = ExperienceEncoder(view, tokenizer, max_tokens=max_experience_tokens)
+    emb_norm = mean_embedding_norm(base)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(composer.parameters(), lr=lr, weight_decay=0.0)
+    composer.train()
+    rows = []
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        batch = rng.sample(successes, min(batch_size, len(successes)))
+        ids = [t.token_ids for t in batch]
+        masks = [t.action_mask for t in batch]
+        experiences = retriever([t.task for t in batch])
+        latents = compose_latents(composer, encoder, experiences)
+        lat_batch = build_batch(base, ids, masks, latents, framing)
+        lat_logits = action_logits(base, lat_batch)  # (N, V), graph to φ
+        nll = torch.nn.functional.cross_entropy(lat_logits, lat_batch.action_ids)
+        if kl_weight > 0:
+            with torch.no_grad():
+                txt_batch = build_batch(base, ids, masks, text_block_embeddings(base, tokenizer, experiences),
+                                        framing)
+                txt_logits = action_logits(base, txt_batch)
+            kl = L.reverse_kl_full(txt_logits, lat_logits).mean()  # KL(p_text ‖ p_latent), grad into latents
+        else:
+            kl = torch.zeros(())
+        loss = nll + kl_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = float(torch.nn.utils.clip_grad_norm_(composer.parameters(), 1.0))
+        if torch.isfinite(loss) and torch.isfinite(torch.tensor(grad)):
+            opt.step()
+        flat = torch.cat(latents).detach()
+        row = {"step": step, "nll": float(nll), "kl": float(kl), "loss": float(loss),
+               "latent_norm_ratio": float(flat.norm(dim=-1).mean()) / emb_norm if flat.numel() else 0.0,
+               "grad_norm": grad, "step_seconds": time.perf_counter() - started}
+        rows.append(row)
+        if step % 10 == 0 or step == steps or step == 1:
+            log(f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
+                f"latent/embedding norm {row['latent_norm_ratio']:.2f}")
+    if csv_path is not None:
+        path = Path(csv_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLDSTART_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+    return rows

@@ -1,0 +1,134 @@
+"""The LOPD stages as plain functions of the typed params: seed the bank, cold start, distil.
+
+Each reads its inputs from the paths in params and writes its outputs there; the `lopd` command line and the
+orchestration layer call these and nothing deeper. Paths:
+  data/bank/experience.parquet      the bank (source of truth)    data/bank/seed_rollouts.parquet  its inputs
+  data/bank_index/                  the Chroma index (derived)     coldstart.out                    φ0
+  lopd.out_dir/checkpoint.pt        resumable training state       lopd.out_dir/student/            the student
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from lopd_core.bank import ExperienceBank
+from lopd_core.config import Params
+from lopd_core.envs import Task, make_tasks
+from lopd_core.lopd.coldstart import train_coldstart
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
+from lopd_core.model.chat import ChatCodec
+from lopd_core.model.loading import load_policy, model_path
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
+
+
+def bank_paths(params: Params) -> tuple[Path, Path]:
+    root = Path(params.bank.dir)
+    return root / "experience.parquet", root / "seed_rollouts.parquet"
+
+
+def open_bank(params: Params) -> ExperienceBank:
+    parquet, _ = bank_paths(params)
+    return ExperienceBank(parquet, index_dir=params.bank.index_dir, chroma_url=params.bank.chroma_url or None,
+                          collection=params.bank.collection)
+
+
+def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool):
+    def retrieve(tasks: list[Task]) -> list[list[str]]:
+        return [[h.experience_text for h in hits] for hits in bank.retrieve(tasks, j, allow_self_retrieval)]
+
+    return retrieve
+
+
+def seed_bank(params: Params, log=print) -> dict:
+    """Roll out the current policy on training tasks; keep its successes in the bank (provenance recorded)."""
+    model, tokenizer = load_policy(params.model)
+    b, ro = params.bank, params.rollout
+    tasks = make_tasks("toolworld", "train", b.seed_tasks, params.seed + 101)
+    requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
+    sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
+                        max_context=ro.max_context)
+    trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
+                    seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
+                    if done % (ro.batch_size * 10) == 0 or done == total else None)
+    frame = trajectories_to_frame(trajs)
+    parquet, seed_path = bank_paths(params)
+    write_trajectories(frame, seed_path)
+    with open_bank(params) as bank:
+        report = bank.refresh(frame, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=0)
+        bank.ensure_index()
+        size = len(bank)
+    summary = {"rollouts": len(trajs), "successes": int(frame["success"].sum()),
+               "success_rate": round(float(frame["success"].mean()), 4), "bank_rows": size,
+               "refresh": getattr(report, "__dict__", str(report))}
+    (parquet.parent / "bank_report.json").write_text(json.dumps(summary, indent=2, default=str))
+    log(f"bank: {summary['successes']}/{len(trajs)} successful rollouts; bank has {size} rows")
+    return summary
+
+
+def _successes(params: Params):
+    _, seed_path = bank_paths(params)
+    if not seed_path.exists():
+        raise FileNotFoundError(f"no seed rollouts at {seed_path}: run `lopd bank` first")
+    frame = read_trajectories(seed_path)
+    frame = frame[frame["success"]]
+
+    class _Success:  # the three fields cold start reads
+        __slots__ = ("token_ids", "action_mask", "task")
+
+    out = []
+    for row in frame.itertuples():
+        s = _Success()
+        s.token_ids, s.action_mask, s.task = list(row.token_ids), list(row.action_mask), Task.from_json(row.task)
+        out.append(s)
+    return out, len(read_trajectories(seed_path))
+
+
+def new_composer(params: Params, model) -> Composer:
+    c = params.composer
+    return Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
+                    num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+
+
+def run_coldstart(params: Params, log=print) -> dict:
+    import torch
+
+    model, tokenizer = load_policy(params.model)
+    successes, _ = _successes(params)
+    cs = params.coldstart
+    torch.manual_seed(params.seed)
+    composer = new_composer(params, model)
+    with open_bank(params) as bank:
+        retriever = make_retriever(bank, params.bank.top_j, allow_self_retrieval=False)
+        rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
+                               batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
+                               csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
+                               max_experience_tokens=params.composer.max_experience_tokens, log=log)
+    out = Path(cs.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    torch.save(composer.state_dict(), tmp)
+    tmp.replace(out)
+    return {"successes": len(successes), "first": rows[0], "last": rows[-1], "out": str(out)}
+
+
+def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, log=print) -> dict:
+    random.seed(params.seed)
+    model, tokenizer = load_policy(params.model)
+    if not Path(params.coldstart.out).exists():
+        raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")
+    composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
+                             mean_embedding_norm(model))
+    _, seed_rollouts = _successes(params)
+    with open_bank(params) as bank:
+        retriever = make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval)
+        distiller = Distiller(params, model, tokenizer, retriever, composer=composer,
+                              initial_rollouts=seed_rollouts, log=log)
+        state = run_distill(distiller, resume=resume, stop_after=stop_after)
+    student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
+    last = state.history[-1]["row"] if state.history else {}
+    return {"steps": state.step, "beta": state.beta, "skipped_updates": state.skipped_updates,
+            "rollouts": state.rollouts, "last": last, "student": str(student_dir)}

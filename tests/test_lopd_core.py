@@ -1,0 +1,166 @@
+"""LOPD core: the latent splice lines up with the text format, the composer scales its latents, and the
+trainer follows DESIGN §3 — moves every trainable parameter, ascends β by the rule, skips non-finite updates
+and resumes to the same numbers."""
+
+import copy
+import csv
+import math
+
+import pytest
+import torch
+
+from lopd_core.config import Params
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
+from lopd_core.lopd import trainer as trainer_mod
+from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.lopd.models import TeacherView, make_student_and_teacher
+from lopd_core.lopd.teacher import Framing, action_logits, build_batch, splice_position
+from lopd_core.model.chat import ChatCodec
+
+
+def _oracle_trajectory(codec, task, experiences=None):
+    actions, results, _ = run_oracle(task)
+    traj = codec.start("tools: x", task.instruction, experiences)
+    for i, a in enumerate(actions):
+        traj.add_action(codec.action_ids(a))
+        if not results[i].done:
+            traj.add_forced(codec.observation_ids(results[i].observation))
+    return traj
+
+
+def test_latent_slot_matches_the_text_experience_format(tiny_model, tiny_tokenizer):
+    # Splicing the *embeddings of the experience text* as latents must reproduce, position for position, a
+    # plain forward over the conversation with that text in its first user turn.
+    codec = ChatCodec(tiny_tokenizer)
+    framing = Framing.from_tokenizer(tiny_tokenizer)
+    task = make_tasks("toolworld", "train", 1, seed=3)[0]
+    exp = ["[aurora] pay Bob\nbank_transfer {} -> ok"]
+    plain = _oracle_trajectory(codec, task)
+    with_text = _oracle_trajectory(codec, task, exp)
+    at = splice_position(plain.token_ids, framing)
+    assert tiny_tokenizer.decode(plain.token_ids[:at]).endswith("<|im_start|>user\n")
+    text_ids = tiny_tokenizer("\n".join(exp), add_special_tokens=False)["input_ids"]
+    latents = [tiny_model.get_input_embeddings()(torch.tensor(text_ids))]
+    with torch.no_grad():
+        spliced = action_logits(tiny_model, build_batch(tiny_model, [plain.token_ids], [plain.action_mask],
+                                                        latents, framing))
+        reference = action_logits(tiny_model, build_batch(tiny_model, [with_text.token_ids],
+                                                          [with_text.action_mask]))
+    torch.testing.assert_close(spliced, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_composer_latents_have_the_embedding_norm_and_cache(tiny_model, tiny_tokenizer):
+    norm = mean_embedding_norm(tiny_model)
+    composer = Composer(tiny_model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
+                        embedding_norm=norm)
+    encoder = ExperienceEncoder(TeacherView(tiny_model), tiny_tokenizer)
+    out = compose_latents(composer, encoder, [["a success", "another one"], [], ["a success"]])
+    assert [o.shape for o in out] == [(8, 32), (0, 32), (4, 32)]
+    torch.testing.assert_close(out[0].norm(dim=-1), torch.full((8,), norm), atol=1e-4, rtol=1e-4)
+    assert encoder.misses == 2 and encoder.hits == 1  # "a success" encoded once
+    out[0].sum().backward()
+    assert composer.queries.grad is not None
+
+
+def test_lora_teacher_is_the_base_with_one_copy(tiny_model, tiny_tokenizer):
+    base = copy.deepcopy(tiny_model)
+    trainable, student, teacher = make_student_and_teacher(base, mode="lora", lora_rank=2)
+    for name, p in trainable.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # a trained adapter: student now differs from the base
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        with teacher.active() as t:
+            teacher_logits = t(ids).logits
+        student_logits = student(ids).logits
+        base_logits = tiny_model(ids).logits
+    torch.testing.assert_close(teacher_logits, base_logits)
+    assert not torch.allclose(student_logits, base_logits)
+    assert teacher.lm is student  # same module, same weights: one copy in memory
+
+
+def _params(tmp_path, **lopd):
+    p = Params()
+    p.seed = 0
+    p.rollout.max_new_tokens = 24
+    p.rollout.max_context = 640
+    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 3
+    p.lopd.checkpoint_every = 1
+    p.lopd.out_dir = str(tmp_path / "lopd")
+    p.lopd.csv = str(tmp_path / "plots" / "distill.csv")
+    for k, v in lopd.items():
+        setattr(p.lopd, k, v)
+    return p
+
+
+def _retriever():
+    pool = make_tasks("toolworld", "train", 6, seed=99)
+    texts = []
+    for t in pool:
+        _, _, env = run_oracle(t)
+        texts.append(format_experience(t.instruction, env.episode))
+    return lambda tasks: [texts[:2] for _ in tasks]
+
+
+def _distiller(params, tiny_model, tiny_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(0)
+    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
+                        embedding_norm=mean_embedding_norm(model))
+    return trainer_mod.Distiller(params, model, tiny_tokenizer, _retriever(), composer=composer,
+                                 initial_rollouts=10, log=lambda m: None)
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_training_steps_follow_the_design(tmp_path, tiny_model, tiny_tokenizer):
+    params = _params(tmp_path)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
+    phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
+    trainer_mod.run_distill(d)
+    rows = _rows(params.lopd.csv)
+    assert list(rows[0].keys()) == trainer_mod.CSV_COLUMNS
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    assert [int(r["rollouts"]) for r in rows] == [14, 18, 22]  # 10 seed rollouts + 4 per step
+    for prev, nxt in zip(rows, rows[1:]):  # dual ascent, as DESIGN §5 states it
+        expected = max(0.0, float(prev["beta"]) + 0.5 * (0.05 - float(prev["delta"])))
+        assert float(nxt["beta"]) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    moved_theta = [n for n, p in d.trainable.named_parameters() if not torch.equal(p, theta0[n])]
+    assert len(moved_theta) == len(theta0)
+    unmoved_phi = [n for n, p in d.composer.named_parameters() if torch.equal(p, phi0[n])]
+    assert not unmoved_phi, unmoved_phi
+    for r in rows:
+        assert 0.0 < float(r["topk_mass"]) <= 1.0 + 1e-6
+        assert float(r["latent_norm_ratio"]) == pytest.approx(1.0, rel=1e-3)
+        assert math.isfinite(float(r["distill_loss"])) and float(r["distill_loss"]) >= 0
+
+
+def test_resumed_run_prints_the_same_numbers(tmp_path, tiny_model, tiny_tokenizer):
+    full = _params(tmp_path / "a")
+    trainer_mod.run_distill(_distiller(full, tiny_model, tiny_tokenizer))
+    split = _params(tmp_path / "b")
+    trainer_mod.run_distill(_distiller(split, tiny_model, tiny_tokenizer), stop_after=1)
+    assert len(_rows(split.lopd.csv)) == 1
+    resumed = _distiller(split, tiny_model, tiny_tokenizer)  # fresh process state, same params
+    state = trainer_mod.run_distill(resumed)
+    assert state.step == 3
+    drop = {"step_seconds"}
+    a = [{k: v for k, v in r.items() if k not in drop} for r in _rows(full.lopd.csv)]
+    b = [{k: v for k, v in r.items() if k not in drop} for r in _rows(split.lopd.csv)]
+    assert a == b
+
+
+def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+    params = _params(tmp_path, steps=1)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
+    real = trainer_mod.L.reverse_kl_topk
+    monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
+    state = trainer_mod.run_distill(d)
+    assert state.skipped_updates >= 1
+    assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
