@@ -22,11 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lopd_core  # noqa: E402,F401
-from lopd_core.config import TinyModelConfig  # noqa: E402
-from lopd_core.envs import make_env, make_tasks  # noqa: E402
-from lopd_core.model.chat import ChatCodec  # noqa: E402
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout  # noqa: E402
+import lopd_core  # noqa: F401
+from lopd_core.config import TinyModelConfig
+from lopd_core.envs import make_env, make_tasks
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
 def load_or_build(model_dir: str):

@@ -67,17 +67,17 @@ class WarmStartConfig:
 
     demos: int = field(default=6000, metadata=positive())
     # Share of demonstrations that carry 1..max_experiences same-world successes as text in the first user turn.
-    experience_fraction: float = field(default=0.5, metadata=fraction())
+    experience_fraction: float = field(default=0.4, metadata=fraction())
     max_experiences: int = field(default=3, metadata=positive())
     # Probability that a demonstration *without* experience follows another world's conventions: the base then
     # knows each world's rules only imperfectly, while demonstrations with experience always follow them.
-    convention_noise: float = field(default=0.5, metadata=fraction())
+    convention_noise: float = field(default=0.3, metadata=fraction())
     slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
-    epochs: float = field(default=2.0, metadata=positive())
-    batch_tokens: int = field(default=8192, metadata=positive())
-    lr: float = field(default=3e-3, metadata=positive())
+    epochs: float = field(default=6.0, metadata=positive())  # the time budget usually binds first
+    batch_tokens: int = field(default=4096, metadata=positive())
+    lr: float = field(default=1e-2, metadata=positive())
     warmup_steps: int = field(default=20, metadata=non_negative())
-    time_budget_s: float = field(default=240.0, metadata=positive())  # stop training early past this
+    time_budget_s: float = field(default=240.0, metadata=positive())  # the schedule is fitted to it
 
 
 @dataclass
@@ -131,12 +131,16 @@ class BankConfig:
     dir: str = "data/bank"  # bank.parquet lives here
     index_dir: str = "data/bank_index"  # the Chroma folder (outside DVC-tracked outputs: opening it writes)
     chroma_url: str = ""  # e.g. http://localhost:8000 to use a Chroma server instead of the folder
-    collection: str = "experiences"
+    collection: str = "experience_bank"
     top_j: int = field(default=3, metadata=positive())
     allow_self_retrieval: bool = True  # may a task retrieve its own earlier success (as the official code)
     min_reward: float = field(default=1.0, metadata=fraction())
     seed_tasks: int = field(default=800, metadata=positive())  # train tasks rolled out to seed the bank
     samples_per_task: int = field(default=2, metadata=positive())
+    # Oracle demonstrations added to the seed (policy_version "oracle"): 0 keeps the bank the policy's own, as
+    # in the paper; a few help a weak base whose own successes are too rare to cold-start the composer.
+    oracle_seed_tasks: int = field(default=0, metadata=non_negative())
+    ef_search: int = field(default=100, metadata=positive())  # HNSW search breadth; ~400 past ~10k rows
 
 
 @dataclass

@@ -47,11 +47,22 @@ def test_action_mask_selects_exactly_the_actions(tokenizer):
     assert tokenizer.decode(sampled) == ACTION + IM_END + "done" + IM_END
 
 
-def test_special_tokens_are_single_ids_and_digits_split(tokenizer):
+def test_special_tokens_single_and_copied_values_tokenize_alike(tokenizer):
     for tok in (TOOL_CALL, IM_END, EXP_START, EXP_END):
         assert len(tokenizer(tok, add_special_tokens=False)["input_ids"]) == 1
-    pieces = tokenizer.convert_ids_to_tokens(tokenizer("balance 340", add_special_tokens=False)["input_ids"])
-    assert pieces[-3:] == ["3", "4", "0"]
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # A value the policy copies is the same ids in prose, in an observation and in a call's arguments.
+    for value in ("a12", "340", "Rosa"):
+        in_prose = ids(f"[aurora] Move {value} now.")
+        in_json = ids(f'{{"src": "{value}"}}')
+        value_ids = ids(value)
+        assert any(in_prose[i:i + len(value_ids)] == value_ids for i in range(len(in_prose)))
+        assert any(in_json[i:i + len(value_ids)] == value_ids for i in range(len(in_json)))
+    pieces = tokenizer.convert_ids_to_tokens(ids("a340"))
+    assert pieces[0] == "a" and "".join(pieces[1:]) == "340"
 
 
 def test_trajectory_ids_keep_lengths_aligned():

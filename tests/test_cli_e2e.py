@@ -16,7 +16,7 @@ SMALL = [
 
 
 def lopd(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, check=False,
                           timeout=600)
 
 
@@ -33,11 +33,17 @@ def workdir(tmp_path_factory):
     return work
 
 
-@pytest.mark.slow
-def test_base_then_evaluate(workdir):
+@pytest.fixture(scope="module")
+def built(workdir):
     base = lopd("base", *SMALL, cwd=workdir)
     assert base.returncode == 0, base.stderr
     assert "base built" in base.stdout
+    return workdir
+
+
+@pytest.mark.slow
+def test_base_then_evaluate(built):
+    workdir = built
     model_dir = workdir / "data" / "base"
     report = json.loads((model_dir / "build_report.json").read_text())
     assert report["steps"] > 0 and report["final_loss"] > 0
@@ -76,3 +82,42 @@ def test_missing_model_fails_clearly(tmp_path):
     res = lopd("evaluate", "--set", "model.name_or_path=no-such-org/no-such-model", cwd=tmp_path)
     assert res.returncode == 1
     assert "cannot load model" in res.stderr and "Traceback" not in res.stderr
+
+
+LOPD_SMALL = SMALL + [
+    "--set", "bank.seed_tasks=12", "--set", "bank.samples_per_task=1", "--set", "bank.oracle_seed_tasks=16",
+    "--set", "composer.num_queries=4", "--set", "composer.num_layers=1", "--set", "composer.num_heads=2",
+    "--set", "coldstart.steps=3", "--set", "coldstart.batch_size=4",
+    "--set", "lopd.steps=3", "--set", "lopd.tasks_per_step=2", "--set", "lopd.samples_per_task=2",
+    "--set", "lopd.checkpoint_every=1", "--set", "rollout.max_new_tokens=32",
+]
+
+
+@pytest.mark.slow
+def test_bank_coldstart_distill_resume_and_export(built):
+    workdir = built
+    bank = lopd("bank", *LOPD_SMALL, cwd=workdir)
+    assert bank.returncode == 0, bank.stderr
+    report = json.loads((workdir / "data" / "bank" / "bank_report.json").read_text())
+    assert report["rollouts"] == 12 + 16 and report["bank_rows"] >= 16  # the oracle's successes at least
+
+    cold = lopd("coldstart", *LOPD_SMALL, cwd=workdir)
+    assert cold.returncode == 0, cold.stderr
+    assert (workdir / "data" / "composer" / "phi0.pt").exists()
+    assert "cold start done" in cold.stdout
+
+    first = lopd("distill", *LOPD_SMALL, "--stop-after", "1", cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    rest = lopd("distill", *LOPD_SMALL, cwd=workdir)
+    assert rest.returncode == 0, rest.stderr
+    assert "resumed at step 1" in rest.stdout
+    import csv
+
+    with open(workdir / "plots" / "distill.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+
+    from transformers import AutoModelForCausalLM
+
+    student = AutoModelForCausalLM.from_pretrained(workdir / "data" / "lopd" / "student")
+    assert student.config.model_type == "qwen3"

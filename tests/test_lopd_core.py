@@ -4,6 +4,7 @@ and resumes to the same numbers."""
 
 import copy
 import csv
+import itertools
 import math
 
 import pytest
@@ -127,7 +128,7 @@ def test_training_steps_follow_the_design(tmp_path, tiny_model, tiny_tokenizer):
     assert list(rows[0].keys()) == trainer_mod.CSV_COLUMNS
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
     assert [int(r["rollouts"]) for r in rows] == [14, 18, 22]  # 10 seed rollouts + 4 per step
-    for prev, nxt in zip(rows, rows[1:]):  # dual ascent, as DESIGN §5 states it
+    for prev, nxt in itertools.pairwise(rows):  # dual ascent, as DESIGN §5 states it
         expected = max(0.0, float(prev["beta"]) + 0.5 * (0.05 - float(prev["delta"])))
         assert float(nxt["beta"]) == pytest.approx(expected, rel=1e-4, abs=1e-5)
     moved_theta = [n for n, p in d.trainable.named_parameters() if not torch.equal(p, theta0[n])]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params
@@ -21,7 +22,7 @@ from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.loading import load_policy, model_path
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
 
 
@@ -33,7 +34,7 @@ def bank_paths(params: Params) -> tuple[Path, Path]:
 def open_bank(params: Params) -> ExperienceBank:
     parquet, _ = bank_paths(params)
     return ExperienceBank(parquet, index_dir=params.bank.index_dir, chroma_url=params.bank.chroma_url or None,
-                          collection=params.bank.collection)
+                          collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
 
 
 def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool):
@@ -54,11 +55,19 @@ def seed_bank(params: Params, log=print) -> dict:
     trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
                     seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
+    if b.oracle_seed_tasks:
+        codec = ChatCodec(tokenizer)
+        oracle_tasks = make_tasks("toolworld", "train", b.oracle_seed_tasks, params.seed + 202)
+        trajs += [oracle_trajectory(codec, t) for t in oracle_tasks]
     frame = trajectories_to_frame(trajs)
     parquet, seed_path = bank_paths(params)
     write_trajectories(frame, seed_path)
     with open_bank(params) as bank:
-        report = bank.refresh(frame, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=0)
+        own = frame[frame["sample_index"] >= 0]
+        report = bank.refresh(own, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=0)
+        if b.oracle_seed_tasks:
+            bank.refresh(frame[frame["sample_index"] < 0], min_reward=b.min_reward, policy_version="oracle",
+                         cycle=0)
         bank.ensure_index()
         size = len(bank)
     summary = {"rollouts": len(trajs), "successes": int(frame["success"].sum()),
@@ -69,22 +78,46 @@ def seed_bank(params: Params, log=print) -> dict:
     return summary
 
 
-def _successes(params: Params):
+class Success(NamedTuple):
+    """What cold start reads of a successful trajectory."""
+
+    token_ids: list[int]
+    action_mask: list[int]
+    task: Task
+
+
+ORACLE_SAMPLE_INDEX = -1  # marks oracle demonstrations in the seed table
+
+
+def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
+    """An oracle episode as a trajectory: ids built the way the engine builds them, the oracle's actions
+    marked as actions, sample log-probs 0 (they were not sampled from the policy)."""
+    from lopd_core.envs import make_env, run_oracle
+
+    actions, results, env = run_oracle(task)
+    first = make_env(task).reset(task)
+    traj = codec.start(first.system, first.user)
+    prompt_length = len(traj)
+    for action, result in zip(actions, results):
+        traj.add_action(codec.action_ids(action))
+        if not result.done:
+            traj.add_forced(codec.observation_ids(result.observation))
+    last = results[-1]
+    return Trajectory(task, ORACLE_SAMPLE_INDEX, (), traj.token_ids, traj.action_mask, traj.sample_logprobs,
+                      prompt_length, reward=float(last.reward), success=bool(last.info.get("success")),
+                      stop_reason=last.info.get("stop_reason", "answer"), num_turns=len(actions),
+                      episode=list(env.episode))
+
+
+def _successes(params: Params) -> tuple[list[Success], int]:
     _, seed_path = bank_paths(params)
     if not seed_path.exists():
         raise FileNotFoundError(f"no seed rollouts at {seed_path}: run `lopd bank` first")
-    frame = read_trajectories(seed_path)
-    frame = frame[frame["success"]]
+    table = read_trajectories(seed_path)
+    frame = table[table["success"]]
 
-    class _Success:  # the three fields cold start reads
-        __slots__ = ("token_ids", "action_mask", "task")
-
-    out = []
-    for row in frame.itertuples():
-        s = _Success()
-        s.token_ids, s.action_mask, s.task = list(row.token_ids), list(row.action_mask), Task.from_json(row.task)
-        out.append(s)
-    return out, len(read_trajectories(seed_path))
+    out = [Success(list(r.token_ids), list(r.action_mask), Task.from_json(r.task)) for r in frame.itertuples()]
+    return out, len(table)
 
 
 def new_composer(params: Params, model) -> Composer:

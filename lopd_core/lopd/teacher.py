@@ -31,7 +31,7 @@ class Framing:
     newline: int
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "Framing":
+    def from_tokenizer(cls, tokenizer) -> Framing:
         newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
         if len(newline) != 1:
             raise ValueError("the tokenizer must encode '\\n' as one token (see lopd_core/model/tokenizer.py)")

@@ -32,7 +32,7 @@ from lopd_core.config import Params
 from lopd_core.envs import Task, make_tasks
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
-from lopd_core.lopd.models import TeacherView, export_student, make_student_and_teacher
+from lopd_core.lopd.models import export_student, make_student_and_teacher
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch, teacher_topk
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout

@@ -115,7 +115,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
 
     model.train()
     t_train = time.perf_counter()
-    step, loss_ema, planned = 0, float("nan"), total_steps
+    step, loss_ema, planned, last_mark = 0, float("nan"), total_steps, 0.0
     while step < planned:
         if step and step % len(batches) == 0:
             rng.shuffle(batches)
@@ -131,12 +131,13 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train
-        if step == 20:
-            # Fit the schedule to the time budget: a cosine cut off half-way would end at a high learning rate.
-            affordable = int(ws.time_budget_s / (elapsed / step))
-            if affordable < planned:
-                planned = max(step + 1, affordable)
-                log(f"base: {total_steps} steps planned, {planned} fit the {ws.time_budget_s:.0f}s budget")
+        if step % 10 == 0:
+            # Fit the schedule to the time budget, re-estimated from the last 10 steps (the machine may be
+            # busy): a cosine cut off half-way would end at a high learning rate.
+            recent = (elapsed - last_mark) / 10
+            last_mark = elapsed
+            affordable = step + int(max(0.0, ws.time_budget_s - elapsed) / max(recent, 1e-6))
+            planned = max(step + 1, min(total_steps, affordable))
         if step % 25 == 0 or step == planned:
             log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr_at(step, planned):.2e} ({elapsed:.0f}s)")
         if elapsed > ws.time_budget_s * 1.1:

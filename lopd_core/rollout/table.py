@@ -34,7 +34,7 @@ TRAJECTORY_SCHEMA = pa.DataFrameSchema(
         "split": pa.Column(str, pa.Check.isin(["train", "test_id", "test_ood"])),
         "template": pa.Column(str),
         "world": pa.Column(str),
-        "sample_index": pa.Column(int, pa.Check.ge(0)),
+        "sample_index": pa.Column(int, pa.Check.ge(-1)),  # -1: an oracle demonstration, not a policy sample
         "token_ids": pa.Column(object, pa.Check(lambda s: s.map(len) > 0, element_wise=False)),
         "action_mask": pa.Column(object, pa.Check(_mask_is_binary, element_wise=True)),
         "sample_logprobs": pa.Column(object, pa.Check(lambda lp: all(v <= 1e-6 for v in lp), element_wise=True)),
