@@ -2,9 +2,10 @@
 
 Both sides skip the rollout (identical for both) and start from the same trajectories:
   * pg    — student forward and backward only (a REINFORCE-style loss on the sampled tokens), optimizer step;
-  * lopd  — compose latents, latent-teacher forward with the composer's graph, top-k, student forward and
-            backward (reverse KL on top-k + tail), composer backward through the frozen teacher, both
-            optimizer steps and dual ascent — everything `Distiller.step` does after its rollout.
+  * lopd  — `Distiller.update`, the product's own code for everything a step does after its rollout: compose
+            latents, latent-teacher forward with the composer's graph, top-k, student forward and backward
+            (reverse KL on top-k + tail), composer backward through the frozen teacher, both optimizer steps,
+            dual ascent and the dashboard numbers.
 Times are the median of several repetitions, measured one after the other in this run. Peak memory is
 measured in fresh subprocesses (max RSS above the process's own baseline after loading, so the Python and
 library footprint cancels): the student alone (pg) against LOPD in LoRA mode (teacher = the same weights with
@@ -31,12 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lopd_core  # noqa: F401
+from lopd_core.config import Params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
-from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
-from lopd_core.lopd.models import make_student_and_teacher
-from lopd_core.lopd.teacher import Framing, action_logits, build_batch, teacher_topk
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.teacher import action_logits, build_batch
+from lopd_core.lopd.trainer import Distiller
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -50,72 +52,40 @@ def load(model_dir: str):
 
 def make_batch(model, tokenizer, tasks: int, samples: int):
     codec = ChatCodec(tokenizer)
-    reqs = [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", tasks, 5) for g in range(samples)]
+    task_list = make_tasks("toolworld", "train", tasks, 5)
+    reqs = [RolloutRequest(t, sample_index=g) for t in task_list for g in range(samples)]
     trajs = rollout(model, codec, reqs, sampling=Sampling(temperature=1.0, max_new_tokens=48), seed=0)
-    pool = make_tasks("toolworld", "train", 12, 77)
+    pool = make_tasks("toolworld", "train", 3 * tasks, 77)
     texts = []
     for t in pool:
         _, _, env = run_oracle(t)
         texts.append(format_experience(t.instruction, env.episode))
-    experiences = [texts[(i // samples) % 4 * 3:(i // samples) % 4 * 3 + 3] for i in range(len(trajs))]
-    return trajs, experiences
+    experiences = [texts[3 * i:3 * i + 3] for i in range(tasks)]  # J = 3 per task
+    return task_list, trajs, experiences
 
 
-class Setup:
-    def __init__(self, model, tokenizer, mode: str, trajs, experiences):
-        self.trainable, self.student, self.teacher = make_student_and_teacher(model, mode=mode, lora_rank=8)
-        self.framing = Framing.from_tokenizer(tokenizer)
-        self.encoder = ExperienceEncoder(self.teacher, tokenizer)
-        self.composer = Composer(model.config.hidden_size, num_queries=32, num_layers=2, num_heads=4,
-                                 embedding_norm=mean_embedding_norm(self.student))
-        self.anchor = copy.deepcopy(self.composer).requires_grad_(False)
-        self.opt_theta = torch.optim.AdamW([p for p in self.trainable.parameters() if p.requires_grad], lr=1e-5)
-        self.opt_phi = torch.optim.AdamW(self.composer.parameters(), lr=1e-5)
-        self.ids = [t.token_ids for t in trajs]
-        self.masks = [t.action_mask for t in trajs]
-        self.rewards = torch.tensor([t.reward for t in trajs])
-        self.experiences = experiences
-        self.beta = 0.0
+def pg_update(student, optimizer, trajs) -> None:
+    """A plain on-policy policy-gradient update on the same trajectories: student forward and backward only
+    (REINFORCE on the sampled tokens with the advantage 2r - 1), one optimizer step."""
+    batch = build_batch(student, [t.token_ids for t in trajs], [t.action_mask for t in trajs])
+    logp = torch.log_softmax(action_logits(student, batch), -1)
+    lp = logp.gather(-1, batch.action_ids[:, None]).squeeze(-1)
+    adv = L.advantages(torch.tensor([t.reward for t in trajs]))[batch.token_traj_index]
+    loss = -(adv * lp).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
-    def pg_step(self) -> None:
-        batch = build_batch(self.student, self.ids, self.masks)
-        logp = torch.log_softmax(action_logits(self.student, batch), -1)
-        lp = logp.gather(-1, batch.action_ids[:, None]).squeeze(-1)
-        adv = (2 * self.rewards - 1)[batch.token_traj_index]
-        loss = -(adv * lp).mean()
-        self.opt_theta.zero_grad()
-        loss.backward()
-        self.opt_theta.step()
 
-    def lopd_step(self) -> None:
-        latents = compose_latents(self.composer, self.encoder, self.experiences)
-        with self.teacher.active() as t:
-            tb = build_batch(t, self.ids, self.masks, latents, self.framing)
-            t_logits = action_logits(t, tb)
-        top = teacher_topk(t_logits, tb.action_ids, 20)
-        sb = build_batch(self.student, self.ids, self.masks)
-        s_logits = action_logits(self.student, sb)
-        loss = L.reverse_kl_topk(s_logits, top.logprobs, top.ids).mean()
-        self.opt_theta.zero_grad()
-        loss.backward()
-        self.opt_theta.step()
-        s_old = s_logits.detach()
-        p, pt = L.topk_support_logprobs(s_old, top.ids)
-        q, qt = L.topk_support_logprobs(t_logits, top.ids)
-        kl = L.support_kl(p, pt, q, qt).mean()
-        t_lp = torch.log_softmax(t_logits, -1).gather(-1, tb.action_ids[:, None]).squeeze(-1)
-        s_lp = torch.log_softmax(s_old, -1).gather(-1, sb.action_ids[:, None]).squeeze(-1)
-        n = len(self.ids)
-        delta = L.privileged_margin_delta(t_lp, s_lp, L.advantages(self.rewards), tb.token_traj_index, n)
-        d_bar = L.token_weighted_mean(delta, torch.bincount(tb.token_traj_index, minlength=n))
-        with torch.no_grad():
-            anchor_latents = compose_latents(self.anchor, self.encoder, self.experiences)
-        anchor = L.anchor_loss(torch.cat(latents), torch.cat(anchor_latents))
-        loss_phi = L.composer_loss(kl, d_bar, beta=self.beta, margin=0.05, anchor=anchor, anchor_weight=0.2)
-        self.opt_phi.zero_grad()
-        loss_phi.backward()
-        self.opt_phi.step()
-        self.beta = L.dual_ascent(self.beta, margin=0.05, delta_bar=float(d_bar.detach()), lr=0.5)
+def distiller(model, tokenizer, mode: str, experiences, samples: int) -> Distiller:
+    params = Params()
+    params.lopd.student_mode = mode
+    params.lopd.samples_per_task = samples
+    params.lopd.steps = 1
+    composer = Composer(model.config.hidden_size, num_queries=32, num_layers=2, num_heads=4,
+                        embedding_norm=mean_embedding_norm(model))
+    return Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
+                     log=lambda m: None)
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -133,15 +103,19 @@ def max_rss_mb() -> float:
 
 
 def memory_probe(args) -> None:
-    """Child process: build one setup, report peak RSS growth over its baseline during two steps."""
+    """Child process: build one setup, report peak RSS growth over its baseline during two updates."""
     model, tokenizer, _ = load(args.model)
-    trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
+    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
     torch.manual_seed(0)
     before = max_rss_mb()
-    setup = Setup(model, tokenizer, "lora" if args.probe == "lora" else "full", trajs, experiences)
-    step = setup.pg_step if args.probe == "student" else setup.lopd_step
-    step()
-    step()
+    if args.probe == "student":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        for _ in range(2):
+            pg_update(model, opt, trajs)
+    else:
+        d = distiller(model, tokenizer, args.probe, experiences, args.samples)
+        for _ in range(2):
+            d.update(tasks, trajs)
     print(json.dumps({"peak_growth_mb": max_rss_mb() - before}))
 
 
@@ -159,14 +133,15 @@ def main() -> None:
         memory_probe(args)
         return
     model, tokenizer, source = load(args.model)
-    trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
+    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
     torch.manual_seed(0)
-    pg = Setup(copy.deepcopy(model), tokenizer, "full", trajs, experiences)
-    lopd_full = Setup(copy.deepcopy(model), tokenizer, "full", trajs, experiences)
-    lopd_lora = Setup(copy.deepcopy(model), tokenizer, "lora", trajs, experiences)
-    t_pg = median_seconds(pg.pg_step, args.reps)
-    t_full = median_seconds(lopd_full.lopd_step, args.reps)
-    t_lora = median_seconds(lopd_lora.lopd_step, args.reps)
+    student = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
+    full = distiller(copy.deepcopy(model), tokenizer, "full", experiences, args.samples)
+    lora = distiller(copy.deepcopy(model), tokenizer, "lora", experiences, args.samples)
+    t_pg = median_seconds(lambda: pg_update(student, opt, trajs), args.reps)
+    t_full = median_seconds(lambda: full.update(tasks, trajs), args.reps)
+    t_lora = median_seconds(lambda: lora.update(tasks, trajs), args.reps)
 
     def probe(kind: str) -> float:
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tasks", str(args.tasks),
@@ -175,7 +150,7 @@ def main() -> None:
         return json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mb"]
 
     mem = {kind: probe(kind) for kind in ("student", "lora", "full")}
-    tokens = sum(sum(m) for m in pg.masks)
+    tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
         "model": source, "trajectories": len(trajs), "action_tokens": tokens,
         "latents_per_trajectory": 3 * 32,

@@ -102,6 +102,7 @@ class Distiller:
 
     # ---- one step -------------------------------------------------------------------------------------
     def step(self) -> dict:
+        """One full step: roll out this step's tasks, then `update` on the trajectories."""
         cfg, ro = self.cfg, self.params.rollout
         started = time.perf_counter()
         s = self.state.step
@@ -114,6 +115,13 @@ class Distiller:
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
                         seed=self.params.seed * 1_000_003 + s)
         self.state.rollouts += len(trajs)
+        return self.update(tasks, trajs, started=started)
+
+    def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> dict:
+        """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order). Also what
+        benchmarks/step_cost.py times against a plain policy-gradient update."""
+        cfg = self.cfg
+        started = time.perf_counter() if started is None else started
         t_rollout = time.perf_counter()
         ids = [t.token_ids for t in trajs]
         masks = [t.action_mask for t in trajs]
@@ -156,7 +164,7 @@ class Distiller:
             self.opt_theta.step()
         else:
             self.state.skipped_updates += 1
-            self.log(f"distill: step {s + 1}: non-finite student loss/gradient, update skipped")
+            self.log(f"distill: step {self.state.step + 1}: non-finite student loss/gradient, update skipped")
         t_student = time.perf_counter()
 
         # 4. Composer update through the frozen teacher.
@@ -183,7 +191,7 @@ class Distiller:
             self.opt_phi.step()
         else:
             self.state.skipped_updates += 1
-            self.log(f"distill: step {s + 1}: non-finite composer loss/gradient, update skipped")
+            self.log(f"distill: step {self.state.step + 1}: non-finite composer loss/gradient, update skipped")
         t_composer = time.perf_counter()
 
         # 5. Dual ascent on β with this step's δ̄.
