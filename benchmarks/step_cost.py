@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,8 +100,31 @@ def median_seconds(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def max_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+class PeakSampler:
+    """Samples the process's current RSS every few milliseconds in a thread; `peak` is the highest seen.
+    (ru_maxrss cannot be used: loading and the rollout already set a higher maximum than the update.)"""
+
+    def __init__(self, interval_s: float = 0.002):
+        self.interval_s, self.peak, self._stop = interval_s, current_rss_mb(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss_mb())
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def memory_probe(args) -> None:
@@ -107,16 +132,18 @@ def memory_probe(args) -> None:
     model, tokenizer, _ = load(args.model)
     tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
     torch.manual_seed(0)
-    before = max_rss_mb()
-    if args.probe == "student":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        for _ in range(2):
-            pg_update(model, opt, trajs)
-    else:
-        d = distiller(model, tokenizer, args.probe, experiences, args.samples)
-        for _ in range(2):
-            d.update(tasks, trajs)
-    print(json.dumps({"peak_growth_mb": max_rss_mb() - before}))
+    gc.collect()
+    before = current_rss_mb()  # the base model and the batch are loaded; everything after is the method's
+    with PeakSampler() as sampler:
+        if args.probe == "student":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            for _ in range(2):
+                pg_update(model, opt, trajs)
+        else:
+            d = distiller(model, tokenizer, args.probe, experiences, args.samples)
+            for _ in range(2):
+                d.update(tasks, trajs)
+    print(json.dumps({"peak_growth_mb": sampler.peak - before}))
 
 
 def main() -> None:
@@ -142,6 +169,7 @@ def main() -> None:
     t_pg = median_seconds(lambda: pg_update(student, opt, trajs), args.reps)
     t_full = median_seconds(lambda: full.update(tasks, trajs), args.reps)
     t_lora = median_seconds(lambda: lora.update(tasks, trajs), args.reps)
+    phases = {k: round(v, 4) for k, v in full.update(tasks, trajs)["diagnostics"].items() if k.endswith("_s")}
 
     def probe(kind: str) -> float:
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tasks", str(args.tasks),
@@ -155,8 +183,10 @@ def main() -> None:
         "model": source, "trajectories": len(trajs), "action_tokens": tokens,
         "latents_per_trajectory": 3 * 32,
         "seconds": {"pg_step": round(t_pg, 4), "lopd_step_full": round(t_full, 4), "lopd_step_lora": round(t_lora, 4)},
+        "lopd_full_phases_s": phases,
         "time_ratio_full": round(t_full / t_pg, 3), "time_ratio_lora": round(t_lora / t_pg, 3),
         "peak_memory_growth_mb": {k: round(v, 1) for k, v in mem.items()},
+        "memory_note": "peak RSS above the loaded model and batch during two updates, each in a fresh process",
         "memory_ratio_lora": round(mem["lora"] / max(mem["student"], 1e-6), 3),
         "memory_ratio_full": round(mem["full"] / max(mem["student"], 1e-6), 3),
     }, indent=2))

@@ -91,6 +91,7 @@ class Distiller:
         self.encoder = ExperienceEncoder(self.teacher, tokenizer, max_tokens=params.composer.max_experience_tokens)
         self.composer = composer.train()
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
+        self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
         self.retriever = retriever
         self.opt_theta = torch.optim.AdamW([p for p in self.trainable.parameters() if p.requires_grad],
@@ -177,8 +178,7 @@ class Distiller:
         delta = L.privileged_margin_delta(t_action_lp, s_action_old, adv, tbatch.token_traj_index, len(trajs))
         counts = torch.bincount(tbatch.token_traj_index, minlength=len(trajs))
         delta_bar = L.token_weighted_mean(delta, counts)
-        with torch.no_grad():
-            anchor_latents = compose_latents(self.anchor_composer, self.encoder, experiences)
+        anchor_latents = self.anchor_latents(experiences)
         flat = torch.cat(latents) if latents else torch.zeros(0)
         anchor = L.anchor_loss(flat, torch.cat(anchor_latents)) if flat.numel() else torch.zeros(())
         beta_used = self.state.beta
@@ -225,6 +225,17 @@ class Distiller:
                 "student_s": t_student - t_teacher, "composer_s": t_composer - t_student,
             }
         return {"row": row, "diagnostics": diag}
+
+    def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
+        """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""
+        missing = list(dict.fromkeys(t for texts in experiences for t in texts if t not in self._anchor_cache))
+        if missing:
+            with torch.no_grad():
+                fresh = compose_latents(self.anchor_composer, self.encoder, [[t] for t in missing])
+            self._anchor_cache.update(zip(missing, fresh))
+        width = self.composer.proj_out.out_features
+        return [torch.cat([self._anchor_cache[t] for t in texts]) if texts else torch.zeros((0, width))
+                for texts in experiences]
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_path(self) -> Path:
