@@ -21,6 +21,7 @@ from lopd_core.lopd.coldstart import train_coldstart
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
 from lopd_core.model.chat import ChatCodec
+from lopd_core.model.demos import encode_demo, play
 from lopd_core.model.loading import load_policy, model_path
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
@@ -90,23 +91,14 @@ ORACLE_SAMPLE_INDEX = -1  # marks oracle demonstrations in the seed table
 
 
 def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
-    """An oracle episode as a trajectory: ids built the way the engine builds them, the oracle's actions
-    marked as actions, sample log-probs 0 (they were not sampled from the policy)."""
-    from lopd_core.envs import make_env, run_oracle
-
-    actions, results, env = run_oracle(task)
-    first = make_env(task).reset(task)
-    traj = codec.start(first.system, first.user)
-    prompt_length = len(traj)
-    for action, result in zip(actions, results):
-        traj.add_action(codec.action_ids(action))
-        if not result.done:
-            traj.add_forced(codec.observation_ids(result.observation))
-    last = results[-1]
-    return Trajectory(task, ORACLE_SAMPLE_INDEX, (), traj.token_ids, traj.action_mask, traj.sample_logprobs,
-                      prompt_length, reward=float(last.reward), success=bool(last.info.get("success")),
-                      stop_reason=last.info.get("stop_reason", "answer"), num_turns=len(actions),
-                      episode=list(env.episode))
+    """An oracle episode as a trajectory: ids built as the warm start builds demonstrations, the oracle's
+    actions marked as actions, sample log-probs 0 (they were not sampled from the policy)."""
+    demo, success, episode = play(task)
+    ids = encode_demo(demo, codec)
+    prompt_length = ids.action_mask.index(1)
+    return Trajectory(task, ORACLE_SAMPLE_INDEX, (), ids.token_ids, ids.action_mask, ids.sample_logprobs,
+                      prompt_length, reward=1.0 if success else 0.0, success=success,
+                      stop_reason="answer", num_turns=len(demo.actions), episode=episode)
 
 
 def _successes(params: Params) -> tuple[list[Success], int]:
