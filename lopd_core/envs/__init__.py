@@ -1,4 +1,4 @@
-"""LOPD environments: the shared contract and the built-in ``toolworld`` environment.
+"""LOPD environments: the shared contract, the built-in ``toolworld`` environment and ``codegen``.
 
 toolworld is a family of small stateful tool domains (bank, calendar, shop, files, msg,
 travel) under four worlds whose conventions differ; tasks come from templates with data
@@ -9,6 +9,7 @@ contract.py for the checker that enforces it.
 from __future__ import annotations
 
 from .base import SPLITS, Environment, FirstObservation, StepResult, Task
+from .codegen import CodegenEnv
 from .contract import check_env_contract
 from .domains import DOMAINS, tool_schemas
 from .oracle import OraclePolicy, oracle_actions, run_oracle
@@ -18,7 +19,7 @@ from .tools import format_call, parse_action
 from .toolworld import ToolWorldEnv
 from .worlds import KNOBS, WORLDS
 
-ENVS = {"toolworld": ToolWorldEnv}
+ENVS = {"toolworld": ToolWorldEnv, "codegen": CodegenEnv}
 
 
 def make_env(task_or_env_name: Task | str) -> Environment:
@@ -32,6 +33,7 @@ def make_env(task_or_env_name: Task | str) -> Environment:
 __all__ = [
     "DOMAINS",
     "ENVS",
+    "CodegenEnv",
     "KNOBS",
     "SPLITS",
     "TEMPLATES",

@@ -67,6 +67,10 @@ def build_task(tpl: Template, world: str, split: str, index: int, draft) -> Task
 
 
 def make_tasks(env: str, split: str, n: int, seed: int) -> list[Task]:
+    if env == "codegen":
+        from .codegen import make_codegen_tasks
+
+        return make_codegen_tasks(split, n, seed)
     if env != ENV_NAME:
         raise ValueError(f"unknown env {env!r}")
     if split not in SPLITS:
