@@ -24,4 +24,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 "${pip[@]}" install -e ".${extra}"
+if [ -n "$extra" ]; then
+  # BFCL data, simulated multi-turn APIs and reference checker for the benchmark tests. --no-deps: its declared
+  # pins (numpy==1.26.4, every vendor SDK) would break this environment; what its APIs import is already here.
+  "${pip[@]}" install --no-deps "bfcl-eval==2026.3.23" \
+    || echo "warning: bfcl-eval could not be installed; the BFCL tests will be skipped" >&2
+fi
 echo "lopd installed in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
