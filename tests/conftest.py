@@ -31,3 +31,16 @@ def tiny_model(tiny_tokenizer):
     torch.manual_seed(0)
     cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
     return tiny_qwen3(cfg, tiny_tokenizer).eval()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """One temporary Prefect server and database for the whole session (DESIGN §6): flows run against it,
+    never against the user's own server. Opt-in: only tests that run flows start it."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

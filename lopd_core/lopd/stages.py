@@ -45,8 +45,9 @@ def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool):
     return retrieve
 
 
-def seed_bank(params: Params, log=print) -> dict:
-    """Roll out the current policy on training tasks; keep its successes in the bank (provenance recorded)."""
+def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
+    """Roll out the current policy on training tasks; keep its successes in the bank (provenance recorded).
+    `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation)."""
     model, tokenizer = load_policy(params.model)
     b, ro = params.bank, params.rollout
     tasks = make_tasks("toolworld", "train", b.seed_tasks, params.seed + 101)
@@ -65,10 +66,10 @@ def seed_bank(params: Params, log=print) -> dict:
     write_trajectories(frame, seed_path)
     with open_bank(params) as bank:
         own = frame[frame["sample_index"] >= 0]
-        report = bank.refresh(own, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=0)
+        report = bank.refresh(own, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=cycle)
         if b.oracle_seed_tasks:
             bank.refresh(frame[frame["sample_index"] < 0], min_reward=b.min_reward, policy_version="oracle",
-                         cycle=0)
+                         cycle=cycle)
         bank.ensure_index()
         size = len(bank)
     summary = {"rollouts": len(trajs), "successes": int(frame["success"].sum()),

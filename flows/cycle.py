@@ -1,0 +1,212 @@
+"""`lopd cycle`: continual self-improvement, one Prefect flow run per invocation, N cycles each.
+
+One cycle, as a recipe (DESIGN §3 "Continual cycles"):
+  1. start from the champion — the last promoted student, the base policy before any promotion;
+  2. refresh the bank: the champion's bank plus the successes of the champion's own rollouts;
+  3. cold start φ0 when the champion has no composer yet (the first cycle), else reuse the champion's φ;
+  4. distil a new student from the champion (the frozen teacher is the champion itself);
+  5. evaluate champion and student on held-out tasks (the champion's evaluation is cached);
+  6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
+     champion.json — only if it beats the champion by the gate's rule (`cycle.*` in params.yaml);
+  7. write the report across all cycles so far.
+
+State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
+history.json (one record per cycle). Every stage is keyed by the content of its inputs, so running again with
+nothing changed — same params, same champion — reuses every cached stage instead of recomputing it.
+MLflow: one parent run per cycle, a child run per stage (flows/stages.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefect import flow
+
+from flows import stages as S
+from lopd_core.config import Params, load_params
+from tasks.caching import content_hash
+from tasks.stages import log
+from tasks.tracking import Tracker, git_commit
+
+
+@dataclass
+class Champion:
+    """What a cycle starts from. The base is generation 0 and has neither bank nor composer."""
+
+    model: str
+    bank: dict | None = None  # the bank summary of the cycle that produced it (bank_dir, index_dir, dvc_md5)
+    composer: str | None = None  # φ trained with it; None: cold start needed
+    eval: str | None = None  # its eval.json
+    generation: int = 0
+    cycle: int = 0  # the cycle that promoted it
+    version: str | None = None  # its lopd-student version in the registry
+
+
+def _read(path: Path, default):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def _write(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def gate_score(params: Params, results: dict | None) -> float:
+    """The gate's number: `gate_metric` under `gate_mode`, averaged over envs and `gate_splits`."""
+    g = params.cycle
+    values = [splits[s][g.gate_mode][g.gate_metric] for splits in (results or {}).values()
+              for s in g.gate_splits if s in splits and g.gate_mode in splits[s]]
+    if not values:
+        raise ValueError(f"the evaluation has none of the gate's splits {g.gate_splits} in mode {g.gate_mode!r}: "
+                         "set eval.splits/eval.modes to include them")
+    return sum(values) / len(values)
+
+
+def _last_row(csv_path: str) -> tuple[dict, float]:
+    import pandas as pd
+
+    frame = pd.read_csv(csv_path)
+    return frame.iloc[-1].to_dict(), float(frame["delta"].mean())
+
+
+@flow(name="lopd-cycle", log_prints=True, validate_parameters=False)
+def cycle_flow(params_file: str = "params.yaml", overrides: list[str] | None = None, cycles: int = 1,
+               track: bool = True) -> list[dict]:
+    """Run `cycles` cycles from the current champion; return one record per cycle."""
+    params = load_params(params_file, overrides or [])
+    root = Path(params.cycle.dir)
+    tracker = Tracker(params.tracking) if track else None
+    base = S.base_flow(params)
+    state = _read(root / "champion.json", None)
+    champion = Champion(**state) if state else Champion(model=base)
+    history = _read(root / "history.json", [])
+    records = []
+    for _ in range(cycles):
+        record = run_one_cycle(params, tracker, champion, base, number=len(history) + 1, history=history)
+        history.append(record)
+        _write(root / "history.json", history)
+        if record["promoted"]:
+            champion = Champion(**record["new_champion"])
+            _write(root / "champion.json", asdict(champion))
+        records.append(record)
+    return records
+
+
+def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, base: str, *, number: int,
+                  history: list[dict]) -> dict:
+    started = time.perf_counter()
+    log(f"cycle {number}: starting from {champion.model} (generation {champion.generation})")
+    commit = git_commit()
+    parent = None
+    if tracker:
+        parent = tracker.start_run(f"cycle-{number}", tags={"lopd.cycle": number, "git.commit": commit,
+                                                              "lopd.champion": champion.model,
+                                                              "lopd.champion_version": champion.version or "base"})
+        tracker.log_params(parent, params.to_dict())
+    common = {"parent_run": parent, "cycle": number, "track": tracker is not None}
+    try:
+        bank = S.bank_flow(params, champion.model, (champion.bank or {}).get("bank_dir"),
+                           champion.generation + 1, **common)
+        if tracker:
+            tracker.set_tags(parent, {"lopd.bank.dvc_md5": bank["dvc_md5"]})
+        phi0 = champion.composer
+        if phi0 is None:
+            phi0 = S.coldstart_flow(params, champion.model, bank, **common)["phi0"]
+        distilled = S.distill_flow(params, champion.model, bank, phi0, **common)
+        champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
+        student_eval = S.evaluate_flow(params, distilled["student"], label="student", **common)
+        base_eval = champ_eval if champion.model == base else S.evaluate_flow(params, base, label="base", **common)
+
+        old, new = gate_score(params, champ_eval["results"]), gate_score(params, student_eval["results"])
+        promoted = new > old + params.cycle.min_gain
+        log(f"cycle {number}: gate {params.cycle.gate_metric} ({params.cycle.gate_mode}, "
+            f"{'+'.join(params.cycle.gate_splits)}): student {new:.4f} vs champion {old:.4f} "
+            f"(min gain {params.cycle.min_gain:g}) -> {'PROMOTED' if promoted else 'not promoted'}")
+
+        lineage = {"cycle": number, "parent model": champion.model, "parent version": champion.version or "base",
+                   "base model content": content_hash(base)[:16], "bank DVC md5": bank["dvc_md5"],
+                   "bank rows": bank["bank_rows"], "git commit": commit, "mlflow cycle run": parent or "untracked",
+                   "distill steps": distilled["steps"], "gate": f"{new:.4f} vs {old:.4f}", "promoted": promoted}
+        exported = S.export_flow(params, distilled["student"],
+                                 str(Path(params.cycle.dir) / "exports" / f"cycle-{number:03d}" / "student"),
+                                 student_eval["eval"], base_eval["eval"], lineage, promote=promoted, **common)
+        last, delta_mean = _last_row(distilled["csv"])
+        record = {
+            "cycle": number, "promoted": promoted, "gate": {"champion": old, "student": new},
+            "champion_before": asdict(champion), "student": distilled["student"], "csv": distilled["csv"],
+            "export": exported["export"], "version": exported["version"], "mlflow_run": parent,
+            "eval": {"base": base_eval["eval"], "champion": champ_eval["eval"], "student": student_eval["eval"]},
+            "final_beta": float(last["beta"]), "final_delta": float(last["delta"]), "delta_mean": delta_mean,
+            "margin": params.lopd.margin,
+            "cached": {k: v["cached"] for k, v in (("bank", bank), ("distill", distilled),
+                                                   ("student_eval", student_eval))},
+            "new_champion": asdict(Champion(model=distilled["student"], bank=bank, composer=distilled["composer"],
+                                            eval=student_eval["eval"], generation=champion.generation + 1,
+                                            cycle=number, version=exported["version"])),
+        }
+        record["report"] = write_cycle_report(params, history + [record], parent, number)
+        record["seconds"] = round(time.perf_counter() - started, 1)
+        if tracker:
+            base_score = gate_score(params, base_eval["results"])
+            tracker.log_metrics(parent, {"gate.champion": old, "gate.student": new, "gate.base": base_score,
+                                         "beta": record["final_beta"], "delta": record["final_delta"],
+                                         "delta_mean": delta_mean, "cycle_seconds": record["seconds"]})
+            tracker.set_tags(parent, {"lopd.promoted": promoted, "lopd.registered_version": exported["version"]})
+            tracker.log_artifact(parent, distilled["csv"], "plots")
+            for label, path in record["eval"].items():
+                tracker.log_artifact(parent, path, f"eval/{label}")
+            tracker.end(parent)
+        return record
+    except BaseException:
+        if tracker and parent:
+            tracker.end(parent, "FAILED")
+        raise
+
+
+def write_cycle_report(params: Params, history: list[dict], parent: str | None, number: int) -> str:
+    """The report across every cycle so far: one training run per cycle, base vs each cycle's student."""
+    runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", params.lopd.margin)}
+            for r in history]
+    evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
+    evals += [{"label": f"cycle {r['cycle']} student" + (" (promoted)" if r["promoted"] else ""),
+               "path": r["eval"]["student"]} for r in history]
+    last = history[-1]
+    summary = [("cycles", str(len(history))),
+               ("last cycle", (f"{last['cycle']}: {'promoted' if last['promoted'] else 'not promoted'} "
+                              f"(gate {last['gate']['student']:.4f} vs champion {last['gate']['champion']:.4f})")),
+               ("final β / last δ̄ / mean δ̄", (f"{last['final_beta']:.4f} / {last['final_delta']:+.4f} / "
+                                               f"{last['delta_mean']:+.4f} (margin m = {last['margin']:g})")),
+               ("exported student", last["export"]), ("registered version", str(last["version"]))]
+    return S.report_flow(params, runs, evals, params.cycle.report_dir, "LOPD continual cycles", summary,
+                         parent_run=parent, cycle=number, track=parent is not None)
+
+
+def summarize(record: dict, params: Params) -> list[str]:
+    """The few lines `lopd cycle` ends with."""
+    ev = {k: S.read_json(v) for k, v in record["eval"].items()}
+    g = params.cycle
+
+    def cell(results, split):
+        c = results["toolworld"][split][g.gate_mode] if results and split in results.get("toolworld", {}) else None
+        return f"{100 * c['success_rate']:.1f}% (reward {c['reward_mean']:.3f})" if c else "n/a"
+
+    lines = [f"cycle {record['cycle']} summary ({record.get('seconds', 0):.0f}s):"]
+    for split in g.gate_splits:
+        lines.append(f"  {split} {g.gate_mode} success: base {cell(ev['base'], split)} -> "
+                     f"new student {cell(ev['student'], split)}")
+    lines += [
+        (f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
+        f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"),
+        (f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
+        f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"),
+        f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}",
+        f"  exported student: {record['export']} (registry version {record['version']})",
+        f"  report: {record['report']}",
+    ]
+    return lines

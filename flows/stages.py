@@ -1,0 +1,209 @@
+"""One Prefect flow per pipeline stage, each a recipe: compute the stage's cache key, run its task, record an
+MLflow child run. `flows/cycle.py` composes them; each can also run on its own (`parent_run=None`).
+
+A stage's work folder is `<cycle.dir>/work/<stage>-<key>`, the key being the content hash of what the stage
+reads plus the params sections that shape its output (`tasks.caching.stage_key`). Prefect's task cache is
+consulted only while that folder is complete; a deleted folder is recomputed (refresh_cache).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import flow
+
+from lopd_core.config import Params
+from tasks import stages as T
+from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, stage_key
+from tasks.tracking import Tracker, dvc_hash, eval_metrics
+
+# Path-valued params do not change what a stage computes: they are left out of its cache key.
+PATH_FIELDS = {"bank": ("dir", "index_dir", "chroma_url"), "coldstart": ("out",), "lopd": ("out_dir", "csv"),
+               "eval": ("out",), "model": ("name_or_path", "base_dir", "device")}
+
+
+def section(params: Params, name: str) -> dict:
+    values = asdict(getattr(params, name)) if not isinstance(getattr(params, name), int) else getattr(params, name)
+    if isinstance(values, dict):
+        for key in PATH_FIELDS.get(name, ()):
+            values.pop(key, None)
+    return values
+
+
+def policy_inputs(policy: str) -> tuple[dict, dict]:
+    """A local model folder is hashed by content; a hub id is keyed by its name."""
+    return ({"policy": policy}, {}) if Path(policy).exists() else ({}, {"policy_id": policy})
+
+
+def run_cached(task, params: Params, stage: str, sections: dict, inputs: dict, **kwargs) -> tuple[dict, bool]:
+    """Run a cached stage task in its content-addressed work folder; return (summary, was it cached)."""
+    payload = key_payload(stage, sections, inputs)
+    key = stage_key(payload)
+    root = Path(params.cycle.dir)
+    work = root / "work" / f"{stage}-{key}"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / KEY_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    runner = task.with_options(refresh_cache=not is_complete(work), timeout_seconds=params.cycle.stage_timeout_s,
+                               result_storage=(root / "prefect-results").resolve())
+    state = runner(stage=stage, key=key, work=str(work), params=params, return_state=True, **kwargs)
+    summary = state.result()
+    cached = state.name == "Cached"
+    T.log(f"{stage}: {'reused cached result' if cached else 'done'} ({work})")
+    return summary, cached
+
+
+def _child(tracker: Tracker | None, parent_run: str | None, stage: str, cycle: int, cached: bool,
+           tags: dict | None = None) -> str | None:
+    if tracker is None:
+        return None
+    return tracker.start_run(stage, parent=parent_run,
+                             tags={"lopd.stage": stage, "lopd.cycle": cycle, "lopd.cached": cached, **(tags or {})})
+
+
+def _tracker(params: Params, track: bool) -> Tracker | None:
+    return Tracker(params.tracking) if track else None
+
+
+FLOW = {"log_prints": True, "validate_parameters": False}
+
+
+@flow(name="lopd-base", **FLOW)
+def base_flow(params: Params) -> str:
+    """The starting policy: model.name_or_path if set, else the embedded base (built once into base_dir)."""
+    if params.model.name_or_path:
+        return params.model.name_or_path
+    base_dir = Path(params.model.base_dir)
+    if (base_dir / "config.json").exists():
+        return str(base_dir)
+    key = stage_key(key_payload("base", {"seed": params.seed, "tiny": params.model.tiny,
+                                         "warmstart": params.model.warmstart}, {}))
+    runner = T.build_base_task.with_options(timeout_seconds=params.cycle.stage_timeout_s,
+                                            result_storage=(Path(params.cycle.dir) / "prefect-results").resolve(),
+                                            refresh_cache=True)
+    runner(stage="base", key=key, work=str(base_dir), params=params)
+    return str(base_dir)
+
+
+@flow(name="lopd-bank", **FLOW)
+def bank_flow(params: Params, policy: str, parent_bank: str | None = None, generation: int = 0,
+              parent_run: str | None = None, cycle: int = 0, track: bool = True) -> dict:
+    """Refresh the bank: the parent bank plus the successes of `policy`'s rollouts."""
+    inputs, ids = policy_inputs(policy)
+    inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
+    sections = {"seed": params.seed, "bank": section(params, "bank"), "rollout": params.rollout,
+                "envs": params.envs, "generation": generation, **ids}
+    summary, cached = run_cached(T.refresh_bank_task, params, "bank", sections, inputs, policy=policy,
+                                 parent_bank=parent_bank, generation=generation)
+    summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, "bank", cycle, cached, {"lopd.bank.dvc_md5": summary["dvc_md5"]})
+        tracker.log_metrics(run, {"bank.rollouts": summary["rollouts"], "bank.successes": summary["successes"],
+                                  "bank.success_rate": summary["success_rate"], "bank.rows": summary["bank_rows"]})
+        tracker.log_artifact(run, Path(summary["bank_dir"]) / "bank_report.json")
+        tracker.end(run)
+    return summary
+
+
+@flow(name="lopd-coldstart", **FLOW)
+def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0,
+                   track: bool = True) -> dict:
+    """φ0 for the composer from the bank's successes."""
+    inputs, ids = policy_inputs(policy)
+    inputs.update(bank=Path(bank["bank_dir"]))
+    sections = {"seed": params.seed, "composer": params.composer, "coldstart": section(params, "coldstart"),
+                "top_j": params.bank.top_j, **ids}
+    summary, cached = run_cached(T.coldstart_task, params, "coldstart", sections, inputs, policy=policy,
+                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"])
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, "coldstart", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+        tracker.log_metrics(run, {f"coldstart.{when}.{k}": v for when in ("first", "last")
+                                  for k, v in summary[when].items() if isinstance(v, (int, float))})
+        tracker.log_artifact(run, summary["csv"])
+        tracker.end(run)
+    return {**summary, "cached": cached}
+
+
+@flow(name="lopd-distill", **FLOW)
+def distill_flow(params: Params, policy: str, bank: dict, phi0: str, parent_run: str | None = None,
+                 cycle: int = 0, track: bool = True) -> dict:
+    """LOPD training; every step's row of the CSV becomes MLflow step metrics (β and δ̄ included)."""
+    inputs, ids = policy_inputs(policy)
+    inputs.update(bank=Path(bank["bank_dir"]), phi0=phi0)
+    b = params.bank
+    sections = {"seed": params.seed, "lopd": section(params, "lopd"), "rollout": params.rollout,
+                "composer": params.composer, "retrieval": [b.top_j, b.allow_self_retrieval, b.ef_search], **ids}
+    summary, cached = run_cached(T.distill_task, params, "distill", sections, inputs, policy=policy,
+                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0)
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, "distill", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+        tracker.log_step_metrics(run, summary["csv"])
+        tracker.log_artifact(run, summary["csv"])
+        tracker.log_artifact(run, Path(summary["csv"]).with_name("distill_diagnostics.csv"))
+        tracker.end(run)
+    return {**summary, "cached": cached}
+
+
+@flow(name="lopd-evaluate", **FLOW)
+def evaluate_flow(params: Params, model: str, label: str = "student", parent_run: str | None = None,
+                  cycle: int = 0, track: bool = True) -> dict:
+    """Held-out evaluation of the policy at `model`."""
+    inputs, ids = policy_inputs(model)
+    sections = {"seed": params.seed, "eval": section(params, "eval"), "rollout": params.rollout,
+                "envs": params.envs, **ids}
+    summary, cached = run_cached(T.evaluate_task, params, "evaluate", sections, inputs, model=model)
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, f"evaluate-{label}", cycle, cached, {"lopd.evaluated": label})
+        tracker.log_metrics(run, eval_metrics(summary["results"]))
+        tracker.log_artifact(run, summary["eval"], f"eval/{label}")
+        tracker.end(run)
+    return {**summary, "cached": cached}
+
+
+@flow(name="lopd-export", **FLOW)
+def export_flow(params: Params, model: str, out: str, student_eval: str | None, base_eval: str | None,
+                lineage: dict, parent_run: str | None = None, cycle: int = 0, track: bool = True,
+                promote: bool = False) -> dict:
+    """Export the clean checkpoint, log and register it as a version of `lopd-student`; move the champion
+    alias to it only when `promote` (the gate passed)."""
+    path = T.export_task(model, out, params, student_eval, base_eval, lineage)
+    result = {"export": path, "version": None, "promoted": promote}
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, "export", cycle, False)
+        student_hash = content_hash(model)
+        # The same student (a cached cycle) keeps its version: the registry lists models, not runs.
+        result["version"] = tracker.find_version("lopd.student_hash", student_hash) or tracker.register_student(
+            run, path, tags={"lopd.cycle": cycle, "lopd.student_hash": student_hash})
+        tracker.log_artifact(run, Path(path) / "README.md")
+        tracker.log_artifact(run, Path(path) / "lineage.json")
+        if promote:
+            tracker.promote(result["version"])
+        tracker.set_tags(run, {"lopd.registered_version": result["version"], "lopd.promoted": promote})
+        tracker.end(run)
+    return result
+
+
+@flow(name="lopd-report", **FLOW)
+def report_flow(params: Params, runs: list[dict], evals: list[dict], out_dir: str, title: str,
+                summary: list[tuple[str, str]], parent_run: str | None = None, cycle: int = 0,
+                track: bool = True) -> str:
+    """The offline HTML dashboard and its PNGs, logged as artifacts of the cycle."""
+    path = T.report_task(runs, evals, out_dir, title, summary)
+    tracker = _tracker(params, track)
+    if tracker:
+        run = _child(tracker, parent_run, "report", cycle, False)
+        tracker.log_artifact(run, out_dir, "report")
+        if parent_run:
+            tracker.log_artifact(parent_run, out_dir, "report")
+        tracker.end(run)
+    return path
+
+
+def read_json(path: str | Path | None) -> dict | None:
+    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None

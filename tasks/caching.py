@@ -1,0 +1,110 @@
+"""Cache keys for expensive, deterministic stages: content hashes of input artifacts + their params sections.
+
+Why not Prefect's default policy: it caches only within one flow run, and hashing task inputs would hash
+whatever objects are passed (DESIGN §6: tensor pickles differ between processes). Here the flow computes a
+stage key from what the stage reads — file contents, never paths or objects — and the part of params.yaml that
+shapes its output, plus a fingerprint of the compute library's source. The stage then writes into a work folder
+named by that key (`<cycle.dir>/work/<stage>-<key>`), so equal keys mean equal outputs in a known place, and a
+key's outputs can be checked for presence before its cached result is trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, is_dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DONE = "_stage.json"  # written last by a stage: its summary, and the proof that its outputs are complete
+KEY_FILE = "_key.json"  # the payload the stage's key was computed from
+_CHUNK = 1 << 20
+_SKIP_NAMES = {DONE, KEY_FILE, "__pycache__", ".DS_Store"}
+
+
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of one file; memoised on (path, size, mtime) so a long cycle hashes each weight file once."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_hash(path: str | Path | None) -> str:
+    """Hash of a file's bytes, or of a folder's relative file names and bytes (order independent).
+    A missing path hashes to a fixed marker, so "no input yet" is a value of its own."""
+    if path is None:
+        return "none"
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if path.is_file():
+        st = path.stat()
+        return _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path)
+        if any(part in _SKIP_NAMES or part.endswith(".tmp") for part in rel.parts):
+            continue
+        h.update(rel.as_posix().encode() + b"\0" + content_hash(file).encode() + b"\n")
+    return h.hexdigest()
+
+
+# Parts of lopd_core that never shape a stage's output (scoring of external benchmarks, export, report).
+_NOT_STAGE_CODE = ("benchmarks/", "export.py", "report.py")
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of lopd_core's Python sources: a change in the compute library invalidates every cached stage
+    (conservative on purpose: a stale model is worse than a recomputed one)."""
+    import lopd_core
+
+    root = Path(lopd_core.__file__).parent
+    h = hashlib.sha256()
+    for file in sorted(root.rglob("*.py")):
+        rel = file.relative_to(root).as_posix()
+        if not rel.startswith(_NOT_STAGE_CODE):
+            h.update(rel.encode() + b"\0" + file.read_bytes())
+    return h.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    return asdict(value) if is_dataclass(value) else value
+
+
+def key_payload(stage: str, sections: dict[str, Any], inputs: dict[str, str | Path | None]) -> dict:
+    """What a stage's cache key is made of: its name, params sections, inputs' content, the library's code.
+    Kept beside the stage's outputs (KEY_FILE) so a surprising recomputation can be explained by a diff."""
+    return {
+        "stage": stage,
+        "sections": {k: _plain(v) for k, v in sorted(sections.items())},
+        "inputs": {k: content_hash(v) for k, v in sorted(inputs.items())},
+        "code": code_fingerprint(),
+    }
+
+
+def stage_key(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def is_complete(work: str | Path) -> bool:
+    return (Path(work) / DONE).exists()
+
+
+def mark_complete(work: str | Path, summary: dict) -> dict:
+    """Write the stage's summary last (atomically): its presence means the outputs beside it are whole."""
+    path = Path(work) / DONE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    os.replace(tmp, path)
+    return summary
+
+
+def by_stage_key(context, parameters: dict) -> str:
+    """Prefect `cache_key_fn`: the key the flow computed from content hashes (see `stage_key`)."""
+    return f"{parameters['stage']}-{parameters['key']}"

@@ -1,0 +1,151 @@
+"""Prefect tasks over the LOPD stages: thin wrappers that take paths, call lopd_core, and return paths.
+
+Expensive deterministic stages (base, bank refresh, cold start, distillation, evaluation) are cached across
+runs by `tasks.caching.by_stage_key`: the calling flow computes the key from the content of the stage's inputs
+and its params sections, and passes the key's work folder; the stage writes only there and marks it complete
+last. Export, report and tracking are IO: they retry and are never cached. Long stages get a timeout from
+`cycle.stage_timeout_s` (applied by the flow with `with_options`). No task passes a model or a tensor: models
+are loaded inside the task from the folder it was given and dropped when it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+from prefect import task
+
+from lopd_core.config import Params
+from tasks.caching import by_stage_key, mark_complete
+
+
+def log(message: str) -> None:
+    """Progress lines: printed (the flows log prints, so they also reach Prefect's run logs)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def with_paths(params: Params, **changes: str) -> Params:
+    """A copy of params with some `section.key` paths redirected, e.g. bank__dir="work/bank"."""
+    out = dataclasses.replace(params)
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        setattr(out, section, dataclasses.replace(getattr(out, section), **{key: value}))
+    return out
+
+
+def _fresh(work: str) -> Path:
+    """The stage's work folder. Stages overwrite what they write, and distillation resumes from the
+    checkpoint an interrupted attempt left there."""
+    path = Path(work)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+CACHED = {"cache_key_fn": by_stage_key, "persist_result": True}
+
+
+@task(name="base", **CACHED)
+def build_base_task(stage: str, key: str, work: str, params: Params) -> dict:
+    """Build the embedded base policy into `work` (the folder is model.base_dir)."""
+    from lopd_core.model.warmstart import build_base
+
+    out = _fresh(work)
+    log(f"base: building the embedded base into {out}")
+    report = build_base(params, out, log=log)
+    return mark_complete(out, {"model": str(out), "parameters": report.parameters, "steps": report.steps,
+                               "final_loss": report.final_loss, "seconds": report.seconds_total})
+
+
+@task(name="bank-refresh", **CACHED)
+def refresh_bank_task(stage: str, key: str, work: str, params: Params, policy: str, parent_bank: str | None,
+                      generation: int) -> dict:
+    """The champion's bank plus the successes of the champion's rollouts on training tasks.
+
+    The new bank is a folder of its own (`work/bank`), started as a copy of the champion's bank: earlier banks
+    stay intact (versioned by folder and by DVC hash), and a rejected cycle never changes the champion's."""
+    from lopd_core.lopd.stages import seed_bank
+
+    out = _fresh(work)
+    bank_dir, index_dir = out / "bank", out / "bank_index"
+    shutil.rmtree(bank_dir, ignore_errors=True)
+    shutil.rmtree(index_dir, ignore_errors=True)
+    bank_dir.mkdir()
+    if parent_bank:
+        shutil.copy2(Path(parent_bank) / "experience.parquet", bank_dir / "experience.parquet")
+    p = with_paths(params, bank__dir=str(bank_dir), bank__index_dir=str(index_dir),
+                   model__name_or_path=policy)
+    log(f"bank: rolling out {policy} on {params.bank.seed_tasks} training tasks "
+        f"x {params.bank.samples_per_task} (parent bank: {parent_bank or 'none'})")
+    summary = seed_bank(p, log=log, cycle=generation)
+    return mark_complete(out, {**summary, "bank_dir": str(bank_dir), "index_dir": str(index_dir)})
+
+
+@task(name="coldstart", **CACHED)
+def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
+                   index_dir: str) -> dict:
+    """φ0, the composer's cold start, on the bank's successes read by the policy."""
+    from lopd_core.lopd.stages import run_coldstart
+
+    out = _fresh(work)
+    p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
+                   coldstart__out=str(out / "phi0.pt"), lopd__csv=str(out / "distill.csv"))
+    summary = run_coldstart(p, log=log)
+    return mark_complete(out, {**summary, "phi0": str(out / "phi0.pt"), "csv": str(out / "coldstart.csv")})
+
+
+@task(name="distill", **CACHED)
+def distill_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
+                 index_dir: str, phi0: str) -> dict:
+    """LOPD training of a student from `policy`; resumes from the folder's checkpoint after an interruption."""
+    from lopd_core.lopd.stages import run_lopd
+
+    out = _fresh(work)
+    p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
+                   coldstart__out=phi0, lopd__out_dir=str(out), lopd__csv=str(out / "distill.csv"))
+    summary = run_lopd(p, resume=True, log=log)
+    return mark_complete(out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt")})
+
+
+@task(name="evaluate", **CACHED)
+def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -> dict:
+    """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout)."""
+    from lopd_core.evaluation import evaluate, write_metrics
+    from lopd_core.model.loading import load_policy
+
+    out = _fresh(work)
+    p = with_paths(params, model__name_or_path=model)
+    policy, tokenizer = load_policy(p.model)
+    log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
+    results = evaluate(policy, tokenizer, p, log=log)
+    path = write_metrics(results, out / "eval.json")
+    return mark_complete(out, {"eval": str(path), "model": model, "results": results})
+
+
+@task(name="export", retries=2, retry_delay_seconds=2)
+def export_task(model: str, out: str, params: Params, student_eval: str | None, base_eval: str | None,
+                lineage: dict) -> str:
+    """The clean Hugging Face checkpoint with its model card (LoRA merged)."""
+    from lopd_core.export import export_checkpoint
+
+    read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
+    path = export_checkpoint(model, out, rollout=params.rollout, student_eval=read(student_eval),
+                             base_eval=read(base_eval), lineage=lineage, name=params.tracking.registered_model)
+    log(f"export: {path} (loads with AutoModelForCausalLM.from_pretrained)")
+    return str(path)
+
+
+@task(name="report", retries=2, retry_delay_seconds=2)
+def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str,
+                summary: list[tuple[str, str]]) -> str:
+    """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}."""
+    from lopd_core.report import EvalColumn, TrainingRun, write_report
+
+    training = [TrainingRun(r["label"], Path(r["csv"]), float(r["margin"])) for r in runs]
+    columns = [EvalColumn(e["label"], json.loads(Path(e["path"]).read_text()))
+               for e in evals if e.get("path") and Path(e["path"]).exists()]
+    path = write_report(training, columns, out_dir, title=title, summary=summary)
+    log(f"report: {path}")
+    return str(path)

@@ -1,0 +1,207 @@
+"""MLflow lineage of the pipeline: one parent run per cycle, one child run per stage, the student registry.
+
+Where runs go: `tracking.mlflow_uri` (a SQLite file in the project by default), overridden by the environment
+variable MLFLOW_TRACKING_URI (a server, another file). Everything goes through `MlflowClient` with explicit run
+ids, never the fluent "active run" (it is per thread, and Prefect may run a task in another thread). The one
+exception is model logging, which MLflow only offers fluently: it is wrapped in a resumed run on this thread.
+
+Names are the observable contract (DESIGN §5): step metrics carry the plots/distill.csv column names (β as
+`beta` and δ̄ as `delta`, every step); params are params.yaml flattened with dots; tags carry the git commit,
+the DVC hash of the bank and the parent cycle run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from lopd_core.config import TrackingConfig
+from lopd_core.export import eval_rows
+
+STAGE_TAG = "lopd.stage"
+CYCLE_TAG = "lopd.cycle"
+PARENT_TAG = "mlflow.parentRunId"  # what the MLflow UI nests child runs by
+_METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+def tracking_uri(cfg: TrackingConfig) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_uri
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    """{"lopd": {"margin": 0.05}} -> {"lopd.margin": "0.05"}: params.yaml as MLflow params."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = str(value)[:6000]
+    return flat
+
+
+def git_commit(root: str | Path = ".") -> str:
+    """HEAD's commit, suffixed `-dirty` when tracked files differ from it; `unknown` outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, check=False,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def dvc_hash(path: str | Path) -> str:
+    """The md5 DVC records for `path` in dvc.lock (`<md5>.dir` for a folder): the bank's version id, so a run
+    can be matched to the bank that `dvc checkout` restores."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    if not Path(path).exists():
+        return "missing"
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as scratch:
+        _, _, obj = build(HashFileDB(fs, scratch), str(path), fs, "md5")
+    return obj.hash_info.value
+
+
+def metric_name(name: str) -> str:
+    return _METRIC_NAME.sub("_", name.replace("+", "_"))
+
+
+def eval_metrics(results: dict | None, prefix: str = "eval") -> dict[str, float]:
+    """metrics/eval.json as flat metrics: eval.toolworld.test_id.greedy.success_rate, ..."""
+    out = {}
+    for env, split, mode, cell in eval_rows(results):
+        for field in ("success_rate", "reward_mean"):
+            out[metric_name(f"{prefix}.{env}.{split}.{mode}.{field}")] = float(cell[field])
+    return out
+
+
+class Tracker:
+    """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry."""
+
+    def __init__(self, cfg: TrackingConfig):
+        from mlflow import MlflowClient
+
+        self.cfg = cfg
+        self.uri = tracking_uri(cfg)
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.experiment_id = self._experiment()
+
+    def _experiment(self) -> str:
+        found = self.client.get_experiment_by_name(self.cfg.experiment)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.uri.startswith("sqlite:"):  # artifacts beside the database, not in the working directory
+            db = Path(self.uri.split(":///", 1)[-1])
+            location = (db.parent.resolve() / "mlruns").as_uri()
+        return self.client.create_experiment(self.cfg.experiment, artifact_location=location)
+
+    # ---- runs ---------------------------------------------------------------------------------------
+    def start_run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> str:
+        tags = {k: str(v) for k, v in (tags or {}).items()}
+        if parent:
+            tags[PARENT_TAG] = parent
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def end(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def set_tags(self, run_id: str, tags: dict) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, str(value))
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in flatten(params).items()]
+        for i in range(0, len(items), 100):  # MLflow's batch limit for params
+            self.client.log_batch(run_id, params=items[i:i + 100])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+
+    def log_step_metrics(self, run_id: str, csv_path: str | Path) -> int:
+        """Every row of a distill CSV as step metrics named by its columns; returns the number of steps."""
+        from mlflow.entities import Metric
+
+        frame = pd.read_csv(csv_path)
+        now = int(time.time() * 1000)
+        items = [Metric(col, float(row[col]), now, int(row["step"]))
+                 for _, row in frame.iterrows() for col in frame.columns if col != "step" and pd.notna(row[col])]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+        return len(frame)
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+        elif path.exists():
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    # ---- registry -----------------------------------------------------------------------------------
+    def register_student(self, run_id: str, export_dir: str | Path, tags: dict | None = None) -> str:
+        """Log the exported (merged) checkpoint under `run_id` and register it; returns the version number."""
+        import mlflow
+        import mlflow.transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(export_dir)
+        tokenizer = AutoTokenizer.from_pretrained(export_dir)
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_registry_uri(self.uri)
+        import torch
+        import transformers
+
+        requirements = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.transformers.log_model(
+                transformers_model={"model": model, "tokenizer": tokenizer}, name="student",
+                task="text-generation", pip_requirements=requirements,
+                registered_model_name=self.cfg.registered_model)
+        version = str(info.registered_model_version)
+        for key, value in (tags or {}).items():
+            self.client.set_model_version_tag(self.cfg.registered_model, version, key, str(value))
+        return version
+
+    def find_version(self, tag: str, value: str) -> str | None:
+        """The registered version carrying tag=value (e.g. the same student content), if any."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name='{self.cfg.registered_model}'")
+        except MlflowException:
+            return None
+        for v in versions:
+            if v.tags.get(tag) == value:
+                return str(v.version)
+        return None
+
+    def champion_version(self) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(self.cfg.registered_model,
+                                                              self.cfg.champion_alias).version)
+        except MlflowException:
+            return None
+
+    def promote(self, version: str) -> None:
+        """Move the champion alias to `version` (call only when the promotion gate passed)."""
+        self.client.set_registered_model_alias(self.cfg.registered_model, self.cfg.champion_alias, version)
