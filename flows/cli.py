@@ -5,6 +5,9 @@
     lopd coldstart [--params ...] [--set ...]        train φ0, the composer's cold start, on bank successes
     lopd distill   [--params ...] [--set ...] [--fresh]   LOPD training; resumes from the last checkpoint
     lopd evaluate  [--params ...] [--set ...]                               held-out success -> metrics/eval.json
+    lopd cycle     [--params ...] [--set ...] [--cycles N]   continual cycles (Prefect flow, MLflow, gated promotion)
+    lopd export    [--params ...] [--set ...] [--model DIR] [--out DIR]   clean HF checkpoint + model card
+    lopd report    [--params ...] [--set ...] [--cycles]   offline HTML dashboard + PNGs -> reports/
 
 Every command takes --params and repeatable --set overrides; a bad key or value stops it before any work, with
 the key, the value and what was expected.
@@ -18,6 +21,9 @@ import sys
 import time
 
 import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
+from flows.bench import add_bench_parser
+from flows.sandbox_cli import add_sandbox_parser
+from flows.pipeline_cli import add_pipeline_parsers
 from lopd_core.config import ConfigError, Params, load_params
 
 
@@ -79,11 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def stage(name: str, help_text: str, func):
-        p = sub.add_parser(name, help=help_text)
+    def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--params", default="params.yaml", help="the run's configuration (default: params.yaml)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one parameter (repeatable), e.g. --set rollout.temperature=0.7")
+
+    def stage(name: str, help_text: str, func):
+        p = sub.add_parser(name, help=help_text)
+        add_common(p)
         p.set_defaults(func=func)
         return p
 
@@ -96,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # resumption tests
     stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate).add_argument(
         "--out", default=None, help="metrics file (default: eval.out)")
+    add_pipeline_parsers(stage)
+    add_bench_parser(sub, add_common)
+    add_sandbox_parser(sub, add_common)
     return parser
 
 

@@ -19,6 +19,10 @@ from typing import Any
 
 import yaml
 
+from lopd_core.benchmarks.acebench.data import CATEGORIES as ACEBENCH_CATEGORIES
+from lopd_core.benchmarks.acebench.data import GROUPS as ACEBENCH_GROUPS
+from lopd_core.benchmarks.bfcl.data import CATEGORIES as BFCL_CATEGORIES
+
 
 class ConfigError(ValueError):
     """A key or value of params.yaml (or of a --set override) is not what the pipeline expects."""
@@ -74,10 +78,12 @@ class WarmStartConfig:
     convention_noise: float = field(default=0.3, metadata=fraction())
     slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
     epochs: float = field(default=6.0, metadata=positive())  # the time budget usually binds first
-    batch_tokens: int = field(default=4096, metadata=positive())
-    lr: float = field(default=1e-2, metadata=positive())
+    batch_tokens: int = field(default=1024, metadata=positive())  # small batches: more steps, faster copying
+    lr: float = field(default=6e-3, metadata=positive())
     warmup_steps: int = field(default=20, metadata=non_negative())
     time_budget_s: float = field(default=240.0, metadata=positive())  # the schedule is fitted to it
+    drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
+    context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
 
 
 @dataclass
@@ -96,8 +102,8 @@ class ModelConfig:
 class EnvsConfig:
     # Environment mix for training and evaluation: name -> weight.
     mix: dict[str, float] = field(default_factory=lambda: {"toolworld": 1.0},
-                                  metadata=_check(lambda v: v and set(v) <= {"toolworld"} and all(w > 0 for w in v.values()),
-                                                  "a non-empty mapping of known environments (toolworld) to weights > 0"))
+                                  metadata=_check(lambda v: v and set(v) <= {"toolworld", "codegen"} and all(w > 0 for w in v.values()),
+                                                  "a non-empty mapping of known environments (toolworld, codegen) to weights > 0"))
     train_tasks: int = field(default=4000, metadata=positive())
 
 
@@ -122,6 +128,10 @@ class EvalConfig:
     with_experience: bool = True
     num_experiences: int = field(default=3, metadata=positive())
     out: str = "metrics/eval.json"
+    # External benchmarks the evaluate flow also runs (settings under `bench`); their scores go under their
+    # own names in `out`.
+    benchmarks: list[str] = field(default_factory=list, metadata=_check(
+        lambda v: set(v) <= {"bfcl", "acebench", "humaneval"}, "a list of: bfcl, acebench, humaneval"))
 
 
 @dataclass
@@ -189,8 +199,55 @@ class LopdConfig:
 
 @dataclass
 class TrackingConfig:
+    """MLflow lineage of `lopd cycle` (the environment variable MLFLOW_TRACKING_URI overrides mlflow_uri)."""
+
     mlflow_uri: str = "sqlite:///mlflow.db"
     experiment: str = "lopd"
+    registered_model: str = "lopd-student"  # every exported student becomes a version of this model
+    champion_alias: str = "champion"  # moves to a version only when the promotion gate passes
+
+
+@dataclass
+class CycleConfig:
+    """`lopd cycle`: continual self-improvement from the last promoted student, and the promotion gate.
+
+    The gate: the new student is promoted when its `gate_metric` under `gate_mode`, averaged over
+    `gate_splits` (held-out tasks, no experience in context), exceeds the champion's by more than `min_gain`.
+    """
+
+    dir: str = "data/cycles"  # per-cycle work (content-addressed), champion.json, history.json, task cache
+    gate_metric: str = field(default="success_rate", metadata=one_of("success_rate", "reward_mean"))
+    gate_splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
+                                   metadata=subset_of("test_id", "test_ood"))
+    gate_mode: str = field(default="greedy", metadata=one_of("greedy", "sampled"))
+    min_gain: float = 0.0  # a negative value promotes whatever the numbers (smoke tests of the registry)
+    stage_timeout_s: float = field(default=21600.0, metadata=positive())  # per long task (base, bank, ...)
+    report_dir: str = "reports/cycles"  # the DVC pipeline's own report goes to reports/run
+
+
+@dataclass
+class BenchConfig:
+    """Tool-use benchmarks (`lopd bench score|run bfcl|acebench`, and `eval.benchmarks`).
+
+    Data folders are settings. An empty bfcl_dir means the data inside the bfcl-eval package (installed with
+    `pip install --no-deps bfcl-eval==2026.3.23`); ACEBench has no package, so acebench_dir must point at a copy
+    of its data_all/ folder (or its parent).
+    """
+
+    bfcl_dir: str = ""
+    bfcl_categories: list[str] = field(
+        default_factory=lambda: ["simple", "multiple", "parallel", "parallel_multiple", "irrelevance",
+                                 "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+                                 "live_irrelevance", "multi_turn_base"],
+        metadata=subset_of(*BFCL_CATEGORIES))
+    acebench_dir: str = ""
+    acebench_categories: list[str] = field(default_factory=lambda: ["normal", "special"],
+                                           metadata=subset_of(*ACEBENCH_GROUPS, *ACEBENCH_CATEGORIES))
+    acebench_languages: list[str] = field(default_factory=lambda: ["en", "zh"], metadata=subset_of("en", "zh"))
+    limit: int = field(default=0, metadata=non_negative())  # test cases per category in a run (0 = all)
+    max_new_tokens: int = field(default=256, metadata=positive())  # per model answer
+    batch_size: int = field(default=8, metadata=positive())
+    max_steps_per_turn: int = field(default=5, metadata=positive())  # BFCL multi-turn: answers per user turn
 
 
 @dataclass
@@ -205,6 +262,8 @@ class Params:
     lopd: LopdConfig = field(default_factory=LopdConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cycle: CycleConfig = field(default_factory=CycleConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -23,6 +23,7 @@ from transformers import GenerationConfig
 from lopd_core.config import Params
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.demos import build_demos, encode_demo
+from lopd_core.model.drills import build_drills, encode_drill
 from lopd_core.model.loading import tiny_qwen3
 from lopd_core.model.tokenizer import train_tokenizer
 
@@ -59,6 +60,14 @@ def pack_batches(seqs: list[TrajectoryIds], batch_tokens: int, rng: random.Rando
     return batches
 
 
+def first_action(seq: TrajectoryIds) -> TrajectoryIds:
+    """The demonstration cut after its first action: a short sequence whose target mostly reads the instruction."""
+    ids, mask = seq.token_ids, seq.action_mask
+    first = mask.index(1) if 1 in mask else len(ids)
+    end = next((i for i in range(first, len(ids)) if not mask[i]), len(ids))
+    return TrajectoryIds(list(ids[:end]), list(mask[:end]), list(seq.sample_logprobs[:end]))
+
+
 def collate(seqs: list[TrajectoryIds], pad_id: int):
     """Right-padded (B, T) ids, attention mask and labels (-100 wherever the token is not the policy's)."""
     width = max(len(s) for s in seqs)
@@ -74,13 +83,23 @@ def collate(seqs: list[TrajectoryIds], pad_id: int):
     return ids, attention, labels
 
 
-def action_token_loss(model, ids, attention, labels) -> torch.Tensor:
-    """Mean cross-entropy over action tokens; logits are computed only where a target exists."""
+def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over action tokens; logits are computed only where a target exists.
+
+    With `context_weight` > 0 the forced tokens (instruction, observations, experiences) are predicted too, at
+    that weight: an auxiliary language-modelling signal that, like pretraining, teaches a tiny model to attend
+    to and copy from its context far sooner than the action tokens alone do.
+    """
     hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, D)
     targets = labels[:, 1:]
     where = targets != -100  # (B, T-1): position t predicts token t+1
     logits = model.lm_head(hidden[:, :-1][where])  # (N, V), only supervised positions
-    return torch.nn.functional.cross_entropy(logits.float(), targets[where])
+    loss = torch.nn.functional.cross_entropy(logits.float(), targets[where])
+    if context_weight > 0:
+        context = (attention[:, 1:] == 1) & ~where
+        context_logits = model.lm_head(hidden[:, :-1][context])
+        loss = loss + context_weight * torch.nn.functional.cross_entropy(context_logits.float(), ids[:, 1:][context])
+    return loss
 
 
 def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
@@ -95,6 +114,10 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     codec = ChatCodec(tokenizer)
     seqs = [encode_demo(d, codec) for d in demos]
     seqs = [s for s in seqs if len(s) <= tiny.max_positions]
+    # Drills and first-action cuts are mixed in: pack_batches groups them by length, so their short batches
+    # interleave with the demonstrations' all through training (run first as a block, they were forgotten).
+    drills = [encode_drill(d, codec) for d in build_drills((d.text() for d in demos), ws.drills, params.seed)]
+    drills += [first_action(s) for s in seqs[: ws.drills]]
     t_demos = time.perf_counter() - t0
     demo_tokens = sum(len(s) for s in seqs)
     action_tokens = sum(sum(s.action_mask) for s in seqs)
@@ -103,6 +126,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
 
     model = tiny_qwen3(tiny, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
+    seqs = seqs + drills
     batches = pack_batches(seqs, ws.batch_tokens, rng)
     total_steps = max(1, int(len(batches) * ws.epochs))
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -123,7 +147,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         ids, attention, labels = collate(batch, codec.pad_id)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, planned)
-        loss = action_token_loss(model, ids, attention, labels)
+        loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
