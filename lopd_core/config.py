@@ -118,7 +118,7 @@ class RolloutConfig:
 
 @dataclass
 class EvalConfig:
-    n_per_split: int = field(default=200, metadata=positive())
+    n_per_split: int = field(default=100, metadata=positive())
     splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
                               metadata=subset_of("train", "test_id", "test_ood"))
     modes: list[str] = field(default_factory=lambda: ["greedy", "sampled"], metadata=subset_of("greedy", "sampled"))
@@ -145,11 +145,11 @@ class BankConfig:
     top_j: int = field(default=3, metadata=positive())
     allow_self_retrieval: bool = True  # may a task retrieve its own earlier success (as the official code)
     min_reward: float = field(default=1.0, metadata=fraction())
-    seed_tasks: int = field(default=800, metadata=positive())  # train tasks rolled out to seed the bank
+    seed_tasks: int = field(default=200, metadata=positive())  # train tasks rolled out to seed the bank
     samples_per_task: int = field(default=2, metadata=positive())
     # Oracle demonstrations added to the seed (policy_version "oracle"): 0 keeps the bank the policy's own, as
     # in the paper; a few help a weak base whose own successes are too rare to cold-start the composer.
-    oracle_seed_tasks: int = field(default=0, metadata=non_negative())
+    oracle_seed_tasks: int = field(default=300, metadata=non_negative())
     ef_search: int = field(default=100, metadata=positive())  # HNSW search breadth; ~400 past ~10k rows
 
 
@@ -192,6 +192,9 @@ class LopdConfig:
     beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
     advantage: str = field(default="continuous", metadata=one_of("continuous", "binary", "group"))
     max_grad_norm: float = field(default=1.0, metadata=positive())
+    # Trajectories per chunk of the teacher/student forward+backward (0 = the whole batch at once): gradients
+    # accumulate over chunks and equal the whole batch's; only peak memory and speed depend on it.
+    micro_batch: int = field(default=8, metadata=non_negative())
     checkpoint_every: int = field(default=10, metadata=positive())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
@@ -216,7 +219,7 @@ class CycleConfig:
     """
 
     dir: str = "data/cycles"  # per-cycle work (content-addressed), champion.json, history.json, task cache
-    gate_metric: str = field(default="success_rate", metadata=one_of("success_rate", "reward_mean"))
+    gate_metric: str = field(default="reward_mean", metadata=one_of("success_rate", "reward_mean"))
     gate_splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
                                    metadata=subset_of("test_id", "test_ood"))
     gate_mode: str = field(default="greedy", metadata=one_of("greedy", "sampled"))
