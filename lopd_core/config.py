@@ -174,7 +174,7 @@ class ColdStartConfig:
 
 @dataclass
 class LopdConfig:
-    steps: int = field(default=40, metadata=positive())
+    steps: int = field(default=24, metadata=positive())  # sized so `lopd cycle` fits 15 min on 2 cores
     tasks_per_step: int = field(default=8, metadata=positive())  # B
     samples_per_task: int = field(default=4, metadata=positive())  # G
     temperature: float = field(default=1.0, metadata=positive())  # rollout sampling temperature
