@@ -79,7 +79,7 @@ def test_path_params_do_not_enter_stage_keys():
 def test_gate_averages_held_out_splits_and_needs_a_strict_gain():
     from flows.cycle import gate_score
 
-    params = Params()
+    params = load_params("params.yaml", ["cycle.gate_metric=success_rate"])
     champion, student = eval_json(0.10, 0.3), eval_json(0.10, 0.4)
     student["toolworld"]["test_ood"]["greedy"]["success_rate"] = 0.2
     assert gate_score(params, champion) == pytest.approx(0.10)
