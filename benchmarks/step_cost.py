@@ -6,13 +6,23 @@ Both sides skip the rollout (identical for both) and start from the same traject
             latents, latent-teacher forward with the composer's graph, top-k, student forward and backward
             (reverse KL on top-k + tail), composer backward through the frozen teacher, both optimizer steps,
             dual ascent and the dashboard numbers.
-Times are the median of several repetitions, measured one after the other in this run. Peak memory is
-measured in fresh subprocesses (max RSS above the process's own baseline after loading, so the Python and
-library footprint cancels): the student alone (pg) against LOPD in LoRA mode (teacher = the same weights with
-the adapter disabled) and in full mode (a second frozen copy).
+Micro-batching: LOPD runs its forward/backward in chunks of `lopd.micro_batch` trajectories with gradients
+accumulated. The PG baseline uses exactly the same chunks (`trainer.micro_batches`, token-mean normalised by
+the whole batch, one optimizer step), so a ratio never credits LOPD with a memory or padding saving the
+baseline was denied. Several settings can be measured side by side in one run (`--micro-batch 0 8`).
 
-    .venv/bin/python benchmarks/step_cost.py [--model data/base] [--tasks 8] [--samples 4]
-Prints JSON with both ratios (targets: time ≤ 1.6 on CPU; LoRA memory ≤ 1.15).
+Two student baselines: `pg` trains all weights (the "student alone" the issue's targets are stated against)
+and `pg_lora` trains only a LoRA adapter of the same rank as LOPD's LoRA mode (the like-for-like reference for
+that mode, reported as well because it has no full-size gradients or optimizer state to hide behind).
+
+Times are medians of several repetitions, the four updates interleaved round-robin so that drift in the machine's
+state hits all of them alike. Peak memory is measured in fresh subprocesses (max RSS above the process's own
+baseline after loading the model and the batch, sampled every 2 ms), two updates each.
+
+    .venv/bin/python benchmarks/step_cost.py [--model data/base] [--tasks 8] [--samples 4] \\
+        [--micro-batch 0 8] [--set composer.num_queries=8 ...]
+Prints JSON, one entry per micro-batch setting, with the ratios (targets: time ≤ 1.6 on CPU; LoRA memory ≤ 1.15
+of the student alone).
 """
 
 from __future__ import annotations
@@ -34,13 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lopd_core  # noqa: F401
-from lopd_core.config import Params
+from lopd_core.config import load_params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.models import make_student_and_teacher
 from lopd_core.lopd.teacher import action_logits, build_batch
-from lopd_core.lopd.trainer import Distiller
+from lopd_core.lopd.trainer import Distiller, micro_batches
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -52,52 +63,59 @@ def load(model_dir: str):
     return model.train(), tokenizer, source
 
 
-def make_batch(model, tokenizer, tasks: int, samples: int):
+def make_batch(model, tokenizer, tasks: int, samples: int, top_j: int):
     codec = ChatCodec(tokenizer)
     task_list = make_tasks("toolworld", "train", tasks, 5)
     reqs = [RolloutRequest(t, sample_index=g) for t in task_list for g in range(samples)]
     trajs = rollout(model, codec, reqs, sampling=Sampling(temperature=1.0, max_new_tokens=48), seed=0)
-    pool = make_tasks("toolworld", "train", 3 * tasks, 77)
+    pool = make_tasks("toolworld", "train", top_j * tasks, 77)
     texts = []
     for t in pool:
         _, _, env = run_oracle(t)
         texts.append(format_experience(t.instruction, env.episode))
-    experiences = [texts[3 * i:3 * i + 3] for i in range(tasks)]  # J = 3 per task
+    experiences = [texts[top_j * i:top_j * (i + 1)] for i in range(tasks)]  # J per task, distinct
     return task_list, trajs, experiences
 
 
-def pg_update(student, optimizer, trajs) -> None:
+def pg_update(student, optimizer, trajs, micro_batch: int) -> None:
     """A plain on-policy policy-gradient update on the same trajectories: student forward and backward only
-    (REINFORCE on the sampled tokens with the advantage 2r - 1), one optimizer step."""
-    batch = build_batch(student, [t.token_ids for t in trajs], [t.action_mask for t in trajs])
-    logp = torch.log_softmax(action_logits(student, batch), -1)
-    lp = logp.gather(-1, batch.action_ids[:, None]).squeeze(-1)
-    adv = L.advantages(torch.tensor([t.reward for t in trajs]))[batch.token_traj_index]
-    loss = -(adv * lp).mean()
-    optimizer.zero_grad()
-    loss.backward()
+    (REINFORCE on the sampled tokens with the advantage 2r - 1, token mean over the batch), one optimizer step.
+    Chunked exactly as `Distiller.update` chunks (same rows per chunk, gradients accumulated)."""
+    ids = [t.token_ids for t in trajs]
+    masks = [t.action_mask for t in trajs]
+    n_tokens = max(sum(sum(1 for m in mask[1:] if m) for mask in masks), 1)
+    adv_all = L.advantages(torch.tensor([t.reward for t in trajs]))
+    optimizer.zero_grad(set_to_none=True)
+    for chunk in micro_batches([len(i) for i in ids], micro_batch):
+        batch = build_batch(student, [ids[i] for i in chunk], [masks[i] for i in chunk])
+        logp = torch.log_softmax(action_logits(student, batch), -1)
+        lp = logp.gather(-1, batch.action_ids[:, None]).squeeze(-1)
+        adv = adv_all[torch.tensor(chunk)][batch.token_traj_index]
+        (-(adv * lp).sum() / n_tokens).backward()
     optimizer.step()
 
 
-def distiller(model, tokenizer, mode: str, experiences, samples: int) -> Distiller:
-    params = Params()
+def pg_student(model, kind: str, lora_rank: int):
+    """(causal LM to score, optimizer) for the full-weight or the LoRA policy-gradient student."""
+    if kind == "pg":
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-5)
+    trainable, student, _ = make_student_and_teacher(model, mode="lora", lora_rank=lora_rank)
+    return student, torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-5)
+
+
+def distiller(model, tokenizer, mode: str, experiences, samples: int, params,
+              low_memory: bool = False) -> Distiller:
+    params = copy.deepcopy(params)
     params.lopd.student_mode = mode
     params.lopd.samples_per_task = samples
     params.lopd.steps = 1
-    composer = Composer(model.config.hidden_size, num_queries=32, num_layers=2, num_heads=4,
-                        embedding_norm=mean_embedding_norm(model))
-    return Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
-                     log=lambda m: None)
-
-
-def median_seconds(fn, reps: int) -> float:
-    fn()  # warm-up (also fills the experience-encoding cache, as in a real run after its first step)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    c = params.composer
+    composer = Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
+                        num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+    d = Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
+                  log=lambda m: None)
+    d.low_memory = low_memory
+    return d
 
 
 def current_rss_mb() -> float:
@@ -127,68 +145,122 @@ class PeakSampler:
         self._thread.join()
 
 
-def memory_probe(args) -> None:
+def memory_probe(args, params) -> None:
     """Child process: build one setup, report peak RSS growth over its baseline during two updates."""
     model, tokenizer, _ = load(args.model)
-    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
+    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
     torch.manual_seed(0)
     gc.collect()
+    mb = args.micro_batch[0]
     before = current_rss_mb()  # the base model and the batch are loaded; everything after is the method's
     with PeakSampler() as sampler:
-        if args.probe == "student":
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        if args.probe in ("pg", "pg_lora"):
+            student, opt = pg_student(model, args.probe, params.lopd.lora_rank)
             for _ in range(2):
-                pg_update(model, opt, trajs)
+                pg_update(student, opt, trajs, mb)
         else:
-            d = distiller(model, tokenizer, args.probe, experiences, args.samples)
+            params.lopd.micro_batch = mb
+            d = distiller(model, tokenizer, args.probe, experiences, args.samples, params, args.low_memory)
             for _ in range(2):
                 d.update(tasks, trajs)
     print(json.dumps({"peak_growth_mb": sampler.peak - before}))
 
 
+def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, reps: int,
+                  low_memory: bool) -> dict:
+    """Median seconds of each update, the four interleaved; LOPD's median per-phase seconds too."""
+    students = {kind: pg_student(copy.deepcopy(model).train(), kind, params.lopd.lora_rank)
+                for kind in ("pg", "pg_lora")}
+    lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params, low_memory)
+            for mode in ("full", "lora")}
+    mb = params.lopd.micro_batch
+    fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb),
+           "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb),
+           "lopd_full": lambda: lopd["full"].update(tasks, trajs),
+           "lopd_lora": lambda: lopd["lora"].update(tasks, trajs)}
+    for fn in fns.values():
+        fn()  # warm-up (also fills the experience-encoding cache, as in a real run after its first step)
+    times = {k: [] for k in fns}
+    phases = {m: {} for m in lopd}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            out = fn()
+            times[name].append(time.perf_counter() - t)
+            if out is not None:
+                for k, v in out["diagnostics"].items():
+                    if k.endswith("_s") and k != "rollout_s":
+                        phases[name.removeprefix("lopd_")].setdefault(k, []).append(v)
+    return {"seconds": {k: round(statistics.median(v), 4) for k, v in times.items()},
+            "phases_s": {m: {k: round(statistics.median(v), 4) for k, v in p.items()} for m, p in phases.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="data/base")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--probe", choices=["student", "lora", "full"], default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--micro-batch", type=int, nargs="+", default=None,
+                        help="trajectories per chunk, one or more settings measured side by side "
+                             "(default: lopd.micro_batch of the params)")
+    parser.add_argument("--low-memory", action="store_true",
+                        help="Distiller.low_memory: s_old from a no-grad student forward, so a chunk's teacher "
+                             "and student graphs never coexist (one more student forward per chunk)")
+    parser.add_argument("--probe", choices=["pg", "pg_lora", "lora", "full"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    params = load_params(args.params, args.overrides)
+    settings = args.micro_batch or [params.lopd.micro_batch]
     if args.probe:
-        memory_probe(args)
+        memory_probe(args, params)
         return
     model, tokenizer, source = load(args.model)
-    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples)
+    tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
     torch.manual_seed(0)
-    student = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
-    full = distiller(copy.deepcopy(model), tokenizer, "full", experiences, args.samples)
-    lora = distiller(copy.deepcopy(model), tokenizer, "lora", experiences, args.samples)
-    t_pg = median_seconds(lambda: pg_update(student, opt, trajs), args.reps)
-    t_full = median_seconds(lambda: full.update(tasks, trajs), args.reps)
-    t_lora = median_seconds(lambda: lora.update(tasks, trajs), args.reps)
-    phases = {k: round(v, 4) for k, v in full.update(tasks, trajs)["diagnostics"].items() if k.endswith("_s")}
 
-    def probe(kind: str) -> float:
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tasks", str(args.tasks),
-                              "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind],
-                             capture_output=True, text=True, check=True)
+    def probe(kind: str, mb: int) -> float:
+        cmd = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--tasks", str(args.tasks),
+               "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind,
+               "--micro-batch", str(mb)] + [f"--set={o}" for o in args.overrides] \
+            + (["--low-memory"] if args.low_memory else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mb"]
 
-    mem = {kind: probe(kind) for kind in ("student", "lora", "full")}
+    results = []
+    for mb in settings:
+        p = copy.deepcopy(params)
+        p.lopd.micro_batch = mb
+        timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps,
+                               args.low_memory)
+        s = timing["seconds"]
+        mem = {kind: probe(kind, mb) for kind in ("pg", "pg_lora", "lora", "full")}
+        results.append({
+            "micro_batch": mb,
+            "seconds": s,
+            "lopd_phases_s": timing["phases_s"],
+            "time_ratio_full": round(s["lopd_full"] / s["pg"], 3),
+            "time_ratio_lora": round(s["lopd_lora"] / s["pg"], 3),
+            "time_ratio_lora_vs_pg_lora": round(s["lopd_lora"] / s["pg_lora"], 3),
+            "peak_memory_growth_mb": {k: round(v, 1) for k, v in mem.items()},
+            "memory_ratio_lora": round(mem["lora"] / max(mem["pg"], 1e-6), 3),
+            "memory_ratio_full": round(mem["full"] / max(mem["pg"], 1e-6), 3),
+            "memory_ratio_lora_vs_pg_lora": round(mem["lora"] / max(mem["pg_lora"], 1e-6), 3),
+        })
     tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
-        "model": source, "trajectories": len(trajs), "action_tokens": tokens,
-        "latents_per_trajectory": 3 * 32,
-        "seconds": {"pg_step": round(t_pg, 4), "lopd_step_full": round(t_full, 4), "lopd_step_lora": round(t_lora, 4)},
-        "lopd_full_phases_s": phases,
-        "time_ratio_full": round(t_full / t_pg, 3), "time_ratio_lora": round(t_lora / t_pg, 3),
-        "peak_memory_growth_mb": {k: round(v, 1) for k, v in mem.items()},
-        "memory_note": "peak RSS above the loaded model and batch during two updates, each in a fresh process",
-        "memory_ratio_lora": round(mem["lora"] / max(mem["student"], 1e-6), 3),
-        "memory_ratio_full": round(mem["full"] / max(mem["student"], 1e-6), 3),
+        "model": source, "threads": args.threads, "overrides": args.overrides,
+        "low_memory": args.low_memory,
+        "trajectories": len(trajs), "action_tokens": tokens,
+        "tokens_per_trajectory_max": max(len(t.token_ids) for t in trajs),
+        "latents_per_trajectory": params.bank.top_j * params.composer.num_queries,
+        "targets": {"time_ratio": 1.6, "memory_ratio_lora": 1.15},
+        "memory_note": "peak RSS above the loaded model and batch during two updates, each in a fresh process; "
+                       "pg = full-weight student (AdamW state included), pg_lora = LoRA student of LOPD's rank",
+        "by_micro_batch": results,
     }, indent=2))
 
 

@@ -10,6 +10,9 @@ Per step, in this order:
 Steps 2 and 4 share one teacher forward: it is run with the composer's graph attached, step 2 takes a
 detached copy of what it needs and step 4 back-propagates through the same activations afterwards (the
 composer has not changed in between, so this is exactly the specified order, one teacher pass cheaper).
+Steps 2-4 run in micro-batches of `lopd.micro_batch` trajectories with gradients accumulated (see `update`):
+peak memory is one chunk's teacher and student graphs rather than the whole batch's, and the optimizer steps
+are still taken once, in the order above, on exactly the whole-batch gradients.
 
 Everything a step needs is derived from (seed, step): its tasks are a fixed slice of the training stream and
 its sampling generator is seeded by the step, so a run resumed from a checkpoint prints the same numbers as an
@@ -33,7 +36,7 @@ from lopd_core.envs import Task, make_tasks
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import export_student, make_student_and_teacher
-from lopd_core.lopd.teacher import Framing, action_logits, build_batch, teacher_topk
+from lopd_core.lopd.teacher import Framing, action_logits, build_batch
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -67,9 +70,28 @@ def load_composer(path: str | Path, lm_width: int, cfg, embedding_norm: float) -
     return composer
 
 
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    lp = torch.log_softmax(logits, dim=-1)
-    return -(lp.exp() * lp).sum(-1)
+def _tail_logmass(logprobs: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:
+    """Log of the mass outside `support_ids`, (N, V) normalised log-probs -> (N,).
+
+    The tail half of L.topk_support_logprobs minus its log-softmax, because the trainer already holds the
+    log-softmax of both models' logits and reuses it (one (N, V) pass per model instead of three). Same guards:
+    a finite fill rather than −inf for the support, the clamp at log(TAIL_FLOOR).
+    """
+    outside = logprobs.scatter(-1, support_ids, torch.finfo(logprobs.dtype).min)  # (N, V)
+    return torch.logsumexp(outside, dim=-1).clamp(min=math.log(L.TAIL_FLOOR))
+
+
+def micro_batches(lengths: list[int], size: int) -> list[list[int]]:
+    """Indices of the rows in each micro-batch of at most `size` rows (0 = one batch, in the original order).
+
+    Rows are grouped by length so that a chunk pads to little more than its own rows; every loss is a sum over
+    rows divided by a whole-batch count, so the grouping changes no value. Shared with benchmarks/step_cost.py,
+    whose policy-gradient baseline must chunk exactly as the trainer does.
+    """
+    if size <= 0 or size >= len(lengths):
+        return [list(range(len(lengths)))] if lengths else []
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return [order[s:s + size] for s in range(0, len(order), size)]
 
 
 def _grad_norm(params, max_norm: float) -> float:
@@ -98,6 +120,10 @@ class Distiller:
                                            lr=self.cfg.lr_student, weight_decay=0.0)
         self.opt_phi = torch.optim.AdamW(self.composer.parameters(), lr=self.cfg.lr_composer, weight_decay=0.0)
         self.state = DistillState(beta=self.cfg.beta_init, rollouts=initial_rollouts)
+        # Trade compute for peak memory (see `update`): s_old from an extra no-grad student forward per chunk, so a
+        # chunk's teacher and student graphs never coexist, and the resampler run twice instead of holding its
+        # graph through the chunks. Same gradients either way.
+        self.low_memory = False
         self.task_stream = make_tasks("toolworld", "train", self.cfg.steps * self.cfg.tasks_per_step,
                                       params.seed + 17)
 
@@ -120,97 +146,213 @@ class Distiller:
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> dict:
         """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order). Also what
-        benchmarks/step_cost.py times against a plain policy-gradient update."""
+        benchmarks/step_cost.py times against a plain policy-gradient update.
+
+        The batch is processed in chunks of `lopd.micro_batch` trajectories (0 = one chunk): per chunk, the
+        teacher forward (graph to the latents), the student forward and backward, then the composer's chunk
+        loss backward through the teacher, after which both graphs are gone. Gradients accumulate; the student
+        optimizer steps only after every chunk, then the composer (after its own backward through the
+        resampler), then β — the order of DESIGN §3. Every loss is a token-weighted (or trajectory-weighted)
+        mean and the dual term is linear in δ̄, so each chunk's sum is divided by the *whole batch's* token
+        count, computed up front: the accumulated gradients, δ̄, the KL and the entropies equal the whole-batch
+        ones (up to float summation order). The composer's s_old is the student's detached logits of the same
+        chunk, taken before any optimizer step, so it is the pre-update student, as specified.
+
+        Peak memory is then one chunk's teacher and student graphs together (the teacher's is kept from its
+        forward until the composer's chunk loss, which needs s_old) plus the resampler's graph. `low_memory`
+        takes s_old from a no-grad student forward first, so the teacher's graph is consumed before the
+        student's is built, and runs the resampler again at the end rather than keeping its graph: peak is the
+        larger of the two graphs, for one more student forward per chunk and one more resampler forward.
+        """
         cfg = self.cfg
         started = time.perf_counter() if started is None else started
         t_rollout = time.perf_counter()
+        n_traj = len(trajs)
         ids = [t.token_ids for t in trajs]
         masks = [t.action_mask for t in trajs]
         rewards = torch.tensor([t.reward for t in trajs])
         successes = torch.tensor([t.success for t in trajs])
-        groups = torch.tensor([i // cfg.samples_per_task for i in range(len(trajs))])
+        groups = torch.tensor([i // cfg.samples_per_task for i in range(n_traj)])
+        device = self.composer.queries.device
+        adv = L.advantages(rewards, kind=cfg.advantage, successes=successes, group_ids=groups).to(device)
+        # Whole-batch normalisers, known before any chunk runs (position 0 never predicts: see build_batch).
+        counts = torch.tensor([sum(1 for m in mask[1:] if m) for mask in masks], dtype=torch.long)  # (B,)
+        n_tokens = max(int(counts.sum()), 1)
+        counts_dev = counts.to(device)
+        beta_used = self.state.beta
+        acc = dict.fromkeys(("distill", "kl", "delta", "s_ent", "t_ent", "topk_mass"), 0.0)
+        gap_sum = torch.zeros(n_traj, device=device)  # per trajectory Σ (log p_T,φ − log p_S,old), action tokens
+        phase = dict.fromkeys(("teacher", "student", "composer"), 0.0)
 
-        # 2. Retrieve, compose, score with the latent teacher (graph kept for step 4).
+        # 2a. Latents once per distinct experience text: the G samples of a task (and tasks sharing a bank row)
+        # read the same texts, and the resampler treats each experience independently, so composing the
+        # duplicates again would only repeat work. The chunks' teacher backward stops at a detached leaf
+        # (`lat_leaf`); its accumulated gradient is pushed through the resampler once, after the last chunk.
         per_task = self.retriever(tasks)
-        experiences = [per_task[i // cfg.samples_per_task] for i in range(len(trajs))]
-        latents = compose_latents(self.composer, self.encoder, experiences)
-        with self.teacher.active() as teacher_lm:
-            tbatch = build_batch(teacher_lm, ids, masks, latents, self.framing)
-            t_logits = action_logits(teacher_lm, tbatch)  # (N, V), differentiable w.r.t. φ
-        top = teacher_topk(t_logits, tbatch.action_ids, cfg.top_k)
-        t_teacher = time.perf_counter()
+        experiences = [per_task[i // cfg.samples_per_task] for i in range(n_traj)]
+        texts = list(dict.fromkeys(t for ex in experiences for t in ex))
+        slot = {t: i for i, t in enumerate(texts)}
+        slots = [[slot[t] for t in ex] for ex in experiences]
+        width = self.composer.proj_out.out_features
+        lat_u = lat_leaf = None
+        if texts:
+            states, state_mask = self.encoder.encode(texts)
+            states, state_mask = states.to(device), state_mask.to(device)
+            if self.low_memory:  # the resampler's graph is rebuilt at the end instead of held through the chunks
+                with torch.no_grad():
+                    lat_leaf = self.composer(states, state_mask)
+            else:
+                lat_u = self.composer(states, state_mask)  # (U, K, D), graph to φ
+                lat_leaf = lat_u.detach()
+            lat_leaf.requires_grad_(True)
+        phase["teacher"] += time.perf_counter() - t_rollout
 
-        # 3. Student update.
-        sbatch = build_batch(self.student, ids, masks)
-        s_logits = action_logits(self.student, sbatch)  # (N, V)
-        if cfg.student_loss == "topk":
-            per_token = L.reverse_kl_topk(s_logits, top.logprobs, top.ids)
-        elif cfg.student_loss == "full":
-            per_token = L.reverse_kl_full(s_logits, t_logits.detach())
-        else:
-            s_action_lp = torch.log_softmax(s_logits, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
-            per_token = L.reverse_kl_sampled(s_action_lp, top.action_logprobs)
-        if cfg.importance_weight:
-            s_action_lp = torch.log_softmax(s_logits.detach(), -1).gather(-1, sbatch.action_ids[:, None])
-            sample_lp = torch.tensor([lp for t in trajs for lp, m in zip(t.sample_logprobs[1:], t.action_mask[1:])
-                                      if m])
-            per_token = per_token * L.truncated_importance_weight(s_action_lp.squeeze(-1), sample_lp,
-                                                                  cap=cfg.importance_cap)
-        distill_loss = per_token.mean()  # token mean over the batch: every sampled action counts once
-        s_old = s_logits.detach()
+        def traj_latents(i: int) -> torch.Tensor:
+            if not slots[i]:
+                return torch.zeros((0, width), device=device)
+            return lat_leaf[slots[i]].reshape(-1, width)  # (J·K, D)
+
+        def student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp) -> torch.Tensor:
+            """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. Returns the
+            pre-update student's detached log-probs (N, V) for the composer's loss."""
+            s_logits = action_logits(self.student, sbatch)  # (n, V)
+            s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) sg[log p_S,old], reused below
+            if cfg.student_loss == "topk":
+                per_token = L.reverse_kl_topk(s_logits, top_lp, top_ids)
+            elif cfg.student_loss == "full":
+                per_token = L.reverse_kl_full(s_logits, t_logits.detach())
+            else:
+                s_action_lp = torch.log_softmax(s_logits, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
+                per_token = L.reverse_kl_sampled(s_action_lp, t_action_lp.detach())
+            if cfg.importance_weight:
+                s_action_old = s_lp_old.gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
+                sample_lp = torch.tensor([lp for i in chunk for lp, m in zip(trajs[i].sample_logprobs[1:],
+                                                                            trajs[i].action_mask[1:]) if m],
+                                         device=device)
+                per_token = per_token * L.truncated_importance_weight(s_action_old, sample_lp,
+                                                                      cap=cfg.importance_cap)
+            distill_part = per_token.sum() / n_tokens  # this chunk's share of the batch's token mean
+            distill_part.backward()
+            acc["distill"] += float(distill_part.detach())
+            return s_lp_old
+
+        def composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, action_ids) -> None:
+            """Step 4 on a chunk: KL(sg[p_S,old] ‖ p_T,φ) and −β·δ̄ (shares of the batch's means), backward
+            through the frozen teacher to the latent leaf; the teacher's graph is gone afterwards."""
+            s_action_old = s_lp_old.gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
+            p_lp, p_tail = s_lp_old.gather(-1, top_ids), _tail_logmass(s_lp_old, top_ids)
+            q_lp, q_tail = t_lp.gather(-1, top_ids), _tail_logmass(t_lp, top_ids)
+            kl_part = L.support_kl(p_lp, p_tail, q_lp, q_tail).sum() / n_tokens
+            delta = L.privileged_margin_delta(t_action_lp, s_action_old, adv[chunk_t], tbatch.token_traj_index,
+                                              len(chunk_t))  # (c,) δ(τ) of the chunk's trajectories
+            delta_part = (delta * counts_dev[chunk_t]).sum() / n_tokens  # its share of δ̄ = Σ n_τ δ(τ) / Σ n_τ
+            phi_part = kl_part - beta_used * delta_part  # the β·m constant has no gradient
+            if phi_part.requires_grad:
+                phi_part.backward()
+            acc["kl"] += float(kl_part.detach())
+            acc["delta"] += float(delta_part.detach())
+            acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
+            gap_sum.index_add_(0, chunk_t[tbatch.token_traj_index], t_action_lp.detach() - s_action_old)
+
+        def run_chunk(chunk: list[int]) -> None:
+            """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk
+            (logits, log-probs, padded inputs) is released when it returns, before the next chunk starts."""
+            t0 = time.perf_counter()
+            c_ids, c_masks = [ids[i] for i in chunk], [masks[i] for i in chunk]
+            chunk_t = torch.tensor(chunk, dtype=torch.long, device=device)
+            sbatch = build_batch(self.student, c_ids, c_masks)
+            s_lp_old = None
+            if self.low_memory:  # s_old first, so the teacher's graph can go before the student's is built
+                with torch.no_grad():
+                    s_lp_old = torch.log_softmax(action_logits(self.student, sbatch), dim=-1)
+            t1 = time.perf_counter()
+            # 2. Teacher scoring with the latents spliced in; one log-softmax serves top-k, entropy, the
+            # composer's KL and δ (the graph is kept for step 4).
+            with self.teacher.active() as teacher_lm:
+                tbatch = build_batch(teacher_lm, c_ids, c_masks, [traj_latents(i) for i in chunk], self.framing)
+                t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
+            t_lp = torch.log_softmax(t_logits, dim=-1)  # (n, V), differentiable w.r.t. the latents
+            t_lp_d = t_lp.detach()
+            top_lp, top_ids = t_lp_d.topk(min(cfg.top_k, t_lp_d.shape[-1]), dim=-1)  # (n, k)
+            t_action_lp = t_lp.gather(-1, tbatch.action_ids[:, None]).squeeze(-1)  # (n,)
+            acc["t_ent"] += float(-(t_lp_d.exp() * t_lp_d).sum())
+            acc["topk_mass"] += float(top_lp.exp().sum())
+            t2 = time.perf_counter()
+            if self.low_memory:
+                composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, sbatch.action_ids)
+                t3 = time.perf_counter()
+                student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
+                t4 = time.perf_counter()
+                phase["composer"] += t3 - t2
+                phase["student"] += t4 - t3 + t1 - t0
+            else:
+                s_lp_old = student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
+                t3 = time.perf_counter()
+                composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, sbatch.action_ids)
+                t4 = time.perf_counter()
+                phase["student"] += t3 - t2 + t1 - t0
+                phase["composer"] += t4 - t3
+            phase["teacher"] += t2 - t1
+
         self.opt_theta.zero_grad(set_to_none=True)
-        distill_loss.backward()
+        for chunk in self._chunks(ids):
+            run_chunk(chunk)
+
+        # 3. Student step, once, on the accumulated gradient.
+        t0 = time.perf_counter()
+        distill_loss = acc["distill"]
         grad_theta = _grad_norm(self.trainable.parameters(), cfg.max_grad_norm)
-        if math.isfinite(distill_loss.item()) and math.isfinite(grad_theta):
+        if math.isfinite(distill_loss) and math.isfinite(grad_theta):
             self.opt_theta.step()
         else:
             self.state.skipped_updates += 1
             self.log(f"distill: step {self.state.step + 1}: non-finite student loss/gradient, update skipped")
-        t_student = time.perf_counter()
+        t1 = time.perf_counter()
 
-        # 4. Composer update through the frozen teacher.
-        p_lp, p_tail = L.topk_support_logprobs(s_old, top.ids)
-        q_lp, q_tail = L.topk_support_logprobs(t_logits, top.ids)
-        kl_phi = L.support_kl(p_lp, p_tail, q_lp, q_tail).mean()
-        t_action_lp = torch.log_softmax(t_logits, -1).gather(-1, tbatch.action_ids[:, None]).squeeze(-1)
-        s_action_old = torch.log_softmax(s_old, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
-        adv = L.advantages(rewards, kind=cfg.advantage, successes=successes, group_ids=groups)
-        delta = L.privileged_margin_delta(t_action_lp, s_action_old, adv, tbatch.token_traj_index, len(trajs))
-        counts = torch.bincount(tbatch.token_traj_index, minlength=len(trajs))
-        delta_bar = L.token_weighted_mean(delta, counts)
-        anchor_latents = self.anchor_latents(experiences)
-        flat = torch.cat(latents) if latents else torch.zeros(0)
-        anchor = L.anchor_loss(flat, torch.cat(anchor_latents)) if flat.numel() else torch.zeros(())
-        beta_used = self.state.beta
-        loss_phi = L.composer_loss(kl_phi, delta_bar, beta=beta_used, margin=cfg.margin, anchor=anchor,
-                                   anchor_weight=cfg.anchor_weight)
+        # 4. Composer: anchor term plus the latents' accumulated gradient, one backward through the resampler.
+        flat = torch.zeros((0, width), device=device)
+        anchor = torch.zeros(())
         self.opt_phi.zero_grad(set_to_none=True)
-        loss_phi.backward()
+        if lat_leaf is not None:
+            if lat_u is None:  # low_memory: the same forward again (φ unchanged, deterministic), now with a graph
+                lat_u = self.composer(states, state_mask)
+            order = [s for ss in slots for s in ss]  # per trajectory, as the teacher read them
+            flat = lat_u[order].reshape(-1, width)  # (Σ J_τ·K, D)
+            anchor_u = self.anchor_latents([[t] for t in texts])  # φ0's (K, D) per distinct text
+            anchor = L.anchor_loss(flat, torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device))
+            tensors, grads = [cfg.anchor_weight * anchor], [None]
+            if lat_leaf.grad is not None:
+                tensors.append(lat_u)
+                grads.append(lat_leaf.grad)
+            torch.autograd.backward(tensors, grads)
+        delta_bar = acc["delta"]
+        loss_phi = float(L.composer_loss(torch.tensor(acc["kl"]), torch.tensor(delta_bar), beta=beta_used,
+                                         margin=cfg.margin, anchor=anchor.detach(), anchor_weight=cfg.anchor_weight))
         grad_phi = _grad_norm(self.composer.parameters(), cfg.max_grad_norm)
-        if math.isfinite(loss_phi.item()) and math.isfinite(grad_phi):
+        if math.isfinite(loss_phi) and math.isfinite(grad_phi):
             self.opt_phi.step()
         else:
             self.state.skipped_updates += 1
             self.log(f"distill: step {self.state.step + 1}: non-finite composer loss/gradient, update skipped")
-        t_composer = time.perf_counter()
+        t_end = time.perf_counter()
+        phase["student"] += t1 - t0
+        phase["composer"] += t_end - t1
 
         # 5. Dual ascent on β with this step's δ̄.
-        d_bar = float(delta_bar.detach())
-        if math.isfinite(d_bar):
-            self.state.beta = L.dual_ascent(beta_used, margin=cfg.margin, delta_bar=d_bar, lr=cfg.beta_lr)
+        if math.isfinite(delta_bar):
+            self.state.beta = L.dual_ascent(beta_used, margin=cfg.margin, delta_bar=delta_bar, lr=cfg.beta_lr)
         self.state.step += 1
 
-        # Dashboard numbers (detached).
+        # Dashboard numbers (detached), from the sums the chunks accumulated.
         with torch.no_grad():
-            gap = t_action_lp.detach() - s_action_old
-            per_traj_gap = torch.zeros(len(trajs)).index_add_(0, tbatch.token_traj_index, gap) / counts.clamp(min=1)
+            per_traj_gap = gap_sum.cpu() / counts.clamp(min=1)
             latent_norm = float(flat.detach().norm(dim=-1).mean()) if flat.numel() else 0.0
             row = {
                 "step": self.state.step, "rollouts": self.state.rollouts,
                 "reward_mean": float(rewards.mean()), "success_rate": float(successes.float().mean()),
-                "distill_loss": float(distill_loss), "kl_phi": float(kl_phi), "delta": d_bar, "beta": beta_used,
-                "anchor": float(anchor), "student_entropy": float(_entropy(s_old).mean()),
-                "teacher_entropy": float(top.entropy.mean()), "topk_mass": float(top.logprobs.exp().sum(-1).mean()),
+                "distill_loss": distill_loss, "kl_phi": acc["kl"], "delta": delta_bar, "beta": beta_used,
+                "anchor": float(anchor), "student_entropy": acc["s_ent"] / n_tokens,
+                "teacher_entropy": acc["t_ent"] / n_tokens, "topk_mass": acc["topk_mass"] / n_tokens,
                 "grad_norm_theta": grad_theta, "grad_norm_phi": grad_phi,
                 "latent_norm_ratio": latent_norm / max(self.embedding_norm, 1e-8),
                 "step_seconds": time.perf_counter() - started,
@@ -221,10 +363,13 @@ class Distiller:
                 "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
                 "latent_norm": latent_norm, "embedding_norm": self.embedding_norm,
                 "skipped_updates": self.state.skipped_updates, "encoder_cache_hits": self.encoder.hits,
-                "rollout_s": t_rollout - started, "teacher_s": t_teacher - t_rollout,
-                "student_s": t_student - t_teacher, "composer_s": t_composer - t_student,
+                "rollout_s": t_rollout - started, "teacher_s": phase["teacher"],
+                "student_s": phase["student"], "composer_s": phase["composer"],
             }
         return {"row": row, "diagnostics": diag}
+
+    def _chunks(self, ids: list[list[int]]) -> list[list[int]]:
+        return micro_batches([len(i) for i in ids], self.cfg.micro_batch)
 
     def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
         """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""

@@ -1,0 +1,105 @@
+"""Micro-batching changes memory and speed, not the mathematics: one `Distiller.update` over the batch in chunks
+of 2 trajectories must apply the same student and composer parameters, and log the same row, as one update over
+the whole batch (every loss is normalised by the whole batch's token count, so chunk gradients add up to the
+whole-batch gradient). Uses the tiny fixtures and the Distiller construction of tests/test_lopd_core.py."""
+
+import copy
+
+import pytest
+import torch
+
+from lopd_core.config import Params
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
+from lopd_core.lopd import losses as L
+from lopd_core.lopd import trainer as trainer_mod
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model, tiny_tokenizer):
+    """Six trajectories (3 tasks × 2 samples) of different lengths, and two experiences per task."""
+    tasks = make_tasks("toolworld", "train", 3, seed=11)
+    reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
+    trajs = rollout(tiny_model, ChatCodec(tiny_tokenizer), reqs,
+                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
+    for i, t in enumerate(trajs):  # give the advantage both signs
+        t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
+    texts = []
+    for t in make_tasks("toolworld", "train", 4, seed=99):
+        _, _, env = run_oracle(t)
+        texts.append(format_experience(t.instruction, env.episode))
+    per_task = {t.instruction: texts[i % 3: i % 3 + 2] for i, t in enumerate(tasks)}  # shared rows across tasks
+    return tasks, trajs, lambda ts: [per_task[t.instruction] for t in ts]
+
+
+def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
+    p = Params()
+    p.seed = 0
+    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
+    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
+    p.lopd.beta_init = 0.7  # β > 0, so the δ̄ term reaches the composer's gradient
+    for k, v in lopd.items():
+        setattr(p.lopd, k, v)
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(0)
+    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
+                        embedding_norm=mean_embedding_norm(model))
+    d = trainer_mod.Distiller(p, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
+    # A student that already differs from the teacher (as after some training): with student == base the KL is
+    # ~1e-6, pure float32 rounding, and no comparison of it would mean anything.
+    # The composer is moved off φ0 too, so the anchor term has a gradient.
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, q in [*d.trainable.named_parameters(), *d.composer.named_parameters()]:
+            if q.requires_grad:
+                q.add_(torch.randn(q.shape, generator=g) * (0.5 if "lora_B" in n else 0.05))
+    # AdamW's first step is ≈ lr·sign(g) for |g| ≫ eps: a gradient component that is zero up to rounding would
+    # move by ±lr on either side by chance. A larger eps makes the step proportional to the gradient, so equal
+    # parameters mean equal accumulated gradients.
+    for opt in (d.opt_theta, d.opt_phi):
+        for group in opt.param_groups:
+            group["eps"] = 1e-3
+    return d
+
+
+@pytest.mark.parametrize("mode, loss, separate", [("full", "topk", False), ("lora", "topk", False),
+                                                  ("full", "sampled", False), ("lora", "full", False),
+                                                  ("lora", "topk", True)])
+def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, loss,
+                                                   separate):
+    tasks, trajs, retriever = batch
+    kw = {"student_mode": mode, "student_loss": loss, "importance_weight": loss == "sampled"}
+    whole = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=0, **kw)
+    chunked = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2, **kw)
+    chunked.low_memory = separate  # s_old from a no-grad student forward, teacher graph freed first
+    assert len(chunked._chunks([t.token_ids for t in trajs])) == 3
+    theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
+    out_a, out_b = whole.update(tasks, trajs), chunked.update(tasks, trajs)
+
+    for name in ("trainable", "composer"):
+        a = dict(getattr(whole, name).named_parameters())
+        for n, p in getattr(chunked, name).named_parameters():
+            torch.testing.assert_close(p, a[n], atol=1e-7, rtol=1e-5, msg=f"{name}.{n}")
+    assert any(not torch.equal(p, theta0[n]) for n, p in chunked.trainable.named_parameters() if n in theta0)
+    ra, rb = out_a["row"], out_b["row"]
+    assert ra["anchor"] > 0 and ra["kl_phi"] > 1e-4 and ra["delta"] != 0
+    assert ra.keys() == rb.keys()
+    for k in ra:
+        if k != "step_seconds":
+            assert rb[k] == pytest.approx(ra[k], rel=2e-5, abs=1e-7), k
+    assert chunked.state.beta == pytest.approx(whole.state.beta, rel=1e-6)
+    for k in ("margin_success", "margin_failure", "latent_norm"):
+        assert out_b["diagnostics"][k] == pytest.approx(out_a["diagnostics"][k], rel=1e-5, abs=1e-6), k
+
+
+def test_tail_logmass_is_the_tail_of_topk_support_logprobs():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40) * 3
+    ids = logits.topk(6, dim=-1).indices
+    support, tail = L.topk_support_logprobs(logits, ids)
+    lp = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(lp.gather(-1, ids), support)
+    torch.testing.assert_close(trainer_mod._tail_logmass(lp, ids), tail)
