@@ -69,12 +69,14 @@ def cmd_distill(params: Params, args) -> int:
 
 
 def cmd_evaluate(params: Params, args) -> int:
+    from lopd_core.benchmarks.suite import run_benchmarks
     from lopd_core.evaluation import evaluate, write_metrics
     from lopd_core.model.loading import load_policy
 
     model, tokenizer = load_policy(params.model)
     started = time.perf_counter()
     results = evaluate(model, tokenizer, params, log=_log)
+    results.update(run_benchmarks(model, tokenizer, params, log=_log))  # eval.benchmarks; none by default
     path = write_metrics(results, args.out or params.eval.out)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(json.dumps(results, indent=2, sort_keys=True))

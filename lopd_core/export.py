@@ -42,10 +42,16 @@ def _generation_config(model, tokenizer, rollout: RolloutConfig):
 
 
 def eval_rows(results: dict | None) -> list[tuple[str, str, str, dict]]:
-    """Flatten metrics/eval.json ({env: {split: {mode: cell}}}) into (env, split, mode, cell) rows."""
+    """Flatten metrics/eval.json ({env: {split: {mode: cell}}}) into (env, split, mode, cell) rows.
+
+    Benchmark sections merged into the same file (humaneval, bfcl, acebench) have other shapes and are skipped."""
     rows = []
     for env, splits in (results or {}).items():
+        if not isinstance(splits, dict):
+            continue
         for split, modes in splits.items():
+            if not isinstance(modes, dict):
+                continue
             for mode, cell in modes.items():
                 if isinstance(cell, dict) and "success_rate" in cell:
                     rows.append((env, split, mode, cell))

@@ -112,6 +112,7 @@ def distill_task(stage: str, key: str, work: str, params: Params, policy: str, b
 @task(name="evaluate", **CACHED)
 def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -> dict:
     """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout)."""
+    from lopd_core.benchmarks.suite import run_benchmarks
     from lopd_core.evaluation import evaluate, write_metrics
     from lopd_core.model.loading import load_policy
 
@@ -120,6 +121,7 @@ def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -
     policy, tokenizer = load_policy(p.model)
     log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
     results = evaluate(policy, tokenizer, p, log=log)
+    results.update(run_benchmarks(policy, tokenizer, p, log=log))  # eval.benchmarks; none by default
     path = write_metrics(results, out / "eval.json")
     return mark_complete(out, {"eval": str(path), "model": model, "results": results})
 

@@ -83,7 +83,19 @@ def eval_metrics(results: dict | None, prefix: str = "eval") -> dict[str, float]
     for env, split, mode, cell in eval_rows(results):
         for field in ("success_rate", "reward_mean"):
             out[metric_name(f"{prefix}.{env}.{split}.{mode}.{field}")] = float(cell[field])
+    for bench in ("bfcl", "acebench", "humaneval"):  # eval.benchmarks sections: every number they hold
+        for path, value in _numbers((results or {}).get(bench), f"{prefix}.{bench}"):
+            out[metric_name(path)] = value
     return out
+
+
+def _numbers(node, path: str):
+    """(dotted path, value) for each int/float leaf of a nested dict (booleans and strings are not metrics)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numbers(value, f"{path}.{key}")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path, float(node)
 
 
 class Tracker:
