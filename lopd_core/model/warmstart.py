@@ -31,6 +31,7 @@ from lopd_core.model.tokenizer import train_tokenizer
 @dataclass
 class BaseBuildReport:
     demos: int
+    drills: int  # drills and first-action cuts mixed in (drills.py)
     demo_tokens: int
     action_tokens: int
     parameters: int
@@ -126,6 +127,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
 
     model = tiny_qwen3(tiny, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
+    n_demos = len(seqs)
     seqs = seqs + drills
     batches = pack_batches(seqs, ws.batch_tokens, rng)
     total_steps = max(1, int(len(batches) * ws.epochs))
@@ -178,7 +180,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     report = BaseBuildReport(
-        demos=len(seqs), demo_tokens=demo_tokens, action_tokens=action_tokens, parameters=n_params,
+        demos=n_demos, drills=len(drills), demo_tokens=demo_tokens, action_tokens=action_tokens, parameters=n_params,
         steps=step, epochs_done=round(step / len(batches), 3), final_loss=round(loss_ema, 4),
         seconds_demos=round(t_demos, 1), seconds_train=round(seconds_train, 1),
         seconds_total=round(time.perf_counter() - t0, 1), out_dir=str(out),
