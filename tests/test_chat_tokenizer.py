@@ -63,6 +63,11 @@ def test_special_tokens_single_and_copied_values_tokenize_alike(tokenizer):
         assert any(in_json[i:i + len(value_ids)] == value_ids for i in range(len(in_json)))
     pieces = tokenizer.convert_ids_to_tokens(ids("a340"))
     assert pieces[0] == "a" and "".join(pieces[1:]) == "340"
+    # A frequent JSON key is one token with its quotes, colon, space and opening quote: the slot's name sits
+    # right before the value to copy, and is the same token in a call and in an experience.
+    assert len(ids('"name": "')) == 1
+    assert tokenizer.convert_ids_to_tokens(ids('{"name": "bank_wire"}'))[1] == tokenizer.convert_ids_to_tokens(
+        ids('"name": "'))[0]
 
 
 def test_trajectory_ids_keep_lengths_aligned():

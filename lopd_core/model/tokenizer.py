@@ -24,8 +24,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
             # A word is always a token sequence of its own, never merged with the space or the quote before
             # it: `Rosa` in an instruction and in `{"owner": "Rosa"}` is the same token, so the policy can copy
             # names, ids and tool names by attention instead of learning a mapping between spellings. Runs of
-            # punctuation and spaces (`": "`, `"}}`) merge freely, so a tool call stays short.
-            pre_tokenizers.Split(Regex(r"[A-Za-z][A-Za-z_]*"), behavior="isolated"),
+            # punctuation and spaces (`", `, `"}}`) merge freely, so a tool call stays short.
+            # A JSON key with its quotes, colon, space and opening quote (`"owner": "`) is one piece: the token
+            # right before a value then names the slot by itself, so copying the value into it is one
+            # attention hop (not two: "which key came before this `": "`?", then "find that value"), and the
+            # same key in an experience is the same token, which induction can match. Measured at 4,400
+            # warm-start steps: log-likelihood of the oracle actions -11.5 -> -10.2 nats per task, first
+            # action wrong 102 -> 54 of 200 test_id tasks (greedy).
+            pre_tokenizers.Split(Regex(r"\"[A-Za-z_]+\": ?\"?|[A-Za-z][A-Za-z_]*"), behavior="isolated"),
             # A newline is always a token of its own, so turn framing (`user` `\n`) ends on a token boundary
             # whatever follows: the latent teacher splices its latents there into the student's ids.
             pre_tokenizers.Split("\n", behavior="isolated"),
