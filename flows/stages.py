@@ -78,7 +78,7 @@ def base_flow(params: Params) -> str:
     if (base_dir / "config.json").exists():
         return str(base_dir)
     key = stage_key(key_payload("base", {"seed": params.seed, "tiny": params.model.tiny,
-                                         "warmstart": params.model.warmstart}, {}))
+                                         "warmstart": params.model.warmstart, "mix": params.envs.mix}, {}))
     runner = T.build_base_task.with_options(timeout_seconds=params.cycle.stage_timeout_s,
                                             result_storage=(Path(params.cycle.dir) / "prefect-results").resolve(),
                                             refresh_cache=True)
@@ -135,7 +135,8 @@ def distill_flow(params: Params, policy: str, bank: dict, phi0: str, parent_run:
     inputs.update(bank=Path(bank["bank_dir"]), phi0=phi0)
     b = params.bank
     sections = {"seed": params.seed, "lopd": section(params, "lopd"), "rollout": params.rollout,
-                "composer": params.composer, "retrieval": [b.top_j, b.allow_self_retrieval, b.ef_search], **ids}
+                "composer": params.composer, "retrieval": [b.top_j, b.allow_self_retrieval, b.ef_search],
+                "mix": params.envs.mix, **ids}  # the mix decides the distillation's task stream
     summary, cached = run_cached(T.distill_task, params, "distill", sections, inputs, policy=policy,
                                  bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0)
     tracker = _tracker(params, track)

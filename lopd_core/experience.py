@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 MAX_OBSERVATION_CHARS = 48
+MAX_CODE_CHARS = 600  # a codegen success keeps its whole function: clipped code teaches nothing
 
 
 def _clip(text: str, limit: int) -> str:
@@ -28,3 +29,21 @@ def format_experience(instruction: str, episode: list[dict]) -> str:
         else:
             lines.append(f"answer: {_clip(turn.get('action', ''), MAX_OBSERVATION_CHARS)}")
     return "\n".join(lines)
+
+
+def format_code_experience(instruction: str, episode: list[dict]) -> str:
+    """A codegen success: the instruction and the code of its last (passing) attempt, whole.
+
+    Unlike a tool chain, code cannot be clipped to a few characters and stay useful, and the earlier failed
+    attempts are left out: what the experience must carry is a function that passed (families' references are
+    150-400 characters)."""
+    code = episode[-1].get("action", "") if episode else ""
+    code = code if len(code) <= MAX_CODE_CHARS else code[: MAX_CODE_CHARS - 3] + "..."
+    return f"{instruction}\nanswer:\n{code.strip()}"
+
+
+def experience_text(task, episode: list[dict]) -> str:
+    """The experience text of a success of `task` (a lopd_core.envs.Task), in its environment's format."""
+    if task.env == "codegen":
+        return format_code_experience(task.instruction, episode)
+    return format_experience(task.instruction, episode)

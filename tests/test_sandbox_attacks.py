@@ -208,6 +208,38 @@ def test_signalling_the_parent(audit_hook):
     assert received == [], result.to_dict()
 
 
+ESCAPE = """
+    import os, time
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()  # a new session: out of the run's process group, which the parent kills
+        if os.fork() == 0:  # double fork: re-parented, no longer anyone's child in the run
+            os.write(w, str(os.getpgid(0)).encode())
+            time.sleep(60)
+        os._exit(0)
+    os.close(w)
+    print("escaped" if int(os.read(r, 64)) != os.getpgid(0) else "same group", flush=True)
+"""
+
+
+@pytest.mark.parametrize("audit_hook", LAYERS)
+@pytest.mark.parametrize("ending", ["", "while True: pass"], ids=["run-ends", "run-is-killed"])
+def test_a_setsid_double_fork_does_not_outlive_the_run(audit_hook, ending):
+    """The grandchild really leaves the process group (kernel layers only: the audit hook refuses fork), and
+    still dies with the run — whether the run ends by itself or is killed at the deadline (`run` checks that
+    no process is left)."""
+    started = time.perf_counter()
+    result = run(textwrap.dedent(ESCAPE) + ending, audit_hook)
+    if audit_hook:
+        assert result.error == "PermissionError: sandbox: os.fork is not allowed"
+        return
+    if not result.isolation.get("pidns"):
+        pytest.skip(f"no pid namespace here ({result.isolation.get('why')}); only the audit hook stops this")
+    assert result.stdout == "escaped\n", result.to_dict()
+    assert result.status == ("ok" if not ending else "timeout"), result.to_dict()
+    assert time.perf_counter() - started < FAST.timeout_s + 2  # nobody waited for the sleeper
+
+
 @pytest.mark.parametrize("audit_hook", LAYERS)
 def test_ctypes_subprocess_and_posix_calls(tmp_path, audit_hook):
     os.chmod(tmp_path, 0o777)

@@ -1,7 +1,7 @@
 """The experience bank's source of truth: one parquet file of validated rows.
 
 `refresh` turns a trajectory table (`lopd_core.rollout.table.trajectories_to_frame`) into bank rows: it keeps the
-trajectories with reward >= min_reward, builds each one's experience text with `format_experience`, records
+trajectories with reward >= min_reward, builds each one's experience text with `experience_text`, records
 provenance (policy_version, cycle, created_at in UTC), drops duplicates (same task_id + same chain, within the
 batch or already banked; the first occurrence and its provenance win) and appends. Every new row is checked
 before anything is written; if any row is bad the whole refresh is rejected with all failures listed, and the
@@ -31,7 +31,7 @@ from lopd_core.bank.schema import (
     validate_bank,
 )
 from lopd_core.envs import Task
-from lopd_core.experience import format_experience
+from lopd_core.experience import experience_text
 
 _REJECTED = "trajectories offered to the bank (refresh rejected; the bank file is unchanged)"
 TRAJECTORY_COLUMNS = ("task_id", "env", "split", "template", "world", "reward", "episode", "task")
@@ -145,7 +145,7 @@ def trajectories_to_rows(
             episode = json.loads(traj["episode"])
             if not isinstance(episode, list) or not all(isinstance(t, dict) for t in episode):
                 raise ValueError("not a JSON list of per-turn objects")
-            text = format_experience(task.instruction, episode)
+            text = experience_text(task, episode)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             errors.append({"index": label, "column": "episode", "check": "episode JSON formats as an experience",
                            "failure_case": f"{type(exc).__name__}: {exc}"})

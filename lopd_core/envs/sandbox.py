@@ -14,7 +14,9 @@ Protects against, per run:
   * the host and other processes: a private temporary directory (cwd, HOME, TMPDIR) removed afterwards;
     Landlock confines file access to that directory plus read-only standard library, with no execve;
     root drops to an unprivileged uid; signals to processes outside the sandbox are refused (Landlock scope
-    and the audit hook); a new session and process group, every member killed when the run ends.
+    and the audit hook); a new session and process group, every member killed when the run ends; a new pid
+    namespace under a trusted init, so a descendant that left the group (setsid after a double fork) dies
+    with the namespace all the same (sandbox_guard.enter_pid_namespace).
   * the network: a new network namespace (nothing but a downed loopback) where user namespaces are allowed;
     Landlock ABI >= 4 also refuses TCP connect/bind; the audit hook refuses every socket operation.
   * secrets: the environment is replaced by a minimal one (PATH, HOME, TMPDIR, LANG); Python runs isolated
@@ -29,7 +31,8 @@ Does NOT protect against (use a VM or gVisor for hostile multi-tenant use):
     codegen environment this buys nothing: expected outputs never enter the child. HumanEval's test code carries
     its expected values, as in the reference harness.
   * where user namespaces are refused, network isolation rests on Landlock (TCP only) and the audit hook, and
-    RLIMIT_NPROC counts all processes of the uid (offset by those it already has).
+    RLIMIT_NPROC counts all processes of the uid (offset by those it already has), and only the audit hook
+    (which refuses fork) keeps a process from leaving the group with setsid() and outliving the run.
 Each result says which layers the run actually had (`SandboxResult.isolation`).
 
 Usage:

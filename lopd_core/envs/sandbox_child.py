@@ -95,8 +95,11 @@ def isolate(job: dict, workdir: str) -> dict:
     read_dirs = sandbox_guard.read_only_dirs()
     isolation = sandbox_guard.drop_privileges(job["uid"], job["gid"])
     isolation.update(sandbox_guard.isolate_network())
+    if isolation["pidns"]:
+        sandbox_guard.enter_pid_namespace()  # from here on: the worker, pid 2 under a trusted init
     isolation.update(sandbox_guard.restrict_files(workdir, read_dirs))
-    own = 0 if isolation["netns"] else sandbox_guard.count_own_processes()
+    # RLIMIT_NPROC counts per user namespace: the init and the worker are already two of the run's processes.
+    own = (2 if isolation["pidns"] else 0) if isolation["netns"] else sandbox_guard.count_own_processes()
     isolation["rlimits"] = sandbox_guard.apply_rlimits(job["limits"], own_process_count=own)
     if job.get("audit_hook", True):
         sandbox_audit.install(workdir, read_dirs)

@@ -7,9 +7,16 @@ protections it actually had (`SandboxResult.isolation`). Layers, in the order th
 1. drop_privileges   as root, become an unprivileged uid/gid (65534 by default) and lose every capability.
                      Fail-closed: if it does not work the run does not start. Why: a root child could load
                      kernel modules, signal any process and write any root-owned file no matter what else.
-2. isolate_network   unshare a new user + network namespace: the child sees only a downed loopback, no route
-                     anywhere. The new user namespace also makes RLIMIT_NPROC count only this run's processes.
-                     Best effort (containers often forbid user namespaces); the fallbacks are 3 and 5.
+2. isolate_network   unshare a new user + network + pid namespace: the child sees only a downed loopback, no
+                     route anywhere. The new user namespace also makes RLIMIT_NPROC count only this run's
+                     processes. Best effort (containers often forbid user namespaces); the fallbacks are 3 and 5.
+2b. enter_pid_namespace  why: a process that calls setsid() (after a double fork) leaves the run's process
+                     group, so the parent's group kill misses it and it outlives the run. With a pid namespace
+                     the untrusted code runs as a child of a trusted init (pid 1 of the namespace) that stays in
+                     the group; when that init dies — the run ended or the parent killed the group — the kernel
+                     kills every process in the namespace, however it re-parented or re-grouped itself, and
+                     nothing inside can signal the init or see any process outside. Where pid namespaces are
+                     refused, only the audit hook stops the escape (it refuses fork).
 3. restrict_files    Landlock (Linux >= 5.13): the kernel lets the child read the standard library and system
                      libraries, read and write its private directory, and nothing else; no execve at all; with
                      ABI >= 4 no TCP bind/connect, with ABI >= 6 no signals to processes outside the sandbox.
@@ -36,7 +43,7 @@ LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 4
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
 
 # Landlock filesystem rights (uapi/linux/landlock.h)
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -69,18 +76,64 @@ def drop_privileges(uid: int, gid: int) -> dict:
     return {"uid": uid, "dropped": True}
 
 
+def _unshare(flags: int) -> None:
+    if hasattr(os, "unshare"):  # Python >= 3.12
+        os.unshare(flags)
+        return
+    _, libc = _libc()
+    if libc.unshare(flags) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
 def isolate_network() -> dict:
-    """New user + network namespace; {"netns": False, "why": ...} where the system refuses."""
+    """New user + network (+ pid) namespace; {"netns": False, "why": ...} where the system refuses.
+
+    The pid namespace applies to the processes this one creates next (see `enter_pid_namespace`)."""
     try:
-        if hasattr(os, "unshare"):  # Python >= 3.12
-            os.unshare(CLONE_NEWUSER | CLONE_NEWNET)
-        else:
-            _, libc = _libc()
-            if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    except OSError as exc:
-        return {"netns": False, "why": f"unshare: {exc.strerror or exc}"}
-    return {"netns": True}
+        _unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)
+        return {"netns": True, "pidns": True}
+    except OSError as pid_exc:
+        try:
+            _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        except OSError as exc:
+            return {"netns": False, "pidns": False, "why": f"unshare: {exc.strerror or exc}"}
+        return {"netns": True, "pidns": False, "why": f"unshare pid: {pid_exc.strerror or pid_exc}"}
+
+
+def enter_pid_namespace() -> None:
+    """After `isolate_network` made a pid namespace: fork its init, which forks the worker. Returns in the
+    worker only; this process and the init exit with the worker's exit status (or die by its signal).
+
+    Three processes: this one (outside the namespace, in the run's process group, only waits), the init (pid
+    1 inside, in the same group, never runs untrusted code, reaps orphans until the worker ends, then exits —
+    which makes the kernel kill everything left in the namespace), and the worker (pid 2, which goes on to
+    the remaining layers and the untrusted code). The worker cannot signal the init (the kernel ignores
+    signals to a namespace's init from inside it) nor see this process; the parent's group kill reaches both.
+    """
+    status_r, status_w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        worker = os.fork()
+        if worker == 0:
+            os.close(status_r)
+            os.close(status_w)
+            return
+        while True:  # pid 1: adopted orphans are reaped here until the worker itself ends
+            pid, status = os.waitpid(-1, 0)
+            if pid == worker:
+                os.write(status_w, str(status).encode())
+                os._exit(0)  # the kernel now kills every process left in the namespace
+    os.close(status_w)
+    os.waitpid(init, 0)
+    reported = os.read(status_r, 64)
+    code = os.waitstatus_to_exitcode(int(reported)) if reported else 1
+    if code < 0:  # die by the worker's signal, so the parent's verdict (cpu limit, crash) stays the same
+        import signal
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 def restrict_files(workdir: str, read_dirs: list[str]) -> dict:

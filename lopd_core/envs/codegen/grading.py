@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ CODEGEN_LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2.0, memory_mb=256, max_proc
 MAX_SHOWN_CHARS = 80
 _CACHE_SIZE = 4096
 _cache: OrderedDict[str, SandboxResult] = OrderedDict()
+_cache_lock = threading.Lock()
 _FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -74,13 +76,15 @@ def call_text(function: str, args: list) -> str:
 
 def execute(code: str, function: str, inputs: list[list], limits: SandboxLimits = CODEGEN_LIMITS) -> SandboxResult:
     key = hashlib.sha256(json.dumps([code, function, inputs, repr(limits)]).encode()).hexdigest()
-    if key in _cache:
-        _cache.move_to_end(key)
-        return _cache[key]
+    with _cache_lock:  # environments may grade from several threads (warm-start demonstrations do)
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     result = run_calls(code, function, inputs, limits)
-    _cache[key] = result
-    if len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
+    with _cache_lock:
+        _cache[key] = result
+        if len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
     return result
 
 

@@ -1,0 +1,45 @@
+"""Task streams over the environment mix (`envs.mix` in params.yaml: env name -> weight).
+
+Every consumer of training tasks — the warm start's demonstrations, the bank's seed rollouts and oracle seeds,
+the distillation stream — draws through `mixed_tasks`, so one setting decides the proportions everywhere.
+Counts are apportioned by largest remainder (they always sum to `n`, each within one of its exact share) and
+the envs' tasks are interleaved evenly rather than concatenated: any slice of the stream (a distillation step
+takes `tasks_per_step` consecutive tasks) holds the envs in close to the mix's proportions. Each env's own
+tasks come from `make_tasks(env, split, count, seed)`, so they are the same tasks a single-env run draws,
+extended deterministically as `n` grows.
+"""
+
+from __future__ import annotations
+
+from lopd_core.envs.base import Task
+from lopd_core.envs.splits import make_tasks
+
+
+def mix_counts(mix: dict[str, float], n: int) -> dict[str, int]:
+    """How many of `n` tasks each env gets: largest-remainder apportionment of the weights (ties by name)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    names = sorted(mix)
+    total = sum(mix[e] for e in names)
+    if not names or total <= 0:
+        raise ValueError(f"the mix needs at least one env with a positive weight, got {mix!r}")
+    exact = {e: n * mix[e] / total for e in names}
+    counts = {e: int(exact[e]) for e in names}
+    by_remainder = sorted(names, key=lambda e: (-(exact[e] - counts[e]), e))
+    for e in by_remainder[: n - sum(counts.values())]:
+        counts[e] += 1
+    return counts
+
+
+def interleave(streams: dict[str, list]) -> list:
+    """Merge the lists so each keeps its order and is spread evenly: item i of a list of length m sits at
+    fraction (i + 0.5) / m of the merged list (ties by env name)."""
+    keyed = [((i + 0.5) / len(items), name, i) for name, items in streams.items() for i in range(len(items))]
+    return [streams[name][i] for _, name, i in sorted(keyed)]
+
+
+def mixed_tasks(mix: dict[str, float], split: str, n: int, seed: int) -> list[Task]:
+    """`n` tasks of `split` drawn across the mix in proportion, interleaved; a single-env mix returns exactly
+    `make_tasks(env, split, n, seed)`."""
+    counts = mix_counts(mix, n)
+    return interleave({env: make_tasks(env, split, k, seed) for env, k in counts.items() if k})
