@@ -3,8 +3,8 @@
 Both decoding modes are always reported: for a small model, sampled success at temperature 1 mostly measures
 how sharp the policy is (any sharper policy raises it), while greedy success measures what it knows. With
 `eval.with_experience`, each split is also played with same-world oracle successes as text in the first user
-turn (reported as `<split>+experience`): that measures whether the policy can use experience in context,
-which the latent teacher depends on.
+turn (for codegen: same-family reference solutions; reported as `<split>+experience`): that measures whether
+the policy can use experience in context, which the latent teacher depends on.
 
 Output (DESIGN §5): {env: {split: {mode: {success_rate, reward_mean, n, ci95}}}}; ci95 is the Wilson score
 interval [low, high] of the success rate.
@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
+from lopd_core.model.codegen_demos import CodegenExperiencePool
 from lopd_core.model.demos import ExperiencePool
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 
@@ -47,35 +50,69 @@ def summarize(trajectories: list[Trajectory]) -> dict:
     }
 
 
-def evaluate(model, tokenizer, params: Params, log=print) -> dict:
-    codec = ChatCodec(tokenizer)
+@dataclass(frozen=True)
+class EvalShard:
+    """One independent piece of an evaluation: an environment, a split (optionally with experience in context)
+    and a decoding mode. Its requests and sampling seed depend on nothing else, so shards can run anywhere, in
+    any order (flows/evaluate_sharded.py maps them as Prefect tasks) and assemble into the same results."""
+
+    env: str
+    split: str
+    experience: bool
+    mode: str
+
+    @property
+    def variant(self) -> str:
+        return f"{self.split}+experience" if self.experience else self.split
+
+
+def eval_shards(params: Params) -> list[EvalShard]:
+    """Every shard of `params.eval`, in the order the results list them."""
+    ev = params.eval
+    return [EvalShard(env, split, experience, mode) for env in params.envs.mix for split in ev.splits
+            for experience in ((False, True) if ev.with_experience else (False,)) for mode in ev.modes]
+
+
+@lru_cache(maxsize=4)
+def _experience_pool(env_name: str, seed: int):
+    pool_class = CodegenExperiencePool if env_name == "codegen" else ExperiencePool
+    return pool_class(make_tasks(env_name, "train", 400, seed + 2 * EVAL_SEED_OFFSET))
+
+
+def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
+    tasks = make_tasks(shard.env, shard.split, params.eval.n_per_split, params.seed + EVAL_SEED_OFFSET)
+    if not shard.experience:
+        return [RolloutRequest(t) for t in tasks]
+    pool, rng = _experience_pool(shard.env, params.seed), random.Random(params.seed)  # a fresh rng per split
+    return [RolloutRequest(t, experiences=tuple(pool.sample(t, params.eval.num_experiences, rng))) for t in tasks]
+
+
+def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print) -> dict:
+    """{success_rate, reward_mean, n, ci95} of one shard."""
     ev, ro = params.eval, params.rollout
+    temperature = 0.0 if shard.mode == "greedy" else ev.temperature
+    sampling = Sampling(temperature=temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
+                        max_context=ro.max_context)
+    trajs = rollout(model, ChatCodec(tokenizer), shard_requests(params, shard), sampling=sampling,
+                    batch_size=ro.batch_size, seed=params.seed)
+    summary = summarize(trajs)
+    log(f"eval {shard.env}/{shard.variant}/{shard.mode}: success {summary['success_rate']:.3f} "
+        f"{summary['ci95']} reward {summary['reward_mean']:.3f} (n={summary['n']})")
+    return summary
+
+
+def assemble(shards: list[EvalShard], summaries: list[dict]) -> dict:
+    """{env: {split: {mode: summary}}} from shards and their summaries (any order in, the shards' order out)."""
     results: dict = {}
-    for env_name in params.envs.mix:
-        results[env_name] = {}
-        pool = None
-        for split in ev.splits:
-            tasks = make_tasks(env_name, split, ev.n_per_split, params.seed + EVAL_SEED_OFFSET)
-            variants = [(split, [RolloutRequest(t) for t in tasks])]
-            if ev.with_experience:
-                if pool is None:
-                    pool = ExperiencePool(make_tasks(env_name, "train", 400, params.seed + 2 * EVAL_SEED_OFFSET))
-                rng = random.Random(params.seed)
-                variants.append((f"{split}+experience", [
-                    RolloutRequest(t, experiences=tuple(pool.sample(t, ev.num_experiences, rng))) for t in tasks
-                ]))
-            for name, requests in variants:
-                results[env_name][name] = {}
-                for mode in ev.modes:
-                    temperature = 0.0 if mode == "greedy" else ev.temperature
-                    sampling = Sampling(temperature=temperature, top_p=ro.top_p,
-                                        max_new_tokens=ro.max_new_tokens, max_context=ro.max_context)
-                    trajs = rollout(model, codec, requests, sampling=sampling, batch_size=ro.batch_size,
-                                    seed=params.seed)
-                    results[env_name][name][mode] = summary = summarize(trajs)
-                    log(f"eval {env_name}/{name}/{mode}: success {summary['success_rate']:.3f} "
-                        f"{summary['ci95']} reward {summary['reward_mean']:.3f} (n={summary['n']})")
+    for shard, summary in zip(shards, summaries):
+        results.setdefault(shard.env, {}).setdefault(shard.variant, {})[shard.mode] = summary
     return results
+
+
+def evaluate(model, tokenizer, params: Params, log=print) -> dict:
+    """Every shard in this process, one after the other."""
+    shards = eval_shards(params)
+    return assemble(shards, [evaluate_shard(model, tokenizer, params, s, log=log) for s in shards])
 
 
 def write_metrics(results: dict, path: str | Path) -> Path:

@@ -7,6 +7,10 @@ carry what *other* successes know rather than copy the answer):
     the same frozen base reading the experiences as plain text between the same framing tokens. It pulls the
     latents toward meaning what the text means, and costs one extra no-grad forward.
 loss = NLL + kl_weight · KL, both token means. Logged per step with the latent/embedding norm ratio.
+
+Under `accelerate launch` every rank draws the same batch and trains on its slice of it; both means are divided
+by the batch's global token count and the gradients summed over ranks (lopd_core/distributed.py), so the
+composer takes the 1-process step on every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from lopd_core import distributed as D
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import TeacherView, freeze
@@ -45,6 +50,11 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
     experience texts per task, excluding the task itself. Trains `composer` in place; returns the log rows."""
     if not successes:
         raise ValueError("cold start needs at least one successful trajectory in the bank's seed rollouts")
+    D.setup()
+    if D.world_size() > min(batch_size, len(successes)):
+        raise ValueError(f"coldstart.batch_size: got {batch_size} ({len(successes)} successes), expected at "
+                         f"least the number of processes ({D.world_size()})")
+    log = log if D.is_main() else (lambda *_a, **_k: None)
     freeze(base)
     view = TeacherView(base)
     framing = Framing.from_tokenizer(tokenizer)
@@ -57,37 +67,43 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
     rows = []
     for step in range(1, steps + 1):
         started = time.perf_counter()
-        batch = rng.sample(successes, min(batch_size, len(successes)))
+        batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
+        mine = D.shard_range(len(batch))
+        batch = batch[mine.start:mine.stop]
         ids = [t.token_ids for t in batch]
         masks = [t.action_mask for t in batch]
         experiences = retriever([t.task for t in batch])
         latents = compose_latents(composer, encoder, experiences)
         lat_batch = build_batch(base, ids, masks, latents, framing)
         lat_logits = action_logits(base, lat_batch)  # (N, V), graph to φ
-        nll = torch.nn.functional.cross_entropy(lat_logits, lat_batch.action_ids)
+        n_tokens = max(D.global_sum([lat_batch.action_ids.numel()])[0], 1)  # the whole batch's, over ranks
+        nll = torch.nn.functional.cross_entropy(lat_logits, lat_batch.action_ids, reduction="sum") / n_tokens
         if kl_weight > 0:
             with torch.no_grad():
                 txt_batch = build_batch(base, ids, masks, text_block_embeddings(base, tokenizer, experiences),
                                         framing)
                 txt_logits = action_logits(base, txt_batch)
-            kl = L.reverse_kl_full(txt_logits, lat_logits).mean()  # KL(p_text ‖ p_latent), grad into latents
+            kl = L.reverse_kl_full(txt_logits, lat_logits).sum() / n_tokens  # KL(p_text ‖ p_latent), into φ
         else:
             kl = torch.zeros(())
         loss = nll + kl_weight * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        D.sum_gradients(composer.parameters())
+        nll_v, kl_v, loss_v = D.global_sum([float(nll.detach()), float(kl.detach()), float(loss.detach())])  # shares -> batch means
         grad = float(torch.nn.utils.clip_grad_norm_(composer.parameters(), 1.0))
-        if torch.isfinite(loss) and torch.isfinite(torch.tensor(grad)):
+        if torch.isfinite(torch.tensor(loss_v)) and torch.isfinite(torch.tensor(grad)):
             opt.step()
         flat = torch.cat(latents).detach()
-        row = {"step": step, "nll": float(nll), "kl": float(kl), "loss": float(loss),
-               "latent_norm_ratio": float(flat.norm(dim=-1).mean()) / emb_norm if flat.numel() else 0.0,
+        norm_sum, norm_rows = D.global_sum([float(flat.norm(dim=-1).sum()), flat.shape[0]])
+        row = {"step": step, "nll": nll_v, "kl": kl_v, "loss": loss_v,
+               "latent_norm_ratio": norm_sum / norm_rows / emb_norm if norm_rows else 0.0,
                "grad_norm": grad, "step_seconds": time.perf_counter() - started}
         rows.append(row)
         if step % 10 == 0 or step == steps or step == 1:
             log(f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
                 f"latent/embedding norm {row['latent_norm_ratio']:.2f}")
-    if csv_path is not None:
+    if csv_path is not None and D.is_main():
         path = Path(csv_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as f:

@@ -14,13 +14,16 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
+from lopd_core import distributed as D
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params
-from lopd_core.envs import Task, make_tasks
+from lopd_core.envs import Task
+from lopd_core.envs.mix import mixed_tasks
 from lopd_core.lopd.coldstart import train_coldstart
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
 from lopd_core.model.chat import ChatCodec
+from lopd_core.model.codegen_demos import play_codegen
 from lopd_core.model.demos import encode_demo, play
 from lopd_core.model.loading import load_policy, model_path
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
@@ -50,7 +53,7 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation)."""
     model, tokenizer = load_policy(params.model)
     b, ro = params.bank, params.rollout
-    tasks = make_tasks("toolworld", "train", b.seed_tasks, params.seed + 101)
+    tasks = mixed_tasks(params.envs.mix, "train", b.seed_tasks, params.seed + 101)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
     sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                         max_context=ro.max_context)
@@ -59,7 +62,7 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
     if b.oracle_seed_tasks:
         codec = ChatCodec(tokenizer)
-        oracle_tasks = make_tasks("toolworld", "train", b.oracle_seed_tasks, params.seed + 202)
+        oracle_tasks = mixed_tasks(params.envs.mix, "train", b.oracle_seed_tasks, params.seed + 202)
         trajs += [oracle_trajectory(codec, t) for t in oracle_tasks]
     frame = trajectories_to_frame(trajs)
     parquet, seed_path = bank_paths(params)
@@ -94,7 +97,7 @@ ORACLE_SAMPLE_INDEX = -1  # marks oracle demonstrations in the seed table
 def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
     """An oracle episode as a trajectory: ids built as the warm start builds demonstrations, the oracle's
     actions marked as actions, sample log-probs 0 (they were not sampled from the policy)."""
-    demo, success, episode = play(task)
+    demo, success, episode = play_codegen(task) if task.env == "codegen" else play(task)
     ids = encode_demo(demo, codec)
     prompt_length = ids.action_mask.index(1)
     return Trajectory(task, ORACLE_SAMPLE_INDEX, (), ids.token_ids, ids.action_mask, ids.sample_logprobs,
@@ -122,6 +125,7 @@ def new_composer(params: Params, model) -> Composer:
 def run_coldstart(params: Params, log=print) -> dict:
     import torch
 
+    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
     successes, _ = _successes(params)
     cs = params.coldstart
@@ -134,15 +138,18 @@ def run_coldstart(params: Params, log=print) -> dict:
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
                                max_experience_tokens=params.composer.max_experience_tokens, log=log)
     out = Path(cs.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    torch.save(composer.state_dict(), tmp)
-    tmp.replace(out)
+    if D.is_main():  # every rank holds the same φ0: one copy on disk
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        torch.save(composer.state_dict(), tmp)
+        tmp.replace(out)
+    D.barrier()
     return {"successes": len(successes), "first": rows[0], "last": rows[-1], "out": str(out)}
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, log=print) -> dict:
     random.seed(params.seed)
+    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
     if not Path(params.coldstart.out).exists():
         raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")

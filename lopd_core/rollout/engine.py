@@ -64,8 +64,10 @@ class Trajectory:
         return sum(self.action_mask)
 
 
-def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator):
-    """Sample (or take the argmax of) one token per row; return ids and their sampling log-probs. (B, V) -> (B,)"""
+def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | list[torch.Generator]):
+    """Sample (or take the argmax of) one token per row; return ids and their sampling log-probs. (B, V) -> (B,)
+
+    `generator` is one stream for the whole batch, or one CPU stream per row (see `rollout`'s `seeds`)."""
     logits = logits.float()
     if sampling.temperature == 0:
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -78,7 +80,12 @@ def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gene
         drop_sorted = cum - sorted_lp.exp() >= sampling.top_p  # keep the smallest prefix reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logprobs = torch.log_softmax(logprobs.masked_fill(drop, float("-inf")), dim=-1)
-    ids = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    if isinstance(generator, list):  # inverse CDF with one uniform per row from the row's own stream
+        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generator]).to(logits.device)
+        cdf = logprobs.double().exp().cumsum(dim=-1)  # (B, V)
+        ids = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    else:
+        ids = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
     return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
 
 
@@ -89,9 +96,10 @@ def _cache_keyword(model) -> str:
 
 @torch.no_grad()
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
-                  generator: torch.Generator) -> list[tuple[list[int], list[float]]]:
+                  generator: torch.Generator | list[torch.Generator]) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
-    ids end with `stop_id` unless the turn ran out of `max_new_tokens`."""
+    ids end with `stop_id` unless the turn ran out of `max_new_tokens`. With one generator per context, a
+    context's stream advances only for the tokens it samples, so its turn never depends on its batch mates."""
     device = next(model.parameters()).device
     batch, width = len(contexts), max(len(c) for c in contexts)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -109,7 +117,14 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
     produced: list[list[int]] = [[] for _ in contexts]
     logps: list[list[float]] = [[] for _ in contexts]
     for _ in range(sampling.max_new_tokens):
-        ids, lps = _pick_tokens(out.logits[:, -1, :], sampling, generator)
+        if isinstance(generator, list):  # finished rows draw nothing: their streams must not advance
+            live = (~done).nonzero().flatten().tolist()
+            ids = torch.full((batch,), pad_id, dtype=torch.long, device=device)
+            lps = torch.zeros(batch, device=device)
+            picked, picked_lp = _pick_tokens(out.logits[live, -1, :], sampling, [generator[r] for r in live])
+            ids[live], lps[live] = picked, picked_lp.to(lps.dtype)
+        else:
+            ids, lps = _pick_tokens(out.logits[:, -1, :], sampling, generator)
         ids = ids.masked_fill(done, pad_id)
         for row in (~done).nonzero().flatten().tolist():
             produced[row].append(int(ids[row]))
@@ -133,11 +148,19 @@ def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> No
 
 @torch.no_grad()
 def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling: Sampling,
-            batch_size: int = 32, seed: int = 0, progress=None) -> list[Trajectory]:
-    """Play every request to the end; deterministic for a given seed, model and request order."""
+            batch_size: int = 32, seed: int = 0, seeds: list[int] | None = None, progress=None) -> list[Trajectory]:
+    """Play every request to the end; deterministic for a given seed, model and request order.
+
+    `seeds` (one per request) gives each trajectory its own CPU sampling stream instead of one stream for the
+    batch: a trajectory then depends only on its own seed, not on which requests share its batch — what lets
+    ranks of a distributed run, each rolling out its shard, sample exactly what one process would (up to
+    float noise in batched logits)."""
     was_training = model.training
     model.eval()
+    if seeds is not None and len(seeds) != len(requests):
+        raise ValueError(f"seeds: got {len(seeds)} for {len(requests)} requests")
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    streams = [torch.Generator().manual_seed(int(s)) for s in seeds] if seeds is not None else None
     trajectories: list[Trajectory] = []
     for start in range(0, len(requests), batch_size):
         chunk = requests[start:start + batch_size]
@@ -152,7 +175,8 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
         active = list(range(len(chunk)))
         while active:
             turns = generate_turn(model, [trajs[i].token_ids for i in active], sampling=sampling,
-                                  stop_id=codec.im_end_id, pad_id=codec.pad_id, generator=generator)
+                                  stop_id=codec.im_end_id, pad_id=codec.pad_id,
+                                  generator=generator if streams is None else [streams[start + i] for i in active])
             still = []
             for i, (ids, lps) in zip(active, turns):
                 traj, env = trajs[i], envs[i]

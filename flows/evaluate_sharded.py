@@ -1,0 +1,65 @@
+"""`lopd evaluate --task-runner SPEC`: the evaluation as a Prefect flow whose shards are mapped tasks.
+
+    lopd evaluate --task-runner threads:4                      # 4 shards at a time in this process
+    lopd evaluate --task-runner dask:tcp://scheduler:8786      # pip install prefect-dask; a Dask cluster
+    lopd evaluate --task-runner ray:ray://head:10001           # pip install prefect-ray; a Ray cluster
+
+The flow maps `evaluate_shard_task` over `eval_shards(params)` (environment × split ± experience × mode), gathers
+the summaries in shard order and writes the same metrics/eval.json as the in-process `lopd evaluate` (the
+external benchmarks of eval.benchmarks, not sharded, run in the flow's own process afterwards). Deployed on a
+work pool, the whole flow runs on a worker; its shards follow the task runner.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, unmapped
+
+from lopd_core.config import load_params
+from lopd_core.evaluation import assemble, eval_shards, write_metrics
+from tasks.eval_shards import _policy, evaluate_shard_task
+from tasks.stages import with_paths
+
+
+def task_runner_for(spec: str):
+    """`threads[:N]`, `dask[:ADDRESS]` or `ray[:ADDRESS]` -> a Prefect task runner (no address: a local cluster)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=int(arg) if arg else None)
+    if kind == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError as exc:
+            raise SystemExit("--task-runner dask needs `pip install prefect-dask`") from exc
+        return DaskTaskRunner(address=arg) if arg else DaskTaskRunner()
+    if kind == "ray":
+        try:
+            from prefect_ray import RayTaskRunner
+        except ImportError as exc:
+            raise SystemExit("--task-runner ray needs `pip install prefect-ray`") from exc
+        return RayTaskRunner(address=arg) if arg else RayTaskRunner()
+    raise SystemExit(f"--task-runner: got {spec!r}, expected threads[:N], dask[:ADDRESS] or ray[:ADDRESS]")
+
+
+@flow(name="lopd-evaluate-sharded", log_prints=True, validate_parameters=False)
+def evaluate_sharded_flow(params_file: str = "params.yaml", overrides: list[str] | None = None,
+                          model: str | None = None, out: str | None = None) -> dict:
+    params = load_params(params_file, overrides or [])
+    if model:
+        params = with_paths(params, model__name_or_path=model)
+    shards = eval_shards(params)
+    futures = evaluate_shard_task.map(unmapped(params), shards)
+    results = assemble(shards, [f.result() for f in futures])
+    if params.eval.benchmarks:
+        from lopd_core.benchmarks.suite import run_benchmarks
+
+        results.update(run_benchmarks(*_policy(params), params, log=print))
+    write_metrics(results, out or params.eval.out)
+    return results
+
+
+def run_sharded(params_file: str, overrides: list[str], *, task_runner: str, model: str | None = None,
+                out: str | None = None) -> dict:
+    return evaluate_sharded_flow.with_options(task_runner=task_runner_for(task_runner))(
+        params_file=params_file, overrides=overrides, model=model, out=out)
