@@ -1,0 +1,204 @@
+"""`lopd compare`: every method of lopd_core/lopd/methods.py at the same rollout budget, seeds, one report.
+
+The recipe:
+  1. the base policy (built once, as in `lopd cycle`);
+  2. per seed, when any method reads the bank: the bank (its sampled rollouts are charged to those methods'
+     budget) and the composer's cold start φ0 — both cached Prefect stages from flows/stages.py;
+  3. learning rates: with more than one value in the preset's grid, every method is tuned on the same grid, on
+     `tune_seed` and validation tasks (train split, never test), at `tune_budget_fraction` of the budget;
+  4. one run per (method, seed) at the tuned rate, mapped over a Prefect task;
+  5. reports/compare.md, compare.png, compare.json (lopd_core/compare/report.py).
+MLflow: one parent run, a child run per (method, seed) (and per tuning run) with the distill CSV's columns as
+step metrics, the held-out curve as metrics stepped by rollouts, and the final evaluation.
+
+Runs go through a one-worker task runner: the 2-core default machine gains nothing from running two trainings
+at once, and each run seeds torch's global generator, which concurrent threads would share. Each run's folder
+is keyed by the content of what it reads (params sections, base, bank, φ0, method, seed, lr): a finished run is
+reused when `lopd compare` runs again with nothing changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import stages as S
+from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.lopd.methods import method_spec
+from tasks.caching import DONE, content_hash, is_complete, key_payload, mark_complete, stage_key
+from tasks.stages import log
+from tasks.tracking import Tracker, eval_metrics, git_commit
+
+
+def preset_params(params_file: str, overrides: list[str]) -> tuple[Params, object, list[str]]:
+    """Params with the preset's overrides applied first and the user's after them (the user's win); the
+    compare work folder becomes cycle.dir, so the base, bank and cold-start stages cache under it."""
+    first = load_params(params_file, overrides)
+    name = first.compare.preset
+    if name not in first.compare.presets:
+        raise ConfigError(f"compare.preset: got {name!r}, expected one of {', '.join(first.compare.presets)}")
+    preset = first.compare.presets[name]
+    merged = [*preset.overrides, f"cycle.dir={first.compare.work_dir}", *overrides]
+    return load_params(params_file, merged), preset, merged
+
+
+@task(name="compare-run", retries=0)
+def compare_run_task(work: str, params: Params, method: str, budget: int, bank: dict | None, phi0: str | None,
+                     curve_points: int, curve_n: int, eval_n: int, validation_n: int) -> dict:
+    """One (method, seed, lr) run in its own folder (lopd_core/compare/run.py)."""
+    from lopd_core.compare.run import run_method
+
+    bank = bank or {}
+    log(f"compare: {method} seed {params.seed} lr {params.lopd.lr_student:g} -> {work}")
+    summary = run_method(params, method, work, budget=budget, bank_rollouts=bank.get("sampled", 0),
+                         bank_dir=bank.get("bank_dir"), index_dir=bank.get("index_dir"), phi0=phi0,
+                         curve_points=curve_points, curve_n=curve_n, eval_n=eval_n, validation_n=validation_n,
+                         log=log)
+    return mark_complete(work, summary)
+
+
+def _job(params: Params, method: str, seed: int, lr: float, budget: int, base: str, banks: dict, phi0s: dict,
+         preset, validation_n: int) -> dict:
+    p = copy.deepcopy(params)
+    p.seed, p.lopd.lr_student, p.lopd.method = seed, lr, method
+    spec = method_spec(method, p.baselines)
+    bank = banks.get(seed) if spec.uses_bank else None
+    phi0 = phi0s.get(seed) if spec.needs_composer else None
+    sections = {"seed": seed, "method": method, "lr": lr, "budget": budget, "lopd": S.section(p, "lopd"),
+                "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer, "bank": S.section(p, "bank"),
+                "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]}
+    inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
+    phase = "tune" if validation_n else "final"
+    key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
+    work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-s{seed}-lr{lr:g}-{key[:10]}"
+    p.model.name_or_path = base
+    return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
+            "phase": phase, "validation_n": validation_n}
+
+
+def _run_all(jobs: list[dict], preset, tracker: Tracker | None, parent: str | None) -> list[dict]:
+    """Map the task over the jobs not finished yet; every job's summary, in job order."""
+    todo = [j for j in jobs if not is_complete(j["work"])]
+    if todo:
+        futures = compare_run_task.map(
+            work=[j["work"] for j in todo], params=[j["params"] for j in todo], method=[j["method"] for j in todo],
+            budget=[j["budget"] for j in todo], bank=[j["bank"] for j in todo], phi0=[j["phi0"] for j in todo],
+            curve_points=preset.curve_points, curve_n=preset.curve_n, eval_n=preset.eval_n,
+            validation_n=[j["validation_n"] for j in todo])
+        for future in futures:
+            future.result()
+    out = []
+    for j in jobs:
+        summary = json.loads((Path(j["work"]) / DONE).read_text())
+        out.append(summary)
+        if tracker:
+            _log_child(tracker, parent, j, summary)
+    return out
+
+
+def _log_child(tracker: Tracker, parent: str, job: dict, summary: dict) -> None:
+    run = tracker.start_run(f"{job['phase']}-{job['method']}-seed{summary['seed']}", parent=parent,
+                            tags={"lopd.stage": "compare-run", "lopd.compare.phase": job["phase"],
+                                  "lopd.method": job["method"], "lopd.seed": summary["seed"]})
+    tracker.log_params(run, job["params"].to_dict())
+    tracker.log_step_metrics(run, summary["csv"])
+    for point in summary["curve"]:
+        tracker.log_metrics(run, {f"curve.test_id.{k}": v for k, v in point.items()
+                                  if k not in ("step", "rollouts")}, step=int(point["rollouts"]))
+    tracker.log_metrics(run, {**eval_metrics({"toolworld": summary["final"]}),
+                              "compare.rollouts": summary["rollouts"], "compare.steps": summary["steps"],
+                              "compare.train_seconds": summary["train_seconds"],
+                              "compare.eval_seconds": summary["eval_seconds"]})
+    tracker.log_artifact(run, summary["csv"])
+    tracker.log_artifact(run, summary["eval"])
+    tracker.end(run)
+
+
+def _tune_score(summary: dict) -> float:
+    """Validation score of a tuning run: mean reward of greedy and sampled (smoother than success)."""
+    cells = summary["final"]["train"]
+    return (cells["greedy"]["reward_mean"] + cells["sampled"]["reward_mean"]) / 2
+
+
+@flow(name="lopd-compare", log_prints=True, validate_parameters=False,
+      task_runner=ThreadPoolTaskRunner(max_workers=1))
+def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None = None, track: bool = True,
+                 command: str = "lopd compare") -> dict:
+    started = time.perf_counter()
+    params, preset, merged = preset_params(params_file, overrides or [])
+    tracker = Tracker(params.tracking) if track else None
+    parent = None
+    if tracker:
+        parent = tracker.start_run(f"compare-{params.compare.preset}",
+                                   tags={"lopd.stage": "compare", "git.commit": git_commit(),
+                                         "lopd.compare.preset": params.compare.preset})
+        tracker.log_params(parent, params.to_dict())
+    try:
+        base = S.base_flow(params)
+        specs = [method_spec(m, params.baselines) for m in preset.methods]
+        tune = len(preset.lr_grid) > 1
+        seeds = list(preset.seeds) + ([preset.tune_seed] if tune else [])
+        banks, phi0s = {}, {}
+        if any(s.uses_bank for s in specs):
+            for seed in seeds:
+                p = copy.deepcopy(params)
+                p.seed = seed
+                bank = S.bank_flow(p, base, None, 0, parent_run=parent, track=track)
+                banks[seed] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
+                if any(s.needs_composer for s in specs):
+                    phi0s[seed] = S.coldstart_flow(p, base, bank, parent_run=parent, track=track)["phi0"]
+
+        tuning, best = [], {}
+        if tune:
+            tune_budget = max(1, int(preset.budget * preset.tune_budget_fraction))
+            jobs = [_job(params, m, preset.tune_seed, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
+                    for m in preset.methods for lr in preset.lr_grid]
+            for job, summary in zip(jobs, _run_all(jobs, preset, tracker, parent)):
+                tuning.append({"method": job["method"], "lr": summary["lr"], "score": _tune_score(summary)})
+            for m in preset.methods:
+                scored = [t for t in tuning if t["method"] == m]
+                best[m] = max(scored, key=lambda t: (t["score"], -abs(t["lr"] - 3e-4)))["lr"]
+        lr_of = {m: best.get(m, preset.lr_grid[0] if preset.lr_grid else params.lopd.lr_student)
+                 for m in preset.methods}
+        jobs = [_job(params, m, seed, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
+                for m in preset.methods for seed in preset.seeds]
+        runs = _run_all(jobs, preset, tracker, parent)
+
+        from lopd_core.compare.report import write_compare_report
+
+        seconds = time.perf_counter() - started
+        bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per seed, charged to the methods "
+                     f"that read the bank; plus {params.bank.oracle_seed_tasks} oracle demonstrations (not sampled, "
+                     f"not charged)" if banks else "not used")
+        settings = [("command", f"`{command}`"), ("preset", params.compare.preset),
+                    ("methods", ", ".join(preset.methods)), ("seeds", ", ".join(map(str, preset.seeds))),
+                    ("rollout budget", (f"{preset.budget} sampled trajectories per run "
+                                        f"({params.lopd.tasks_per_step} tasks × {params.lopd.samples_per_task} "
+                                        f"samples per step)")),
+                    ("bank", bank_note),
+                    ("learning-rate grid (lopd.lr_student)",
+                     ", ".join(f"{x:g}" for x in preset.lr_grid) + (
+                         f"; tuned on seed {preset.tune_seed} at {preset.tune_budget_fraction:g} of the budget, "
+                         f"{preset.tune_n} validation tasks" if tune else " (one value: no tuning)")),
+                    ("base", f"{base} (content {content_hash(base)[:12]})"),
+                    ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
+                    ("total wall time", f"{seconds / 60:.1f} min"), ("git commit", git_commit())]
+        paths = write_compare_report(runs, params.compare.report_dir, title=f"lopd compare ({params.compare.preset})",
+                                     settings=settings, tuning=tuning)
+        if tracker:
+            for path in paths.values():
+                tracker.log_artifact(parent, path, "compare")
+            tracker.log_metrics(parent, {"compare.seconds": seconds})
+            tracker.end(parent)
+        log(f"compare: {len(runs)} runs in {seconds / 60:.1f} min -> {paths['md']}")
+        return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()},
+                "seconds": seconds}
+    except BaseException:
+        if tracker and parent:
+            tracker.end(parent, "FAILED")
+        raise

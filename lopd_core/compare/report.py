@@ -1,0 +1,168 @@
+"""reports/compare.md, compare.png and compare.json from the runs of `lopd compare`.
+
+The table is mean ± std over seeds (population std, 0 with one seed) of held-out success per split and mode.
+"Reaches GRPO" compares curves evaluated on the same test_id tasks (same seed, same `curve_n` tasks): GRPO's
+target is the mean over seeds of its last curve point; a method reaches it at the first curve point where its
+own mean over seeds is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
+The verdict lines are arithmetic on these numbers, not claims: with n tasks per cell a difference smaller than
+the interval of evaluation.wilson_interval is noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+CELLS = [("test_id", "greedy"), ("test_id", "sampled"), ("test_ood", "greedy"), ("test_ood", "sampled")]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def _pct(values: list[float]) -> str:
+    m, s = _mean_std(values)
+    return "n/a" if math.isnan(m) else f"{100 * m:.1f} ± {100 * s:.1f}"
+
+
+def mean_curve(runs: list[dict], mode: str) -> pd.DataFrame:
+    """Mean over seeds of a method's curve: columns step, rollouts, success, reward (rows by curve point)."""
+    frames = [pd.DataFrame(r["curve"]) for r in runs]
+    frame = pd.concat(frames).groupby("step", as_index=False).mean(numeric_only=True)
+    return frame.rename(columns={f"{mode}_success": "success", f"{mode}_reward": "reward"})[
+        ["step", "rollouts", "success", "reward"]]
+
+
+def reach(runs_by_method: dict[str, list[dict]], method: str, mode: str) -> str:
+    """Rollouts `method` needed to reach GRPO's final test_id success, as a fraction of GRPO's budget."""
+    if "grpo" not in runs_by_method or method not in runs_by_method:
+        return "n/a (GRPO not run)"
+    grpo = mean_curve(runs_by_method["grpo"], mode)
+    target, grpo_rollouts = float(grpo["success"].iloc[-1]), float(grpo["rollouts"].iloc[-1])
+    if target <= 0:
+        return "GRPO's final success is 0: nothing to reach"
+    curve = mean_curve(runs_by_method[method], mode)
+    hit = curve[curve["success"] >= target - 1e-12]
+    if hit.empty:
+        return f"not reached (best {100 * curve['success'].max():.1f}% < GRPO's {100 * target:.1f}%)"
+    rollouts = float(hit["rollouts"].iloc[0])
+    return f"{int(rollouts)} rollouts = {rollouts / grpo_rollouts:.0%} of GRPO's {int(grpo_rollouts)}"
+
+
+def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
+    def mean(method, split, mode):
+        return _mean_std([r["final"][split][mode]["success_rate"] for r in by_method.get(method, [])])[0]
+
+    lines = []
+    if "lopd" not in by_method:
+        return lines
+    for other in ("grpo", "sharpened_teacher", "lopd_random_retrieval", "opsd", "sdpo", "skill_sd"):
+        if other not in by_method:
+            continue
+        parts = []
+        for split, mode in CELLS:
+            d = mean("lopd", split, mode) - mean(other, split, mode)
+            parts.append(f"{split}/{mode} {100 * d:+.1f}")
+        lines.append(f"- LOPD − {other} (success, points): " + ", ".join(parts))
+    controls = [c for c in ("sharpened_teacher", "lopd_random_retrieval") if c in by_method]
+    if controls:
+        beats = all(mean("lopd", s, m) > mean(c, s, m) for c in controls for s, m in CELLS[:2])
+        lines.append("- On test_id (both modes) LOPD " + ("beats" if beats else "does not beat") +
+                     f" both controls ({', '.join(controls)}): " +
+                     ("a gain there can be credited to experience." if beats else
+                      "what it gains is not shown to come from experience rather than sharpening."))
+    return lines
+
+
+def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, settings: list[tuple[str, str]],
+                         tuning: list[dict] | None = None) -> dict[str, Path]:
+    """`runs`: run_method summaries (final runs only). Writes compare.md, compare.png and compare.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    by_method: dict[str, list[dict]] = {}
+    for r in runs:
+        by_method.setdefault(r["method"], []).append(r)
+
+    header = ["method", "lr", *[f"{s} {m} %" for s, m in CELLS], "test_id reward (greedy)", "rollouts",
+              "steps", "wall s / run"]
+    rows = []
+    for method, rs in by_method.items():
+        cells = [_pct([r["final"][s][m]["success_rate"] for r in rs]) for s, m in CELLS]
+        reward_m, reward_s = _mean_std([r["final"]["test_id"]["greedy"]["reward_mean"] for r in rs])
+        wall = statistics.fmean(r["train_seconds"] + r["eval_seconds"] for r in rs)
+        rows.append([method, f"{rs[0]['lr']:g}", *cells, f"{reward_m:.3f} ± {reward_s:.3f}",
+                     f"{statistics.fmean(r['rollouts'] for r in rs):.0f}", str(rs[0]["steps"]), f"{wall:.0f}"])
+
+    lines = [f"# {title}", ""]
+    lines += [f"- **{k}**: {v}" for k, v in settings]
+    n_eval = runs[0]["final"]["test_id"]["greedy"]["n"] if runs else 0
+    lines += ["", f"## Held-out success (mean ± std over seeds; n = {n_eval} tasks per split and seed)", ""]
+    lines += _md_table(header, rows)
+    lines += ["", "## Rollouts to reach GRPO's final test_id success (curves on the same tasks)", ""]
+    lines += _md_table(["method", "greedy", "sampled"],
+                       [[m, reach(by_method, m, "greedy"), reach(by_method, m, "sampled")]
+                        for m in by_method if m != "grpo"])
+    verdict = _verdict(by_method)
+    if verdict:
+        lines += ["", "## Differences (arithmetic on the table above)", "", *verdict]
+    if tuning:
+        lines += ["", "## Learning-rate tuning (validation: train-split tasks; mean reward of greedy and sampled)",
+                  ""]
+        grid = sorted({t["lr"] for t in tuning})
+        table = {}
+        for t in tuning:
+            table.setdefault(t["method"], {})[t["lr"]] = t["score"]
+        lines += _md_table(["method", *[f"lr {g:g}" for g in grid]],
+                           [[m, *[f"{v[g]:.3f}" if g in v else "" for g in grid]] for m, v in table.items()])
+    lines += ["", "![success against rollouts; δ and β of the LOPD variants](compare.png)", ""]
+    md = out / "compare.md"
+    md.write_text("\n".join(lines))
+    png = plot_compare(by_method, out / "compare.png")
+    js = out / "compare.json"
+    js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2,
+                             default=str))
+    return {"md": md, "png": png, "json": js}
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, mode in zip(axes[0], ("greedy", "sampled")):
+        for method, rs in by_method.items():
+            c = mean_curve(rs, mode)
+            ax.plot(c["rollouts"], 100 * c["success"], marker="o", label=method,
+                    linestyle="-" if method in ("lopd", "grpo") else "--")
+        ax.set(title=f"test_id success ({mode})", xlabel="rollouts (sampled trajectories)", ylabel="success %")
+    axes[0][0].legend(fontsize=7)
+    for ax, column in zip(axes[1], ("delta", "beta")):
+        for method, rs in by_method.items():
+            frames = [pd.read_csv(r["csv"]) for r in rs if Path(r["csv"]).exists()]
+            if not frames or not any(f[column].notna().any() for f in frames) or not _is_lopd(method):
+                continue
+            mean = pd.concat(frames).groupby("rollouts", as_index=False)[column].mean()
+            ax.plot(mean["rollouts"], mean[column], label=method)
+        ax.set(title=f"{'δ̄' if column == 'delta' else 'β'} (LOPD variants, mean over seeds)", xlabel="rollouts")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _is_lopd(method: str) -> bool:
+    return method.startswith("lopd")

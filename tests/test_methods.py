@@ -1,0 +1,151 @@
+"""Baselines and ablations share the LOPD loop (lopd_core/lopd/methods.py): their losses on hand-worked
+tensors, their text contexts, and one update per method on the tiny fixtures — the student moves, the
+composer moves only where φ learns, β only where it acts, and a group without a success gives SDPO nothing."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from lopd_core.config import Params
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
+from lopd_core.lopd import losses as L
+from lopd_core.lopd import methods as M
+from lopd_core.lopd import trainer as trainer_mod
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+
+
+def test_group_relative_advantages_by_hand():
+    # group 0: r = [1, 0] -> mean 0.5, std 0.5 -> ±1; group 1: r = [0.5, 0.5] -> 0 (no signal)
+    adv = L.group_relative_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]), eps=0.0)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]))
+
+
+def test_clipped_policy_loss_clips_and_has_the_policy_gradient():
+    lp = torch.tensor([math.log(0.5), math.log(0.5)], requires_grad=True)
+    old = torch.log(torch.tensor([0.25, 0.5]))  # ratios 2 and 1
+    loss = L.clipped_policy_loss(lp, old, torch.tensor([1.0, 1.0]), clip=0.2)
+    # token 0: min(2·1, 1.2·1) = 1.2, clipped: no gradient; token 1: ratio 1 -> −1, gradient −ratio·A = −1
+    torch.testing.assert_close(loss.detach(), torch.tensor([-1.2, -1.0]))
+    loss.sum().backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([0.0, -1.0]))
+
+
+def test_reference_kl_k3_is_zero_at_equality_and_positive_elsewhere():
+    s = torch.tensor([-1.0, -1.0])
+    q = torch.tensor([-1.0, -2.0])  # d = −1: e^−1 + 1 − 1 = 0.3679
+    torch.testing.assert_close(L.reference_kl_k3(s, q), torch.tensor([0.0, math.exp(-1.0)]))
+
+
+def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
+    assert set(M.METHOD_NAMES) == {"lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience",
+                                   "lopd_frozen_composer", "lopd_no_margin", "lopd_no_anchor",
+                                   "sharpened_teacher", "lopd_random_retrieval"}
+    p = Params()
+    assert M.method_spec("sharpened_teacher", p.baselines).teacher_temperature == 0.5
+    assert M.method_spec("sdpo", p.baselines).teacher_weights == "ema"
+    assert not M.method_spec("grpo").needs_teacher_pass and not M.method_spec("grpo").uses_bank
+    with pytest.raises(ValueError, match="unknown method"):
+        M.method_spec("ppo")
+
+
+def test_skill_text_keeps_the_tool_sequence_only():
+    exp = [("[aurora] pay Bob 5\nlookup_contact {\"name\": \"Bob\"} -> {\"id\": \"c1\"}\n"
+            "bank_transfer {\"to\": \"c1\"} -> ok\nanswer: done")]
+    assert M.skill_text(exp * 2) == "skill: lookup_contact -> bank_transfer -> answer"
+    assert M.skill_text([]) == ""
+
+
+def test_random_retrieval_is_seeded_per_task():
+    tasks = make_tasks("toolworld", "train", 3, seed=5)
+    r = M.random_retriever([f"row {i}" for i in range(20)], 3, seed=1)
+    assert r(tasks) == r(list(tasks)) and len(r(tasks)[0]) == 3
+    assert r(tasks) != M.random_retriever([f"row {i}" for i in range(20)], 3, seed=2)(tasks)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model, tiny_tokenizer):
+    """Four trajectories (2 tasks × 2 samples): group 0 has a success and a failure, group 1 two failures."""
+    tasks = make_tasks("toolworld", "train", 2, seed=11)
+    reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
+    trajs = rollout(tiny_model, ChatCodec(tiny_tokenizer), reqs,
+                    sampling=Sampling(temperature=1.0, max_new_tokens=16, max_context=640), seed=3)
+    for i, t in enumerate(trajs):
+        t.reward, t.success = [1.0, 0.0, 0.25, 0.0][i], i == 0
+    texts = []
+    for t in make_tasks("toolworld", "train", 3, seed=99):
+        _, _, env = run_oracle(t)
+        texts.append(format_experience(t.instruction, env.episode))
+    return tasks, trajs, lambda ts: [texts[:2] for _ in ts]
+
+
+def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method):
+    p = Params()
+    p.seed = 0
+    p.lopd.method = method
+    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 1
+    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
+    p.lopd.beta_init = 0.5
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(0)
+    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
+                        embedding_norm=mean_embedding_norm(model))
+    d = trainer_mod.Distiller(p, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
+    g = torch.Generator().manual_seed(1)  # a student that differs from the base, as after some training
+    with torch.no_grad():
+        for q in d.trainable.parameters():
+            q.add_(torch.randn(q.shape, generator=g) * 0.05)
+    return d
+
+
+@pytest.mark.parametrize("method", M.METHOD_NAMES)
+def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, method):
+    tasks, trajs, retriever = batch
+    d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method)
+    spec = d.method
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
+    phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
+    ema0 = [p.detach().clone() for p in d.ema_lm.parameters()] if d.ema_lm is not None else None
+    out = d.update(tasks, trajs)
+    row = out["row"]
+    assert math.isfinite(row["distill_loss"]) and d.state.skipped_updates == 0
+    moved = [n for n, p in d.trainable.named_parameters() if not torch.equal(p, theta0[n])]
+    assert len(moved) >= len(theta0) // 2, moved  # the student learned (every method has a signal here)
+    phi_moved = any(not torch.equal(p, phi0[n]) for n, p in d.composer.named_parameters())
+    assert phi_moved == spec.composer_trainable
+    assert (d.state.beta != 0.5) == spec.composer_trainable or row["delta"] == pytest.approx(d.margin)
+    if spec.teacher_context == "latent":
+        assert row["latent_norm_ratio"] == pytest.approx(1.0, rel=1e-3)
+    if not d.teacher_pass:
+        assert math.isnan(row["delta"])
+    if ema0 is not None:
+        assert any(not torch.equal(a, b) for a, b in zip(ema0, d.ema_lm.parameters()))
+
+
+def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_tokenizer, batch, tmp_path):
+    tasks, trajs, retriever = batch
+    failed = [copy.copy(t) for t in trajs]
+    for t in failed:
+        t.success = False
+    d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, "sdpo")
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
+    row = d.update(tasks, failed)["row"]
+    assert row["distill_loss"] == 0.0
+    assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
+
+
+def test_text_experience_teacher_reads_the_retrieved_text(tiny_model, tiny_tokenizer, batch, tmp_path):
+    # The text-experience teacher's input is the conversation with the retrieved experiences in its first user
+    # turn, so its log-probs equal a plain forward of the frozen base over that conversation.
+    tasks, trajs, retriever = batch
+    spec = M.method_spec("text_experience")
+    contexts = M.text_contexts(spec, tasks, trajs, retriever(tasks), 2)
+    assert contexts[0] == "\n".join(retriever(tasks)[0])
+    golden = M.text_contexts(M.method_spec("opsd"), tasks, trajs, retriever(tasks), 2)
+    assert golden[0] == golden[1] and golden[0].startswith(tasks[0].instruction)
+    sib = M.sibling_texts(trajs, 2)
+    assert sib[0] == sib[1] and sib[2] is None and sib[3] is None  # group 0's success, group 1 has none
