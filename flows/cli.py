@@ -8,6 +8,7 @@
     lopd cycle     [--params ...] [--set ...] [--cycles N]   continual cycles (Prefect flow, MLflow, gated promotion)
     lopd export    [--params ...] [--set ...] [--model DIR] [--out DIR]   clean HF checkpoint + model card
     lopd report    [--params ...] [--set ...] [--cycles]   offline HTML dashboard + PNGs -> reports/
+    lopd compare   [--params ...] [--set ...] [--no-mlflow]   every method at one rollout budget -> reports/compare.md
 
 Every command takes --params and repeatable --set overrides; a bad key or value stops it before any work, with
 the key, the value and what was expected.
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
 from flows.bench import add_bench_parser
+from flows.compare_cli import add_compare_parser
 from flows.sandbox_cli import add_sandbox_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.distributed import is_main
 
 
 def _log(message: str) -> None:
@@ -54,8 +58,9 @@ def cmd_coldstart(params: Params, args) -> int:
     from lopd_core.lopd.stages import run_coldstart
 
     summary = run_coldstart(params, log=_log)
-    _log(f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
-         f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}")
+    if is_main():  # under `accelerate launch`, rank 0 reports for all
+        _log(f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
+             f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}")
     return 0
 
 
@@ -63,8 +68,9 @@ def cmd_distill(params: Params, args) -> int:
     from lopd_core.lopd.stages import run_lopd
 
     summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=_log)
-    _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}, "
-         f"{summary['skipped_updates']} skipped updates; student at {summary['student']}")
+    if is_main():  # under `accelerate launch`, rank 0 reports for all
+        _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}, "
+             f"{summary['skipped_updates']} skipped updates; student at {summary['student']}")
     return 0
 
 
@@ -73,11 +79,20 @@ def cmd_evaluate(params: Params, args) -> int:
     from lopd_core.evaluation import evaluate, write_metrics
     from lopd_core.model.loading import load_policy
 
-    model, tokenizer = load_policy(params.model)
     started = time.perf_counter()
-    results = evaluate(model, tokenizer, params, log=_log)
-    results.update(run_benchmarks(model, tokenizer, params, log=_log))  # eval.benchmarks; none by default
-    path = write_metrics(results, args.out or params.eval.out)
+    if args.task_runner:  # the shards as mapped Prefect tasks (flows/evaluate_sharded.py); same eval.json
+        from flows.evaluate_sharded import run_sharded
+        from flows.pipeline_cli import PREFECT_DEFAULTS
+
+        for key, value in PREFECT_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        results = run_sharded(args.params, args.overrides, task_runner=args.task_runner, out=args.out)
+        path = args.out or params.eval.out
+    else:
+        model, tokenizer = load_policy(params.model)
+        results = evaluate(model, tokenizer, params, log=_log)
+        results.update(run_benchmarks(model, tokenizer, params, log=_log))  # eval.benchmarks; none by default
+        path = write_metrics(results, args.out or params.eval.out)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(json.dumps(results, indent=2, sort_keys=True))
     return 0
@@ -105,9 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     distill = stage("distill", "LOPD distillation (resumes from the last checkpoint)", cmd_distill)
     distill.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     distill.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # resumption tests
-    stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate).add_argument(
-        "--out", default=None, help="metrics file (default: eval.out)")
+    evaluate_parser = stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate)
+    evaluate_parser.add_argument("--out", default=None, help="metrics file (default: eval.out)")
+    evaluate_parser.add_argument("--task-runner", default=None, metavar="SPEC",
+                                 help="run the shards as Prefect tasks: threads[:N], dask[:ADDRESS], ray[:ADDRESS]")
     add_pipeline_parsers(stage)
+    add_compare_parser(stage)
     add_bench_parser(sub, add_common)
     add_sandbox_parser(sub, add_common)
     return parser

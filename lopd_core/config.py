@@ -22,6 +22,7 @@ import yaml
 from lopd_core.benchmarks.acebench.data import CATEGORIES as ACEBENCH_CATEGORIES
 from lopd_core.benchmarks.acebench.data import GROUPS as ACEBENCH_GROUPS
 from lopd_core.benchmarks.bfcl.data import CATEGORIES as BFCL_CATEGORIES
+from lopd_core.lopd.methods import METHOD_NAMES
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,9 @@ class WarmStartConfig:
     lr: float = field(default=6e-3, metadata=positive())
     warmup_steps: int = field(default=20, metadata=non_negative())
     time_budget_s: float = field(default=240.0, metadata=positive())  # the schedule is fitted to it
+    # A fixed number of optimizer steps instead (0: the time budget decides): recipes compared at equal steps,
+    # which a busy machine's time budget cannot give (the schedule is then planned for these steps).
+    max_steps: int = field(default=0, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
 
@@ -174,6 +178,8 @@ class ColdStartConfig:
 
 @dataclass
 class LopdConfig:
+    # Which method the loop trains (lopd_core/lopd/methods.py): LOPD, a baseline or an ablation.
+    method: str = field(default="lopd", metadata=one_of(*METHOD_NAMES))
     steps: int = field(default=24, metadata=positive())  # sized so `lopd cycle` fits 15 min on 2 cores
     tasks_per_step: int = field(default=8, metadata=positive())  # B
     samples_per_task: int = field(default=4, metadata=positive())  # G
@@ -195,9 +201,74 @@ class LopdConfig:
     # Trajectories per chunk of the teacher/student forward+backward (0 = the whole batch at once): gradients
     # accumulate over chunks and equal the whole batch's; only peak memory and speed depend on it.
     micro_batch: int = field(default=8, metadata=non_negative())
+    # Share of those chunks whose teacher pass keeps its graph and back-propagates into the composer (picked
+    # per step from a step-seeded shuffle); the others are scored without a graph and still count in δ̄, β and
+    # the dashboard. The composer's gradient is the selected chunks' rescaled to the whole batch's token count:
+    # an unbiased, noisier estimate of the same gradient for a cheaper step (benchmarks/step_cost.py).
+    composer_fraction: float = field(default=1.0, metadata=fraction())
     checkpoint_every: int = field(default=10, metadata=positive())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
+
+
+@dataclass
+class BaselinesConfig:
+    """Settings of the baselines and controls selected by `lopd.method` (their shared settings — rollouts,
+    steps, learning rate — are the `lopd` section's)."""
+
+    grpo_clip: float = field(default=0.2, metadata=positive())  # PPO-clip ε
+    grpo_kl: float = field(default=0.0, metadata=non_negative())  # weight of KL to the frozen base (0 = off)
+    group_std_eps: float = field(default=1e-4, metadata=positive())  # (r − mean) / (std + eps)
+    skill_kl: float = field(default=0.1, metadata=non_negative())  # Skill-SD's sampled-token reverse KL weight
+    sdpo_teacher: str = field(default="ema", metadata=one_of("ema", "student"))
+    ema_decay: float = field(default=0.9, metadata=fraction())  # EMA teacher: θ_ema ← d·θ_ema + (1 − d)·θ
+    sharpen_temperature: float = field(default=0.5, metadata=positive())  # the sharpened-teacher control
+
+
+@dataclass
+class ComparePreset:
+    """One size of `lopd compare`: which methods, seeds and rollout budget, and the learning-rate grid."""
+
+    methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata=subset_of(*METHOD_NAMES))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # Sampled trajectories per run, bank seed rollouts included (a method that reads the bank pays for it).
+    budget: int = field(default=480, metadata=positive())
+    lr_grid: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])  # lopd.lr_student, every method
+    tune_seed: int = 100  # learning rates are picked on this seed and on validation tasks, never on test
+    tune_budget_fraction: float = field(default=0.5, metadata=fraction())  # tuning runs are this much shorter
+    tune_n: int = field(default=24, metadata=positive())  # validation tasks (train split, own seed stream)
+    eval_n: int = field(default=50, metadata=positive())  # held-out tasks per split at the end of a run
+    curve_points: int = field(default=3, metadata=positive())  # held-out (test_id) evaluations along a run
+    curve_n: int = field(default=24, metadata=positive())
+    # `section.key=value` applied to every run (before the command line's --set)
+    overrides: list[str] = field(default_factory=lambda: [
+        "bank.seed_tasks=32", "bank.samples_per_task=2", "bank.oracle_seed_tasks=100", "coldstart.steps=30",
+        "eval.with_experience=false"])
+
+
+def _smoke_preset() -> ComparePreset:
+    """Every method once on a tiny base built for it, in a couple of minutes (tests/test_compare.py)."""
+    return ComparePreset(
+        seeds=[0], budget=24, lr_grid=[3e-4], tune_n=4, eval_n=4, curve_points=2, curve_n=4,
+        overrides=["model.base_dir=data/compare/base_smoke", "model.tiny.vocab_size=600",
+                   "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+                   "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.warmstart.demos=120",
+                   "model.warmstart.drills=0", "model.warmstart.time_budget_s=10", "model.warmstart.epochs=1.0",
+                   "bank.seed_tasks=4", "bank.samples_per_task=2", "bank.oracle_seed_tasks=8", "coldstart.steps=2",
+                   "coldstart.batch_size=4", "composer.num_queries=4", "composer.num_layers=1",
+                   "composer.num_heads=2", "lopd.tasks_per_step=2", "lopd.samples_per_task=2",
+                   "rollout.max_new_tokens=24", "rollout.max_context=640", "eval.with_experience=false"])
+
+
+@dataclass
+class CompareConfig:
+    """`lopd compare`: every method at the same rollout budget, seeds, learning rates tuned on one grid."""
+
+    preset: str = "full"  # a key of `presets`
+    presets: dict[str, ComparePreset] = field(default_factory=lambda: {"full": ComparePreset(),
+                                                                        "smoke": _smoke_preset()})
+    work_dir: str = "data/compare"
+    report_dir: str = "reports"
 
 
 @dataclass
@@ -267,6 +338,8 @@ class Params:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cycle: CycleConfig = field(default_factory=CycleConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

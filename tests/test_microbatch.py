@@ -103,3 +103,26 @@ def test_tail_logmass_is_the_tail_of_topk_support_logprobs():
     lp = torch.log_softmax(logits, -1)
     torch.testing.assert_close(lp.gather(-1, ids), support)
     torch.testing.assert_close(trainer_mod._tail_logmass(lp, ids), tail)
+
+
+def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whole(tiny_model, tiny_tokenizer,
+                                                                                   batch, tmp_path):
+    """`lopd.composer_fraction` < 1: only the picked chunks back-propagate into φ (rescaled to the batch), so φ
+    moves differently from the full-batch update, while the student, δ̄ and β — computed on every chunk — do
+    not change at all."""
+    tasks, trajs, retriever = batch
+    full = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=2)
+    part = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2, composer_fraction=0.34)
+    assert len(part._composer_chunks(3)) == 1 and part._composer_chunks(3) == part._composer_chunks(3)
+    phi0 = {n: p.detach().clone() for n, p in part.composer.named_parameters()}
+    out_a, out_b = full.update(tasks, trajs), part.update(tasks, trajs)
+    a = dict(full.trainable.named_parameters())
+    for n, p in part.trainable.named_parameters():
+        torch.testing.assert_close(p, a[n], atol=1e-7, rtol=1e-5, msg=n)
+    for k in ("delta", "kl_phi", "distill_loss"):
+        assert out_b["row"][k] == pytest.approx(out_a["row"][k], rel=2e-5, abs=1e-7), k
+    assert part.state.beta == pytest.approx(full.state.beta, rel=1e-6)
+    moved = [n for n, p in part.composer.named_parameters() if not torch.equal(p, phi0[n])]
+    assert moved, "the picked chunk must still train the composer"
+    fa = dict(full.composer.named_parameters())
+    assert any(not torch.allclose(p, fa[n], atol=1e-7) for n, p in part.composer.named_parameters())

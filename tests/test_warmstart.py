@@ -74,3 +74,18 @@ def test_a_few_steps_lower_the_loss_and_move_every_parameter(tiny_demos, tiny_to
     assert losses[-1] < 0.7 * losses[0]
     unmoved = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert not unmoved, unmoved
+
+
+def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_path):
+    """`model.warmstart.max_steps` is how recipes are compared on a busy machine: the time budget (here far too
+    small for even one step) no longer cuts the run short."""
+    from lopd_core.config import load_params
+    from lopd_core.model.warmstart import build_base
+
+    (tmp_path / "p.yaml").write_text("seed: 0\n")
+    params = load_params(tmp_path / "p.yaml", ["model.warmstart.demos=40", "model.warmstart.drills=10", "model.tiny.vocab_size=400",
+                                "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64",
+                                "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+                                "model.warmstart.time_budget_s=0.001", "model.warmstart.max_steps=3"])
+    report = build_base(params, tmp_path / "base", log=lambda m: None)
+    assert report.steps == 3

@@ -24,16 +24,21 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import random
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from lopd_core import distributed as D
 from lopd_core.config import Params
-from lopd_core.envs import Task, make_tasks
+from lopd_core.envs import Task
+from lopd_core.envs.mix import mixed_tasks
 from lopd_core.lopd import losses as L
+from lopd_core.lopd import methods as M
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import export_student, make_student_and_teacher
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
@@ -94,6 +99,15 @@ def micro_batches(lengths: list[int], size: int) -> list[list[int]]:
     return [order[s:s + size] for s in range(0, len(order), size)]
 
 
+def sample_seed(seed: int, step: int, task_index: int, sample_index: int) -> int:
+    """The sampling seed of one trajectory: a function of where it sits in the run, not of which process or
+    batch plays it (a fixed mixing of the four integers into 63 bits)."""
+    x = seed
+    for v in (step, task_index, sample_index):
+        x = (x * 1_000_003 + v + 0x9E3779B97F4A7C15) % (1 << 63)
+    return x
+
+
 def _grad_norm(params, max_norm: float) -> float:
     return float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
 
@@ -103,15 +117,28 @@ class Distiller:
 
     def __init__(self, params: Params, base, tokenizer, retriever: Retriever, *, composer: Composer,
                  initial_rollouts: int = 0, log=print):
+        D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
+        if D.world_size() > params.lopd.tasks_per_step:
+            raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
+                             f"number of processes ({D.world_size()}): every rank needs a task per step")
         torch.manual_seed(params.seed)
-        self.params, self.cfg, self.log = params, params.lopd, log
+        self.params, self.cfg = params, params.lopd
+        self.log = log if D.is_main() else (lambda *_a, **_k: None)  # one voice, not one per rank
+        # The method (LOPD, a baseline or an ablation: lopd_core/lopd/methods.py) picks the teacher's context and
+        # weights and the student's loss; the rest of the loop is shared by all of them.
+        self.method = M.method_spec(self.cfg.method, params.baselines)
+        self.margin = self.cfg.margin if self.method.margin is None else self.method.margin
+        self.anchor_weight = (self.cfg.anchor_weight if self.method.anchor_weight is None
+                              else self.method.anchor_weight)
+        self.teacher_pass = self.method.needs_teacher_pass or params.baselines.grpo_kl > 0
         self.codec = ChatCodec(tokenizer)
         self.tokenizer = tokenizer
         self.framing = Framing.from_tokenizer(tokenizer)
         self.trainable, self.student, self.teacher = make_student_and_teacher(
             base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank)
         self.encoder = ExperienceEncoder(self.teacher, tokenizer, max_tokens=params.composer.max_experience_tokens)
-        self.composer = composer.train()
+        self.composer = composer.train().requires_grad_(self.method.composer_trainable)
+        self.ema_lm = M.ema_copy(self.student) if self.method.teacher_weights == "ema" else None
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
         self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
@@ -124,8 +151,8 @@ class Distiller:
         # chunk's teacher and student graphs never coexist, and the resampler run twice instead of holding its
         # graph through the chunks. Same gradients either way.
         self.low_memory = False
-        self.task_stream = make_tasks("toolworld", "train", self.cfg.steps * self.cfg.tasks_per_step,
-                                      params.seed + 17)
+        self.task_stream = mixed_tasks(params.envs.mix, "train", self.cfg.steps * self.cfg.tasks_per_step,
+                                       params.seed + 17)  # envs interleaved: every step draws the mix
 
     # ---- one step -------------------------------------------------------------------------------------
     def step(self) -> dict:
@@ -133,15 +160,22 @@ class Distiller:
         cfg, ro = self.cfg, self.params.rollout
         started = time.perf_counter()
         s = self.state.step
-        tasks = self.task_stream[s * cfg.tasks_per_step:(s + 1) * cfg.tasks_per_step]
+        first = s * cfg.tasks_per_step
+        # Under `accelerate launch` each rank takes its contiguous slice of the step's tasks (all G samples of
+        # a task on one rank, so group advantages stay local); `update` reduces across ranks.
+        mine = D.shard_range(cfg.tasks_per_step)
+        tasks = self.task_stream[first + mine.start:first + mine.stop]
 
-        # 1. Rollouts with the current student.
+        # 1. Rollouts with the current student. Each trajectory's sampling stream is seeded by (seed, step,
+        # task index in the stream, sample), so any number of ranks samples what one process samples.
         requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(cfg.samples_per_task)]
+        seeds = [sample_seed(self.params.seed, s, first + mine.start + i // cfg.samples_per_task,
+                             i % cfg.samples_per_task) for i in range(len(requests))]
         sampling = Sampling(temperature=cfg.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context)
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
-                        seed=self.params.seed * 1_000_003 + s)
-        self.state.rollouts += len(trajs)
+                        seed=self.params.seed * 1_000_003 + s, seeds=seeds)
+        self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
         return self.update(tasks, trajs, started=started)
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> dict:
@@ -175,9 +209,14 @@ class Distiller:
         groups = torch.tensor([i // cfg.samples_per_task for i in range(n_traj)])
         device = self.composer.queries.device
         adv = L.advantages(rewards, kind=cfg.advantage, successes=successes, group_ids=groups).to(device)
+        spec, bl = self.method, self.params.baselines
+        pg_adv = (L.group_relative_advantages(rewards, groups, eps=bl.group_std_eps).to(device)
+                  if spec.loss != "reverse_kl" else None)  # GRPO: (r − group mean) / (group std + eps)
         # Whole-batch normalisers, known before any chunk runs (position 0 never predicts: see build_batch).
         counts = torch.tensor([sum(1 for m in mask[1:] if m) for mask in masks], dtype=torch.long)  # (B,)
-        n_tokens = max(int(counts.sum()), 1)
+        # Under data parallelism B is this rank's shard and n_tokens every rank's: each rank's sums are its
+        # share of the global token mean, and summing gradients over ranks gives the whole-batch gradient.
+        n_tokens = max(int(D.global_sum([int(counts.sum())])[0]), 1)
         counts_dev = counts.to(device)
         beta_used = self.state.beta
         acc = dict.fromkeys(("distill", "kl", "delta", "s_ent", "t_ent", "topk_mass"), 0.0)
@@ -188,8 +227,17 @@ class Distiller:
         # read the same texts, and the resampler treats each experience independently, so composing the
         # duplicates again would only repeat work. The chunks' teacher backward stops at a detached leaf
         # (`lat_leaf`); its accumulated gradient is pushed through the resampler once, after the last chunk.
-        per_task = self.retriever(tasks)
-        experiences = [per_task[i // cfg.samples_per_task] for i in range(n_traj)]
+        per_task = self.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
+        # Baselines whose teacher reads text (or nothing) instead of latents: the composer reads nothing.
+        text_context = M.text_contexts(spec, tasks, trajs, per_task, cfg.samples_per_task)  # (B,) or None
+        experiences = [per_task[i // cfg.samples_per_task] if spec.needs_composer else [] for i in range(n_traj)]
+        # A trajectory without a context (SDPO's groups without a success) gives no signal: its tokens leave
+        # the student loss and its normaliser.
+        signal_w = None
+        n_signal = n_tokens
+        if spec.teacher_context == "sibling":  # (decided by the method, so every rank takes the same branch)
+            signal_w = torch.tensor([c is not None for c in text_context], dtype=torch.float32, device=device)
+            n_signal = max(int(D.global_sum([int((counts * (signal_w.cpu() > 0)).sum())])[0]), 1)
         texts = list(dict.fromkeys(t for ex in experiences for t in ex))
         slot = {t: i for i, t in enumerate(texts)}
         slots = [[slot[t] for t in ex] for ex in experiences]
@@ -198,13 +246,13 @@ class Distiller:
         if texts:
             states, state_mask = self.encoder.encode(texts)
             states, state_mask = states.to(device), state_mask.to(device)
-            if self.low_memory:  # the resampler's graph is rebuilt at the end instead of held through the chunks
+            if self.low_memory or not spec.composer_trainable:  # graph rebuilt at the end (or never: φ = φ0)
                 with torch.no_grad():
                     lat_leaf = self.composer(states, state_mask)
             else:
                 lat_u = self.composer(states, state_mask)  # (U, K, D), graph to φ
                 lat_leaf = lat_u.detach()
-            lat_leaf.requires_grad_(True)
+            lat_leaf.requires_grad_(spec.composer_trainable)
         phase["teacher"] += time.perf_counter() - t_rollout
 
         def traj_latents(i: int) -> torch.Tensor:
@@ -217,7 +265,15 @@ class Distiller:
             pre-update student's detached log-probs (N, V) for the composer's loss."""
             s_logits = action_logits(self.student, sbatch)  # (n, V)
             s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) sg[log p_S,old], reused below
-            if cfg.student_loss == "topk":
+            rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
+            if spec.loss != "reverse_kl":  # GRPO (one step per batch: π_old = the pre-update student)
+                s_action_lp = torch.log_softmax(s_logits, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
+                per_token = L.clipped_policy_loss(s_action_lp, s_action_lp.detach(), pg_adv[rows], clip=bl.grpo_clip)
+                if spec.loss == "grpo" and t_action_lp is not None:  # KL to the frozen base (baselines.grpo_kl)
+                    per_token = per_token + bl.grpo_kl * L.reference_kl_k3(s_action_lp, t_action_lp.detach())
+                if spec.loss == "grpo+kl":  # Skill-SD: plus a small sampled-token reverse KL to its teacher
+                    per_token = per_token + bl.skill_kl * L.reverse_kl_sampled(s_action_lp, t_action_lp.detach())
+            elif cfg.student_loss == "topk":
                 per_token = L.reverse_kl_topk(s_logits, top_lp, top_ids)
             elif cfg.student_loss == "full":
                 per_token = L.reverse_kl_full(s_logits, t_logits.detach())
@@ -231,7 +287,9 @@ class Distiller:
                                          device=device)
                 per_token = per_token * L.truncated_importance_weight(s_action_old, sample_lp,
                                                                       cap=cfg.importance_cap)
-            distill_part = per_token.sum() / n_tokens  # this chunk's share of the batch's token mean
+            if signal_w is not None:
+                per_token = per_token * signal_w[rows]
+            distill_part = per_token.sum() / n_signal  # this chunk's share of the batch's token mean
             distill_part.backward()
             acc["distill"] += float(distill_part.detach())
             return s_lp_old
@@ -247,14 +305,14 @@ class Distiller:
                                               len(chunk_t))  # (c,) δ(τ) of the chunk's trajectories
             delta_part = (delta * counts_dev[chunk_t]).sum() / n_tokens  # its share of δ̄ = Σ n_τ δ(τ) / Σ n_τ
             phi_part = kl_part - beta_used * delta_part  # the β·m constant has no gradient
-            if phi_part.requires_grad:
-                phi_part.backward()
+            if phi_part.requires_grad:  # (only chunks picked for the composer keep a graph: rescaled to the batch)
+                (phi_part * composer_scale).backward()
             acc["kl"] += float(kl_part.detach())
             acc["delta"] += float(delta_part.detach())
             acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
             gap_sum.index_add_(0, chunk_t[tbatch.token_traj_index], t_action_lp.detach() - s_action_old)
 
-        def run_chunk(chunk: list[int]) -> None:
+        def run_chunk(chunk: list[int], keep_graph: bool = True) -> None:
             """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk
             (logits, log-probs, padded inputs) is released when it returns, before the next chunk starts."""
             t0 = time.perf_counter()
@@ -266,11 +324,26 @@ class Distiller:
                 with torch.no_grad():
                     s_lp_old = torch.log_softmax(action_logits(self.student, sbatch), dim=-1)
             t1 = time.perf_counter()
+            if not self.teacher_pass:  # GRPO without a reference KL: the student alone
+                s_lp_old = student_step(chunk, sbatch, None, None, None, None)
+                acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
+                phase["student"] += time.perf_counter() - t0
+                return
             # 2. Teacher scoring with the latents spliced in; one log-softmax serves top-k, entropy, the
-            # composer's KL and δ (the graph is kept for step 4).
-            with self.teacher.active() as teacher_lm:
-                tbatch = build_batch(teacher_lm, c_ids, c_masks, [traj_latents(i) for i in chunk], self.framing)
+            # composer's KL and δ (the graph is kept for step 4). The baselines' teachers read text or nothing
+            # in the same slot, with their own weights, and need no graph.
+            graph = spec.needs_composer and spec.composer_trainable and keep_graph
+            with self._teacher_lm() as teacher_lm, nullcontext() if graph else torch.no_grad():
+                if spec.needs_composer:
+                    context = [traj_latents(i) for i in chunk]
+                elif text_context is not None:
+                    context = self._context_embeddings(teacher_lm, [text_context[i] for i in chunk])
+                else:
+                    context = None
+                tbatch = build_batch(teacher_lm, c_ids, c_masks, context, self.framing)
                 t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
+            if spec.teacher_temperature != 1.0:  # the sharpened-teacher control
+                t_logits = t_logits / spec.teacher_temperature
             t_lp = torch.log_softmax(t_logits, dim=-1)  # (n, V), differentiable w.r.t. the latents
             t_lp_d = t_lp.detach()
             top_lp, top_ids = t_lp_d.topk(min(cfg.top_k, t_lp_d.shape[-1]), dim=-1)  # (n, k)
@@ -295,15 +368,25 @@ class Distiller:
             phase["teacher"] += t2 - t1
 
         self.opt_theta.zero_grad(set_to_none=True)
-        for chunk in self._chunks(ids):
-            run_chunk(chunk)
+        chunks = self._chunks(ids)
+        picked = self._composer_chunks(len(chunks))
+        # The composer's gradient from the picked chunks, rescaled to the whole batch's token count (summed over
+        # ranks): unbiased for the full gradient; exactly 1 when every chunk is picked.
+        picked_tokens = D.global_sum([int(sum(counts[i] for c in picked for i in chunks[c]))])[0]
+        composer_scale = n_tokens / max(picked_tokens, 1)
+        for c, chunk in enumerate(chunks):
+            run_chunk(chunk, keep_graph=c in picked)
 
-        # 3. Student step, once, on the accumulated gradient.
+        # 3. Student step, once, on the accumulated gradient (summed over ranks: identical steps everywhere).
         t0 = time.perf_counter()
+        acc.update(D.sum_dict(acc))  # shares of global means -> the global means (δ̄ included: same β everywhere)
+        D.sum_gradients(self.trainable.parameters())
         distill_loss = acc["distill"]
         grad_theta = _grad_norm(self.trainable.parameters(), cfg.max_grad_norm)
         if math.isfinite(distill_loss) and math.isfinite(grad_theta):
             self.opt_theta.step()
+            if self.ema_lm is not None:  # SDPO's EMA teacher follows the student
+                M.update_ema(self.ema_lm, self.student, self.params.baselines.ema_decay)
         else:
             self.state.skipped_updates += 1
             self.log(f"distill: step {self.state.step + 1}: non-finite student loss/gradient, update skipped")
@@ -313,21 +396,28 @@ class Distiller:
         flat = torch.zeros((0, width), device=device)
         anchor = torch.zeros(())
         self.opt_phi.zero_grad(set_to_none=True)
-        if lat_leaf is not None:
+        order = [s for ss in slots for s in ss]  # per trajectory, as the teacher read them
+        anchor_share = len(order) / max(D.global_sum([len(order)])[0], 1)  # this rank's rows of the anchor's mean
+        if lat_leaf is not None and spec.composer_trainable:  # (φ = φ0 in the frozen-composer ablation)
             if lat_u is None:  # low_memory: the same forward again (φ unchanged, deterministic), now with a graph
                 lat_u = self.composer(states, state_mask)
-            order = [s for ss in slots for s in ss]  # per trajectory, as the teacher read them
             flat = lat_u[order].reshape(-1, width)  # (Σ J_τ·K, D)
             anchor_u = self.anchor_latents([[t] for t in texts])  # φ0's (K, D) per distinct text
-            anchor = L.anchor_loss(flat, torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device))
-            tensors, grads = [cfg.anchor_weight * anchor], [None]
+            anchor_target = torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device)
+            anchor = anchor_share * L.anchor_loss(flat, anchor_target)
+            tensors, grads = [self.anchor_weight * anchor], [None]
             if lat_leaf.grad is not None:
                 tensors.append(lat_u)
                 grads.append(lat_leaf.grad)
             torch.autograd.backward(tensors, grads)
+        elif lat_leaf is not None:  # φ = φ0: nothing to learn, but the dashboard still shows the latents' scale
+            flat = lat_leaf[order].reshape(-1, width)
+        anchor = torch.tensor(D.global_sum([float(anchor.detach())])[0])
+        D.sum_gradients(self.composer.parameters())
         delta_bar = acc["delta"]
         loss_phi = float(L.composer_loss(torch.tensor(acc["kl"]), torch.tensor(delta_bar), beta=beta_used,
-                                         margin=cfg.margin, anchor=anchor.detach(), anchor_weight=cfg.anchor_weight))
+                                         margin=self.margin, anchor=anchor.detach(),
+                                         anchor_weight=self.anchor_weight))
         grad_phi = _grad_norm(self.composer.parameters(), cfg.max_grad_norm)
         if math.isfinite(loss_phi) and math.isfinite(grad_phi):
             self.opt_phi.step()
@@ -339,14 +429,18 @@ class Distiller:
         phase["composer"] += t_end - t1
 
         # 5. Dual ascent on β with this step's δ̄.
-        if math.isfinite(delta_bar):
-            self.state.beta = L.dual_ascent(beta_used, margin=cfg.margin, delta_bar=delta_bar, lr=cfg.beta_lr)
+        if spec.composer_trainable and math.isfinite(delta_bar):  # β only acts on a composer that learns
+            self.state.beta = L.dual_ascent(beta_used, margin=self.margin, delta_bar=delta_bar, lr=cfg.beta_lr)
         self.state.step += 1
 
         # Dashboard numbers (detached), from the sums the chunks accumulated.
         with torch.no_grad():
-            per_traj_gap = gap_sum.cpu() / counts.clamp(min=1)
-            latent_norm = float(flat.detach().norm(dim=-1).mean()) if flat.numel() else 0.0
+            # Whole-batch figures under data parallelism: every rank's trajectories, in rank (= task) order.
+            rewards = torch.tensor(D.gather_lists(rewards.tolist()), dtype=torch.float32)
+            successes = torch.tensor(D.gather_lists(successes.tolist()), dtype=torch.bool)
+            per_traj_gap = torch.tensor(D.gather_lists((gap_sum.cpu() / counts.clamp(min=1)).tolist()))
+            norm_sum, norm_rows = D.global_sum([float(flat.detach().norm(dim=-1).sum()), flat.shape[0]])
+            latent_norm = norm_sum / norm_rows if norm_rows else 0.0
             row = {
                 "step": self.state.step, "rollouts": self.state.rollouts,
                 "reward_mean": float(rewards.mean()), "success_rate": float(successes.float().mean()),
@@ -366,7 +460,35 @@ class Distiller:
                 "rollout_s": t_rollout - started, "teacher_s": phase["teacher"],
                 "student_s": phase["student"], "composer_s": phase["composer"],
             }
+            if not self.teacher_pass:  # no teacher: its columns have no value rather than a misleading 0
+                row.update(kl_phi=math.nan, delta=math.nan, teacher_entropy=math.nan, topk_mass=math.nan)
         return {"row": row, "diagnostics": diag}
+
+    def _teacher_lm(self):
+        """The teacher's weights for this method: the frozen base θ̄, the live student or its EMA."""
+        if self.method.teacher_weights == "frozen_base":
+            return self.teacher.active()
+        return nullcontext(self.ema_lm if self.method.teacher_weights == "ema" else self.student)
+
+    def _context_embeddings(self, lm, texts: list[str | None]) -> list[torch.Tensor]:
+        """Text contexts as (L, D) embeddings for the latent slot: spliced there they are exactly the same
+        conversation with the text in its first user turn. None (no context) becomes an empty block."""
+        embed = lm.get_input_embeddings()
+        limit = self.params.composer.max_experience_tokens * self.params.bank.top_j
+        out = []
+        for text in texts:
+            ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"][:limit]
+            out.append(embed(torch.tensor(ids, dtype=torch.long, device=embed.weight.device)))
+        return out
+
+    def _composer_chunks(self, n_chunks: int) -> set[int]:
+        """Which chunks train the composer this step (`lopd.composer_fraction`): a shuffle seeded by (seed,
+        step), so a resumed run picks the same ones."""
+        k = n_chunks if self.cfg.composer_fraction >= 1 else round(self.cfg.composer_fraction * n_chunks)
+        k = max(k, 1 if self.cfg.composer_fraction > 0 else 0)
+        order = list(range(n_chunks))
+        random.Random(self.params.seed * 1_000_003 + self.state.step).shuffle(order)
+        return set(order[:k])
 
     def _chunks(self, ids: list[list[int]]) -> list[list[int]]:
         return micro_batches([len(i) for i in ids], self.cfg.micro_batch)
@@ -387,7 +509,11 @@ class Distiller:
         return Path(self.cfg.out_dir) / "checkpoint.pt"
 
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes the one checkpoint (every rank holds the same full state); the others wait for it."""
         path = self.checkpoint_path()
+        if not D.is_main():
+            D.barrier()
+            return path
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "state": asdict(self.state),
@@ -397,10 +523,12 @@ class Distiller:
             "opt_phi": self.opt_phi.state_dict(),
             "rng_torch": torch.get_rng_state(),
             "data_position": self.state.step * self.cfg.tasks_per_step,
+            "ema": self.ema_lm.state_dict() if self.ema_lm is not None else None,  # SDPO's EMA teacher
         }
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        D.barrier()
         return path
 
     def load_checkpoint(self) -> bool:
@@ -412,6 +540,8 @@ class Distiller:
         self.composer.load_state_dict(payload["composer"])
         self.opt_theta.load_state_dict(payload["opt_theta"])
         self.opt_phi.load_state_dict(payload["opt_phi"])
+        if self.ema_lm is not None and payload.get("ema") is not None:
+            self.ema_lm.load_state_dict(payload["ema"])
         torch.set_rng_state(payload["rng_torch"])
         self.state = DistillState(**payload["state"])
         return True
@@ -443,8 +573,9 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     while distiller.state.step < total:
         out = distiller.step()
         history.append(out)
-        _write_rows(csv_path, CSV_COLUMNS, [h["row"] for h in history])
-        _write_rows(diag_path, DIAGNOSTIC_COLUMNS, [h["diagnostics"] for h in history])
+        if D.is_main():  # rows are already whole-batch figures, equal on every rank
+            _write_rows(csv_path, CSV_COLUMNS, [h["row"] for h in history])
+            _write_rows(diag_path, DIAGNOSTIC_COLUMNS, [h["diagnostics"] for h in history])
         r = out["row"]
         distiller.log(f"distill: step {r['step']}/{total} reward {r['reward_mean']:.3f} success "
                       f"{r['success_rate']:.3f} loss {r['distill_loss']:.4f} δ̄ {r['delta']:+.4f} β {r['beta']:.3f} "
@@ -458,7 +589,9 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
 
 def export(distiller: Distiller, out_dir: str | Path) -> Path:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    export_student(distiller.trainable, distiller.student, distiller.tokenizer, out)
-    torch.save(distiller.composer.state_dict(), out.parent / "composer.pt")
+    if D.is_main():  # replicas are identical: one copy on disk
+        out.mkdir(parents=True, exist_ok=True)
+        export_student(distiller.trainable, distiller.student, distiller.tokenizer, out)
+        torch.save(distiller.composer.state_dict(), out.parent / "composer.pt")
+    D.barrier()
     return out

@@ -5,7 +5,8 @@ The warm start is next-token cross-entropy on the demonstrations' action tokens 
 and observation tokens are context, not targets), averaged over action tokens in the batch. Batches are packed
 by token budget from length-sorted demonstrations so padding stays small; the schedule is linear warm-up then
 cosine decay. Training stops at `time_budget_s` even mid-epoch, so the build fits its few minutes on a 2-core
-CPU whatever the machine's speed; the summary says how far it got.
+CPU whatever the machine's speed; the summary says how far it got. `max_steps` > 0 runs exactly that many steps
+instead, whatever the time: the way to compare two recipes on a machine that other work slows down.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 from transformers import GenerationConfig
 
 from lopd_core.config import Params
+from lopd_core.envs.mix import mix_counts
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
+from lopd_core.model.codegen_demos import build_codegen_demos
 from lopd_core.model.demos import build_demos, encode_demo
 from lopd_core.model.drills import build_drills, encode_drill
 from lopd_core.model.loading import tiny_qwen3
@@ -108,9 +111,14 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     ws, tiny = params.model.warmstart, params.model.tiny
     torch.manual_seed(params.seed)
     rng = random.Random(params.seed)
-    demos = build_demos(n=ws.demos, experience_fraction=ws.experience_fraction,
+    counts = mix_counts(params.envs.mix, ws.demos)  # demonstrations per env, in envs.mix's proportions
+    demos = build_demos(n=counts.get("toolworld", 0), experience_fraction=ws.experience_fraction,
                         max_experiences=ws.max_experiences, convention_noise=ws.convention_noise,
                         slip=ws.slip, seed=params.seed)
+    if counts.get("codegen"):  # appended: the toolworld part (and its first-action cuts) stay as they were
+        demos += build_codegen_demos(n=counts["codegen"], experience_fraction=ws.experience_fraction,
+                                     max_experiences=ws.max_experiences, noise=ws.convention_noise, slip=ws.slip,
+                                     seed=params.seed + 1)
     tokenizer = train_tokenizer((d.text() for d in demos), tiny.vocab_size)
     codec = ChatCodec(tokenizer)
     seqs = [encode_demo(d, codec) for d in demos]
@@ -130,7 +138,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     n_demos = len(seqs)
     seqs = seqs + drills
     batches = pack_batches(seqs, ws.batch_tokens, rng)
-    total_steps = max(1, int(len(batches) * ws.epochs))
+    total_steps = ws.max_steps or max(1, int(len(batches) * ws.epochs))
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def lr_at(step: int, planned: int) -> float:
@@ -157,7 +165,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train
-        if step % 10 == 0:
+        if step % 10 == 0 and not ws.max_steps:
             # Fit the schedule to the time budget, re-estimated from the last 10 steps (the machine may be
             # busy): a cosine cut off half-way would end at a high learning rate.
             recent = (elapsed - last_mark) / 10
@@ -166,7 +174,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
             planned = max(step + 1, min(total_steps, affordable))
         if step % 25 == 0 or step == planned:
             log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr_at(step, planned):.2e} ({elapsed:.0f}s)")
-        if elapsed > ws.time_budget_s * 1.1:
+        if elapsed > ws.time_budget_s * 1.1 and not ws.max_steps:
             log(f"base: time budget {ws.time_budget_s:.0f}s overrun at step {step}/{planned}; stopping")
             break
     seconds_train = time.perf_counter() - t_train
