@@ -132,9 +132,13 @@ def run_trl(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_tok
     data = Dataset.from_list([{"prompt": first_turn_text(system, user)} for _, system, user, _ in
                               prompts[:steps * tasks]])
 
-    def reward(prompts, completions, **_):
+    def reward(prompts, completions, completion_ids=None, **_):
+        # TRL's `completions` are decoded with skip_special_tokens=True, which drops the <tool_call> markers a
+        # call is parsed by (every completion then scores 0): decode its ids with the special tokens kept.
+        texts = ([tok.decode(ids, skip_special_tokens=False) for ids in completion_ids] if completion_ids is not None
+                 else completions)
         out = []
-        for prompt, completion in zip(prompts, completions):
+        for prompt, completion in zip(prompts, texts):
             task, oracle = by_prompt[prompt]
             out.append(first_call_reward(task, completion.split(IM_END)[0], oracle))
         return out
