@@ -27,10 +27,10 @@ import json
 import math
 import random
 
-import lopd_core  # noqa: F401  (offline defaults)
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET
 from lopd_core.model.chat import ChatCodec

@@ -15,10 +15,10 @@ import argparse
 import collections
 import json
 
-import lopd_core  # noqa: F401  (offline defaults)
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.envs import DOMAINS, make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import encode_demo, play

@@ -7,8 +7,8 @@ Each benchmark module registers itself in BENCHMARKS with a function that adds i
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

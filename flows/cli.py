@@ -25,8 +25,8 @@ import time
 import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
 from flows.bench import add_bench_parser
 from flows.compare_cli import add_compare_parser
-from flows.sandbox_cli import add_sandbox_parser
 from flows.pipeline_cli import add_pipeline_parsers
+from flows.sandbox_cli import add_sandbox_parser
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.distributed import is_main
 

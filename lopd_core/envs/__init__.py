@@ -33,11 +33,11 @@ def make_env(task_or_env_name: Task | str) -> Environment:
 __all__ = [
     "DOMAINS",
     "ENVS",
-    "CodegenEnv",
     "KNOBS",
     "SPLITS",
     "TEMPLATES",
     "WORLDS",
+    "CodegenEnv",
     "Environment",
     "FirstObservation",
     "OraclePolicy",
