@@ -77,7 +77,7 @@ def make_batch(model, tokenizer, tasks: int, samples: int, top_j: int):
     return task_list, trajs, experiences
 
 
-def pg_update(student, optimizer, trajs, micro_batch: int) -> None:
+def pg_update(student, optimizer, trajs, micro_batch: int, group: int = 1) -> None:
     """A plain on-policy policy-gradient update on the same trajectories: student forward and backward only
     (REINFORCE on the sampled tokens with the advantage 2r - 1, token mean over the batch), one optimizer step.
     Chunked exactly as `Distiller.update` chunks (same rows per chunk, gradients accumulated)."""
@@ -86,13 +86,19 @@ def pg_update(student, optimizer, trajs, micro_batch: int) -> None:
     n_tokens = max(sum(sum(1 for m in mask[1:] if m) for mask in masks), 1)
     adv_all = L.advantages(torch.tensor([t.reward for t in trajs]))
     optimizer.zero_grad(set_to_none=True)
-    for chunk in micro_batches([len(i) for i in ids], micro_batch):
+    for chunk in micro_batches([len(i) for i in ids], micro_batch, group):
         batch = build_batch(student, [ids[i] for i in chunk], [masks[i] for i in chunk])
         logp = torch.log_softmax(action_logits(student, batch), -1)
         lp = logp.gather(-1, batch.action_ids[:, None]).squeeze(-1)
         adv = adv_all[torch.tensor(chunk)][batch.token_traj_index]
         (-(adv * lp).sum() / n_tokens).backward()
     optimizer.step()
+
+
+def chunk_group(params, samples: int) -> int:
+    """Rows kept together in a chunk, as `Distiller._chunks` keeps them (a task's samples, when the teacher
+    shares their prompt): the baseline's chunks must be the trainer's."""
+    return samples if params.lopd.share_prompt else 1
 
 
 def pg_student(model, kind: str, lora_rank: int):
@@ -157,7 +163,7 @@ def memory_probe(args, params) -> None:
         if args.probe in ("pg", "pg_lora"):
             student, opt = pg_student(model, args.probe, params.lopd.lora_rank)
             for _ in range(2):
-                pg_update(student, opt, trajs, mb)
+                pg_update(student, opt, trajs, mb, chunk_group(params, args.samples))
         else:
             params.lopd.micro_batch = mb
             d = distiller(model, tokenizer, args.probe, experiences, args.samples, params, args.low_memory)
@@ -173,9 +179,9 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
                 for kind in ("pg", "pg_lora")}
     lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params, low_memory)
             for mode in ("full", "lora")}
-    mb = params.lopd.micro_batch
-    fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb),
-           "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb),
+    mb, group = params.lopd.micro_batch, chunk_group(params, samples)
+    fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb, group),
+           "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb, group),
            "lopd_full": lambda: lopd["full"].update(tasks, trajs),
            "lopd_lora": lambda: lopd["lora"].update(tasks, trajs)}
     for fn in fns.values():

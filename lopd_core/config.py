@@ -206,6 +206,10 @@ class LopdConfig:
     # the dashboard. The composer's gradient is the selected chunks' rescaled to the whole batch's token count:
     # an unbiased, noisier estimate of the same gradient for a cheaper step (benchmarks/step_cost.py).
     composer_fraction: float = field(default=1.0, metadata=fraction())
+    # The teacher scores each distinct prompt (with its latents or text context) once and only the rows'
+    # continuations per sample (lopd_core/lopd/prefix.py): exact, and the G samples of a task stop paying
+    # G times for the prompt and its J·K latents. false: every row from its first token (build_batch).
+    share_prompt: bool = True
     checkpoint_every: int = field(default=10, metadata=positive())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"

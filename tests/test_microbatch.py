@@ -126,3 +126,38 @@ def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whol
     assert moved, "the picked chunk must still train the composer"
     fa = dict(full.composer.named_parameters())
     assert any(not torch.allclose(p, fa[n], atol=1e-7) for n, p in part.composer.named_parameters())
+
+
+@pytest.mark.parametrize("mode, method", [("lora", "lopd"), ("full", "lopd"), ("full", "text_experience"),
+                                          ("full", "sdpo")])
+def test_sharing_the_prompt_changes_no_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, method,
+                                              monkeypatch):
+    """lopd.share_prompt runs each task's prompt (and its latents or text) once for its samples: the update,
+    β and every logged number must equal scoring every row from its first token."""
+    tasks, trajs, retriever = batch
+    prompts = []
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        prompts.append(out.prompts)
+        return out
+
+    real = trainer_mod.score_actions_shared
+    monkeypatch.setattr(trainer_mod, "score_actions_shared", counted)
+    kw = {"student_mode": mode, "method": method, "micro_batch": 4}
+    plain = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", share_prompt=False, **kw)
+    shared = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", share_prompt=True, **kw)
+    out_a = plain.update(tasks, trajs)
+    assert not prompts  # the plain distiller never takes the shared path
+    out_b = shared.update(tasks, trajs)
+    assert prompts and sum(prompts) < len(trajs)  # fewer prompts run than rows scored
+    for name in ("trainable", "composer"):
+        a = dict(getattr(plain, name).named_parameters())
+        for n, p in getattr(shared, name).named_parameters():
+            torch.testing.assert_close(p, a[n], atol=1e-6, rtol=1e-4, msg=f"{name}.{n}")
+    ra, rb = out_a["row"], out_b["row"]
+    assert ra["kl_phi"] > 1e-4
+    for k in ra:
+        if k != "step_seconds":
+            assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6, nan_ok=True), k
+    assert shared.state.beta == pytest.approx(plain.state.beta, rel=1e-5, abs=1e-7)

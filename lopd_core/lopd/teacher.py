@@ -62,8 +62,22 @@ class ScoringBatch:
     token_traj_index: Tensor  # (N,) == predict_rows, named for the losses' API
 
 
-def _action_positions(mask: list[int]) -> list[int]:
+def action_positions(mask: list[int]) -> list[int]:
     return [i for i, m in enumerate(mask) if m and i > 0]
+
+
+def embed_row(embed, ids: list[int], latents: Tensor | None, framing: Framing | None) -> tuple[Tensor, int]:
+    """One row's input embeddings (T', D), its latents (or text-context embeddings) spliced after the user
+    turn's header; and the shift, how many positions the splice inserted before the student's later ids."""
+    device = embed.weight.device
+    emb = embed(torch.tensor(ids, device=device))  # (T, D)
+    if latents is None:
+        return emb, 0
+    at = splice_position(ids, framing)
+    frame_open = embed(torch.tensor([framing.exp_start], device=device))
+    frame_close = embed(torch.tensor([framing.exp_end, framing.newline], device=device))
+    lat = latents.to(emb.dtype)
+    return torch.cat([emb[:at], frame_open, lat, frame_close, emb[at:]], dim=0), 3 + lat.shape[0]
 
 
 def build_batch(model, token_ids: list[list[int]], action_masks: list[list[int]],
@@ -76,17 +90,8 @@ def build_batch(model, token_ids: list[list[int]], action_masks: list[list[int]]
     device = embed.weight.device
     rows, rows_i, cols_i, acts = [], [], [], []
     for b, (ids, mask) in enumerate(zip(token_ids, action_masks)):
-        ids_t = torch.tensor(ids, device=device)
-        emb = embed(ids_t)  # (T_b, D)
-        shift = 0
-        if latents is not None:
-            at = splice_position(ids, framing)
-            frame_open = embed(torch.tensor([framing.exp_start], device=device))
-            frame_close = embed(torch.tensor([framing.exp_end, framing.newline], device=device))
-            lat = latents[b].to(emb.dtype)
-            emb = torch.cat([emb[:at], frame_open, lat, frame_close, emb[at:]], dim=0)
-            shift = 3 + lat.shape[0]
-        positions = _action_positions(mask)
+        emb, shift = embed_row(embed, ids, None if latents is None else latents[b], framing)
+        positions = action_positions(mask)
         rows.append(emb)
         rows_i += [b] * len(positions)
         cols_i += [p - 1 + shift for p in positions]  # output at p-1 predicts token p

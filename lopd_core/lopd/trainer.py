@@ -41,6 +41,7 @@ from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import export_student, make_student_and_teacher
+from lopd_core.lopd.prefix import score_actions_shared
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
@@ -86,17 +87,27 @@ def _tail_logmass(logprobs: torch.Tensor, support_ids: torch.Tensor) -> torch.Te
     return torch.logsumexp(outside, dim=-1).clamp(min=math.log(L.TAIL_FLOOR))
 
 
-def micro_batches(lengths: list[int], size: int) -> list[list[int]]:
+def micro_batches(lengths: list[int], size: int, group: int = 1) -> list[list[int]]:
     """Indices of the rows in each micro-batch of at most `size` rows (0 = one batch, in the original order).
 
     Rows are grouped by length so that a chunk pads to little more than its own rows; every loss is a sum over
-    rows divided by a whole-batch count, so the grouping changes no value. Shared with benchmarks/step_cost.py,
-    whose policy-gradient baseline must chunk exactly as the trainer does.
+    rows divided by a whole-batch count, so the grouping changes no value. With `group` > 1, each run of
+    `group` consecutive rows (a task's samples) stays in one chunk, ordered by its longest row — so a teacher
+    that runs a shared prompt once per task (`lopd.share_prompt`) finds all its samples together. Shared with
+    benchmarks/step_cost.py, whose policy-gradient baseline must chunk exactly as the trainer does.
     """
     if size <= 0 or size >= len(lengths):
         return [list(range(len(lengths)))] if lengths else []
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    return [order[s:s + size] for s in range(0, len(order), size)]
+    group = max(1, min(group, size))
+    units = [list(range(s, min(s + group, len(lengths)))) for s in range(0, len(lengths), group)]
+    units.sort(key=lambda u: max(lengths[i] for i in u))
+    chunks: list[list[int]] = []
+    for unit in units:
+        if chunks and len(chunks[-1]) + len(unit) <= size:
+            chunks[-1].extend(unit)
+        else:
+            chunks.append(list(unit))
+    return chunks
 
 
 def sample_seed(seed: int, step: int, task_index: int, sample_index: int) -> int:
@@ -336,12 +347,18 @@ class Distiller:
             with self._teacher_lm() as teacher_lm, nullcontext() if graph else torch.no_grad():
                 if spec.needs_composer:
                     context = [traj_latents(i) for i in chunk]
+                    keys = [tuple(slots[i]) for i in chunk]  # equal slots: the same latent rows
                 elif text_context is not None:
                     context = self._context_embeddings(teacher_lm, [text_context[i] for i in chunk])
+                    keys = [text_context[i] for i in chunk]
                 else:
-                    context = None
-                tbatch = build_batch(teacher_lm, c_ids, c_masks, context, self.framing)
-                t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
+                    context = keys = None
+                if cfg.share_prompt:  # each task's prompt and latents once for its samples (prefix.py)
+                    tbatch = score_actions_shared(teacher_lm, c_ids, c_masks, context, self.framing, keys)
+                    t_logits = tbatch.logits  # (n, V)
+                else:
+                    tbatch = build_batch(teacher_lm, c_ids, c_masks, context, self.framing)
+                    t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
             if spec.teacher_temperature != 1.0:  # the sharpened-teacher control
                 t_logits = t_logits / spec.teacher_temperature
             t_lp = torch.log_softmax(t_logits, dim=-1)  # (n, V), differentiable w.r.t. the latents
@@ -491,7 +508,8 @@ class Distiller:
         return set(order[:k])
 
     def _chunks(self, ids: list[list[int]]) -> list[list[int]]:
-        return micro_batches([len(i) for i in ids], self.cfg.micro_batch)
+        group = self.cfg.samples_per_task if self.cfg.share_prompt else 1  # a task's samples in one chunk
+        return micro_batches([len(i) for i in ids], self.cfg.micro_batch, group)
 
     def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
         """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""
