@@ -130,12 +130,13 @@ def _tune_score(summary: dict) -> float:
 def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None = None, track: bool = True,
                  command: str = "lopd compare") -> dict:
     started = time.perf_counter()
+    commit = git_commit()  # the code the runs use: taken now, not when the report is written
     params, preset, merged = preset_params(params_file, overrides or [])
     tracker = Tracker(params.tracking) if track else None
     parent = None
     if tracker:
         parent = tracker.start_run(f"compare-{params.compare.preset}",
-                                   tags={"lopd.stage": "compare", "git.commit": git_commit(),
+                                   tags={"lopd.stage": "compare", "git.commit": commit,
                                          "lopd.compare.preset": params.compare.preset})
         tracker.log_params(parent, params.to_dict())
     try:
@@ -187,7 +188,7 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
                          f"{preset.tune_n} validation tasks" if tune else " (one value: no tuning)")),
                     ("base", f"{base} (content {content_hash(base)[:12]})"),
                     ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
-                    ("total wall time", f"{seconds / 60:.1f} min"), ("git commit", git_commit())]
+                    ("total wall time", f"{seconds / 60:.1f} min"), ("git commit", commit)]
         paths = write_compare_report(runs, params.compare.report_dir, title=f"lopd compare ({params.compare.preset})",
                                      settings=settings, tuning=tuning)
         if tracker:
