@@ -264,12 +264,22 @@ def _smoke_preset() -> ComparePreset:
                    "rollout.max_new_tokens=24", "rollout.max_context=640", "eval.with_experience=false"])
 
 
+def _long_preset() -> ComparePreset:
+    """LOPD, GRPO and the two controls at 4× the full preset's budget: does anything learn given more rollouts?
+    One learning rate: the one the full preset's grid picked for lopd and grpo (reports/compare.md)."""
+    return ComparePreset(
+        methods=["lopd", "grpo", "sharpened_teacher", "lopd_random_retrieval"], budget=1920, lr_grid=[3e-4],
+        eval_n=100, curve_points=4, curve_n=48,
+        overrides=[*ComparePreset().overrides, "compare.report_dir=reports/compare_long"])
+
+
 @dataclass
 class CompareConfig:
     """`lopd compare`: every method at the same rollout budget, seeds, learning rates tuned on one grid."""
 
     preset: str = "full"  # a key of `presets`
     presets: dict[str, ComparePreset] = field(default_factory=lambda: {"full": ComparePreset(),
+                                                                        "long": _long_preset(),
                                                                         "smoke": _smoke_preset()})
     work_dir: str = "data/compare"
     report_dir: str = "reports"
