@@ -1,6 +1,6 @@
 """Does the base know each world's conventions, and does experience in context help? Teacher-forced, clean oracle.
 
-    python benchmarks/convention_probe.py --model data/base [--tasks 300] [--split test_id]
+    python benchmarks/convention_probe.py --model data/base [--tasks 300] [--split test_id] [--composer phi0.pt]
 
 Two measurements on the same held-out tasks (their own world's conventions, no slips):
 
@@ -8,7 +8,9 @@ Two measurements on the same held-out tasks (their own world's conventions, no s
   under another world's conventions part ways: which payment tool, `/notes` or `notes`, `OSL` or `oslo`, an extra
   confirmation step), the probability the base puts on its own world's choice (`p_right`) and on the other
   world's (`p_other`), per world. A base that reads the `[world]` tag would approach the warm start's ≈ 0.8 /
-  0.2 (convention noise 0.3); one that ignores it splits its mass between the two.
+  0.2 (convention noise 0.3); one that ignores it splits its mass between the two. Measured again with three
+  same-world successes in context (`conventions_with_experience`): they show the right choice, so a base that
+  uses experience in context moves p_right up there — the information a latent teacher is meant to carry.
 * **log-likelihood** — the oracle's action tokens' total log-probability per task (nats; higher is better, and
   comparable across tokenizers since it is the probability of the same text), `p_seq` its mean exp (the chance
   that sampling at temperature 1 reproduces the oracle exactly) and `exact` the share of tasks whose every
@@ -31,27 +33,67 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lopd_core  # noqa: F401  (offline defaults)
+from lopd_core.config import load_params
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET
+from lopd_core.lopd.composer import ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.lopd.models import TeacherView
+from lopd_core.lopd.teacher import Framing, embed_row, splice_position
+from lopd_core.lopd.trainer import load_composer
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import Demo, ExperiencePool, encode_demo, play
 
 
-def _logprobs(model, seq) -> torch.Tensor:
+def _logprobs(model, seq, latent=None) -> torch.Tensor:
+    """(T-1, V) next-token log-probs of the sequence's ids. With `latent` = (latents (J·K, D), framing), the
+    latents are spliced into the first user turn as the latent teacher reads them; rows stay aligned with the
+    ids (row i predicts id i+1)."""
     with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([seq.token_ids])).logits[0, :-1].float(), -1)  # (T-1, V)
+        if latent is None:
+            return torch.log_softmax(model(torch.tensor([seq.token_ids])).logits[0, :-1].float(), -1)
+        latents, framing = latent
+        emb, shift = embed_row(model.get_input_embeddings(), seq.token_ids, latents, framing)
+        logits = model(inputs_embeds=emb[None]).logits[0].float()  # (T + shift, V)
+        at = splice_position(seq.token_ids, framing)
+        rows = list(range(at - 1)) + list(range(at - 1 + shift, logits.shape[0] - 1))  # skip the latent slot
+        return torch.log_softmax(logits[rows], -1)
 
 
-def convention_choices(model, codec, tasks) -> dict:
+class LatentReader:
+    """The latent teacher's view of a task: its experiences composed into J·K latents by a composer (φ0)."""
+
+    def __init__(self, model, tokenizer, composer_path: str, params_file: str):
+        params = load_params(params_file)
+        self.framing = Framing.from_tokenizer(tokenizer)
+        self.composer = load_composer(composer_path, model.config.hidden_size, params.composer,
+                                      mean_embedding_norm(model)).eval()
+        self.encoder = ExperienceEncoder(TeacherView(model), tokenizer,
+                                         max_tokens=params.composer.max_experience_tokens)
+
+    def __call__(self, experiences: tuple[str, ...]):
+        with torch.no_grad():
+            return compose_latents(self.composer, self.encoder, [list(experiences)])[0], self.framing
+
+
+def _with_experiences(demo: Demo, experiences: tuple[str, ...]) -> Demo:
+    return Demo(demo.system, demo.user, experiences, demo.actions, demo.observations, demo.world_followed)
+
+
+def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
+                       rng: random.Random | None = None, reader: LatentReader | None = None) -> dict:
+    """p_right / p_other per world; with `pool`, both continuations read the same three same-world successes
+    (same template first), which show the task's own conventions — as text, or with `reader` as latents."""
     stats: dict = collections.defaultdict(lambda: [0.0, 0.0, 0])
     for task in tasks:
         demo, _, _ = play(task)
-        seq = encode_demo(demo, codec)
-        lp = _logprobs(model, seq)
+        experiences = tuple(pool.sample(task, 3, rng)) if pool is not None else ()
+        as_text = () if reader is not None else experiences
+        seq = encode_demo(_with_experiences(demo, as_text), codec)
+        lp = _logprobs(model, seq, reader(experiences) if reader is not None else None)
         for world in WORLDS:
             if world == task.world:
                 continue
-            other = encode_demo(play(task, conventions_world=world)[0], codec)
+            other = encode_demo(_with_experiences(play(task, conventions_world=world)[0], as_text), codec)
             j = next((j for j in range(min(len(seq), len(other))) if seq.token_ids[j] != other.token_ids[j]), None)
             if j is None or not seq.action_mask[j]:
                 continue  # the two worlds agree on this task (or part ways only in an observation)
@@ -63,15 +105,20 @@ def convention_choices(model, codec, tasks) -> dict:
             for w, (r, o, n) in sorted(stats.items())}
 
 
-def oracle_likelihood(model, codec, tasks, pool: ExperiencePool | None, rng: random.Random) -> dict:
+def oracle_likelihood(model, codec, tasks, pool: ExperiencePool | None, rng: random.Random,
+                      reader: LatentReader | None = None) -> dict:
     ll_sum = p_sum = exact = 0.0
     for task in tasks:
         demo, _, _ = play(task)
+        latent = None
         if pool is not None:
-            demo = Demo(demo.system, demo.user, tuple(pool.sample(task, 3, rng)), demo.actions, demo.observations,
-                        demo.world_followed)
+            experiences = tuple(pool.sample(task, 3, rng))
+            if reader is not None:
+                latent = reader(experiences)
+            else:
+                demo = _with_experiences(demo, experiences)
         seq = encode_demo(demo, codec)
-        lp = _logprobs(model, seq)
+        lp = _logprobs(model, seq, latent)
         target = torch.tensor(seq.token_ids[1:])
         mask = torch.tensor(seq.action_mask[1:], dtype=torch.bool)
         ll = float(lp.gather(-1, target[:, None]).squeeze(-1)[mask].sum())
@@ -88,6 +135,9 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--split", default="test_id")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--composer", default="", help="a cold-start composer (phi0.pt): also measure the base "
+                                                   "reading the experiences as its latents")
+    ap.add_argument("--params", default="params.yaml", help="composer shape (with --composer)")
     args = ap.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -95,14 +145,23 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     tasks = make_tasks("toolworld", args.split, args.tasks, args.seed + EVAL_SEED_OFFSET)
     pool = ExperiencePool(make_tasks("toolworld", "train", 400, args.seed + 2 * EVAL_SEED_OFFSET))
-    print(json.dumps({
+    out = {
         "model": args.model, "split": args.split, "tasks": len(tasks),
         "conventions": convention_choices(model, codec, tasks),
+        "conventions_with_experience": convention_choices(model, codec, tasks, pool, random.Random(args.seed)),
         "oracle_actions": {
             "without_experience": oracle_likelihood(model, codec, tasks, None, random.Random(args.seed)),
             "with_experience": oracle_likelihood(model, codec, tasks, pool, random.Random(args.seed)),
         },
-    }, indent=2))
+    }
+    if args.composer:  # the same experiences (same rng stream), read as the composer's latents
+        reader = LatentReader(model, tokenizer, args.composer, args.params)
+        out["composer"] = args.composer
+        out["conventions_with_latents"] = convention_choices(model, codec, tasks, pool, random.Random(args.seed),
+                                                             reader)
+        out["oracle_actions"]["with_latents"] = oracle_likelihood(model, codec, tasks, pool,
+                                                                  random.Random(args.seed), reader)
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
