@@ -4,8 +4,8 @@ The table is mean ± std over seeds (population std, 0 with one seed) of held-ou
 "Reaches GRPO" compares curves evaluated on the same test_id tasks (same seed, same `curve_n` tasks): GRPO's
 target is the mean over seeds of its last curve point; a method reaches it at the first curve point where its
 own mean over seeds is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
-The verdict lines are arithmetic on these numbers, not claims: with n tasks per cell a difference smaller than
-the interval of evaluation.wilson_interval is noise.
+The verdict lines are arithmetic on these numbers, each difference with the 95 % interval of a difference of two
+proportions (tasks pooled over seeds); a verdict credits experience only beyond that interval.
 """
 
 from __future__ import annotations
@@ -55,10 +55,26 @@ def reach(runs_by_method: dict[str, list[dict]], method: str, mode: str) -> str:
     return f"{int(rollouts)} rollouts = {rollouts / grpo_rollouts:.0%} of GRPO's {int(grpo_rollouts)}"
 
 
-def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
-    def mean(method, split, mode):
-        return _mean_std([r["final"][split][mode]["success_rate"] for r in by_method.get(method, [])])[0]
+def _pooled(runs: list[dict], split: str, mode: str) -> tuple[float, int]:
+    """Success rate over every seed's tasks together, and how many tasks that is."""
+    cells = [r["final"][split][mode] for r in runs]
+    n = sum(c["n"] for c in cells)
+    return (sum(c["success_rate"] * c["n"] for c in cells) / n if n else float("nan")), n
 
+
+def difference_interval(a: list[dict], b: list[dict], split: str, mode: str) -> tuple[float, float]:
+    """(difference of success rates a − b, half-width of its 95 % normal interval), tasks pooled over seeds.
+
+    The seeds' tasks are different draws of the same split, so pooling them is one larger sample per method;
+    the interval is the unpaired one, wider than a paired test would give on the shared tasks — a difference
+    inside it is not evidence either way."""
+    (pa, na), (pb, nb) = _pooled(a, split, mode), _pooled(b, split, mode)
+    if not na or not nb:
+        return float("nan"), float("nan")
+    return pa - pb, 1.96 * math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb)
+
+
+def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
     lines = []
     if "lopd" not in by_method:
         return lines
@@ -67,16 +83,22 @@ def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
             continue
         parts = []
         for split, mode in CELLS:
-            d = mean("lopd", split, mode) - mean(other, split, mode)
-            parts.append(f"{split}/{mode} {100 * d:+.1f}")
-        lines.append(f"- LOPD − {other} (success, points): " + ", ".join(parts))
+            d, half = difference_interval(by_method["lopd"], by_method[other], split, mode)
+            parts.append(f"{split}/{mode} {100 * d:+.1f} (±{100 * half:.1f})")
+        lines.append(f"- LOPD − {other} (success, points; ± the 95 % interval of the difference): " + ", ".join(parts))
     controls = [c for c in ("sharpened_teacher", "lopd_random_retrieval") if c in by_method]
     if controls:
-        beats = all(mean("lopd", s, m) > mean(c, s, m) for c in controls for s, m in CELLS[:2])
-        lines.append("- On test_id (both modes) LOPD " + ("beats" if beats else "does not beat") +
-                     f" both controls ({', '.join(controls)}): " +
-                     ("a gain there can be credited to experience." if beats else
-                      "what it gains is not shown to come from experience rather than sharpening."))
+        diffs = [difference_interval(by_method["lopd"], by_method[c], s, m) for c in controls for s, m in CELLS[:2]]
+        if all(d > half for d, half in diffs):
+            lines.append(f"- On test_id (both modes) LOPD beats both controls ({', '.join(controls)}) by more than "
+                         "the noise: a gain there can be credited to experience.")
+        elif all(d > 0 for d, _ in diffs):
+            lines.append(f"- On test_id (both modes) LOPD is ahead of both controls ({', '.join(controls)}), but "
+                         "within the 95 % interval of the difference: no evidence that experience, rather than "
+                         "sharpening or chance, helps.")
+        else:
+            lines.append(f"- On test_id (both modes) LOPD does not beat both controls ({', '.join(controls)}): "
+                         "what it gains is not shown to come from experience rather than sharpening.")
     return lines
 
 
