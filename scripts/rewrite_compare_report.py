@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lopd_core.compare.report import write_compare_report  # noqa: E402
+from lopd_core.compare.report import write_compare_report
 
 
 def main(dirs: list[str]) -> None:
