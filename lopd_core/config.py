@@ -151,9 +151,11 @@ class BankConfig:
     min_reward: float = field(default=1.0, metadata=fraction())
     seed_tasks: int = field(default=200, metadata=positive())  # train tasks rolled out to seed the bank
     samples_per_task: int = field(default=2, metadata=positive())
-    # Oracle demonstrations added to the seed (policy_version "oracle"): 0 keeps the bank the policy's own, as
-    # in the paper; a few help a weak base whose own successes are too rare to cold-start the composer.
-    oracle_seed_tasks: int = field(default=300, metadata=non_negative())
+    # Oracle demonstrations added to the seed (policy_version "oracle"; not sampled, so not counted as
+    # rollouts): 0 keeps the bank the policy's own, as in the paper. The embedded base's own successes are too
+    # rare to cold-start the composer: with ~100-700 successes its latents carried no convention to held-out
+    # tasks, with 2,000 they carry about half of what the same experiences as text do (README).
+    oracle_seed_tasks: int = field(default=2000, metadata=non_negative())
     ef_search: int = field(default=100, metadata=positive())  # HNSW search breadth; ~400 past ~10k rows
 
 
@@ -168,7 +170,7 @@ class ComposerConfig:
 
 @dataclass
 class ColdStartConfig:
-    steps: int = field(default=60, metadata=positive())
+    steps: int = field(default=300, metadata=positive())
     batch_size: int = field(default=16, metadata=positive())
     lr: float = field(default=1e-3, metadata=positive())
     # Weight of KL(latent teacher || base reading the experiences as text); 0 = the paper's NLL only.

@@ -106,6 +106,7 @@ def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
 
 
 def _successes(params: Params) -> tuple[list[Success], int]:
+    """The seed table's successes (the policy's and the oracle's), and how many trajectories were sampled."""
     _, seed_path = bank_paths(params)
     if not seed_path.exists():
         raise FileNotFoundError(f"no seed rollouts at {seed_path}: run `lopd bank` first")
@@ -113,7 +114,8 @@ def _successes(params: Params) -> tuple[list[Success], int]:
     frame = table[table["success"]]
 
     out = [Success(list(r.token_ids), list(r.action_mask), Task.from_json(r.task)) for r in frame.itertuples()]
-    return out, len(table)
+    sampled = int((table["sample_index"] != ORACLE_SAMPLE_INDEX).sum())  # oracle demonstrations are not rollouts
+    return out, sampled
 
 
 def new_composer(params: Params, model) -> Composer:
