@@ -51,7 +51,7 @@ from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.models import make_student_and_teacher
 from lopd_core.lopd.teacher import action_logits, build_batch
-from lopd_core.lopd.trainer import Distiller, micro_batches
+from lopd_core.lopd.trainer import Distiller, chunk_group, micro_batches
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -93,12 +93,6 @@ def pg_update(student, optimizer, trajs, micro_batch: int, group: int = 1) -> No
         adv = adv_all[torch.tensor(chunk)][batch.token_traj_index]
         (-(adv * lp).sum() / n_tokens).backward()
     optimizer.step()
-
-
-def chunk_group(params, samples: int) -> int:
-    """Rows kept together in a chunk, as `Distiller._chunks` keeps them (a task's samples, when the teacher
-    shares their prompt): the baseline's chunks must be the trainer's."""
-    return samples if params.lopd.share_prompt else 1
 
 
 def pg_student(model, kind: str, lora_rank: int):
@@ -163,7 +157,7 @@ def memory_probe(args, params) -> None:
         if args.probe in ("pg", "pg_lora"):
             student, opt = pg_student(model, args.probe, params.lopd.lora_rank)
             for _ in range(2):
-                pg_update(student, opt, trajs, mb, chunk_group(params, args.samples))
+                pg_update(student, opt, trajs, mb, chunk_group(args.samples, params.lopd.share_prompt))
         else:
             params.lopd.micro_batch = mb
             d = distiller(model, tokenizer, args.probe, experiences, args.samples, params, args.low_memory)
@@ -179,7 +173,7 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
                 for kind in ("pg", "pg_lora")}
     lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params, low_memory)
             for mode in ("full", "lora")}
-    mb, group = params.lopd.micro_batch, chunk_group(params, samples)
+    mb, group = params.lopd.micro_batch, chunk_group(samples, params.lopd.share_prompt)
     fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb, group),
            "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb, group),
            "lopd_full": lambda: lopd["full"].update(tasks, trajs),

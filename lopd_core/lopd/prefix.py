@@ -26,7 +26,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from lopd_core.lopd.teacher import Framing, action_positions, embed_row
-from lopd_core.rollout.engine import _cache_keyword
+from lopd_core.rollout.engine import cache_keyword
 
 
 @dataclass
@@ -68,23 +68,21 @@ def score_actions_shared(model, token_ids: list[list[int]], action_masks: list[l
     for b, (ids, mask) in enumerate(zip(token_ids, action_masks)):
         positions = action_positions(mask)
         first = positions[0] if positions else len(ids)
-        emb, shift = embed_row(embed, ids, None if context is None else context[b], framing)
-        split = first - 1 + shift  # the output at `split` predicts the first action token
-        if split < 1:
+        if first < 2:
             raise ValueError("score_actions_shared: a row's first action token has no prompt before it")
         key = (None if context_keys is None else context_keys[b], tuple(ids[: first - 1]))
-        if key not in group_of:
+        if key not in group_of:  # the splice sits in the first user turn, inside the prompt: embed it once
             group_of[key] = len(prompts)
-            prompts.append(emb[:split])
+            prompts.append(embed_row(embed, ids[: first - 1], None if context is None else context[b], framing)[0])
         row_group.append(group_of[key])
-        starts.append(split)
-        conts.append(emb[split:])
+        starts.append(prompts[row_group[-1]].shape[0])  # the continuation's first position
+        conts.append(embed(torch.tensor(ids[first - 1:], device=device)))  # from the token predicting `first`
         rows_i += [b] * len(positions)
-        cols_i += [p - 1 + shift - split for p in positions]
+        cols_i += [p - first for p in positions]
         acts += [ids[p] for p in positions]
 
     body = model.model
-    keyword = _cache_keyword(body)
+    keyword = cache_keyword(body)
     prompt_emb, prompt_mask = _pad(prompts, max(p.shape[0] for p in prompts))  # (G, P, D), (G, P)
     width = prompt_emb.shape[1]
     cache = DynamicCache()

@@ -110,6 +110,12 @@ def micro_batches(lengths: list[int], size: int, group: int = 1) -> list[list[in
     return chunks
 
 
+def chunk_group(samples_per_task: int, share_prompt: bool) -> int:
+    """Rows a micro-batch keeps together: a task's samples when the teacher shares their prompt, so it runs
+    once per chunk; otherwise rows go wherever their length puts them."""
+    return samples_per_task if share_prompt else 1
+
+
 def sample_seed(seed: int, step: int, task_index: int, sample_index: int) -> int:
     """The sampling seed of one trajectory: a function of where it sits in the run, not of which process or
     batch plays it (a fixed mixing of the four integers into 63 bits)."""
@@ -508,8 +514,8 @@ class Distiller:
         return set(order[:k])
 
     def _chunks(self, ids: list[list[int]]) -> list[list[int]]:
-        group = self.cfg.samples_per_task if self.cfg.share_prompt else 1  # a task's samples in one chunk
-        return micro_batches([len(i) for i in ids], self.cfg.micro_batch, group)
+        return micro_batches([len(i) for i in ids], self.cfg.micro_batch,
+                             chunk_group(self.cfg.samples_per_task, self.cfg.share_prompt))
 
     def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
         """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""

@@ -89,7 +89,7 @@ def _pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gene
     return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
 
 
-def _cache_keyword(model) -> str:
+def cache_keyword(model) -> str:
     """transformers 5.24 renamed `past_key_values` to `cache`; accept either release line."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -109,7 +109,7 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
         attention[row, width - len(ctx):] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    cache = {_cache_keyword(model): DynamicCache()}  # filled in place by every forward below
+    cache = {cache_keyword(model): DynamicCache()}  # filled in place by every forward below
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                 logits_to_keep=1, **cache)
     next_pos = positions[:, -1:] + 1  # (B, 1)
