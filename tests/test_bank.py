@@ -332,3 +332,24 @@ def test_http_client_selected_when_url_configured(tmp_path, monkeypatch):
     from_cfg = ExperienceBank.from_config(Cfg(), embedder=object())
     assert from_cfg.client_spec == bank_index.ClientSpec(kind="http", host="10.0.0.5", port=8001, ssl=False)
     assert ExperienceBank(tmp_path / "x.parquet").index_dir == tmp_path / "x.chroma"
+
+
+def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved):
+    """`lopd distill` and `lopd compare` pick a method's retriever by one rule: the random-retrieval control
+    reads random bank rows (not the nearest), LOPD the nearest, a method without a bank reads nothing."""
+    from lopd_core.config import Params
+    from lopd_core.lopd.methods import method_spec
+    from lopd_core.lopd.stages import method_retriever
+
+    params = Params()
+    tasks = make_tasks("toolworld", "train", 60, seed=1)[40:46]
+    with ExperienceBank(filled, index_dir=tmp_path / "index", embedder=embedder) as bank:
+        texts = set(bank.frame()["experience_text"])
+        nearest = method_retriever(method_spec("lopd"), bank, params)(tasks)
+        assert nearest == [[h.experience_text for h in hs] for hs in bank.retrieve(tasks, params.bank.top_j, True)]
+        rand = method_retriever(method_spec("lopd_random_retrieval"), bank, params)
+        drawn = rand(tasks)
+        assert drawn == rand(tasks)  # the same rows for the same task and seed
+        assert all(len(d) == params.bank.top_j and set(d) <= texts for d in drawn)
+        assert drawn != nearest
+        assert method_retriever(method_spec("grpo"), bank, params)(tasks) == [[] for _ in tasks]

@@ -122,6 +122,12 @@ def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, meth
         assert row["latent_norm_ratio"] == pytest.approx(1.0, rel=1e-3)
     if not d.teacher_pass:
         assert math.isnan(row["delta"])
+    else:  # δ̄ = Σ n_τ A(τ) g(τ) / Σ n_τ from the per-trajectory gaps the update returns (margin_probe.py's sum)
+        gaps = torch.tensor(out["trajectory_gaps"], dtype=torch.float64)
+        n = torch.tensor([sum(t.action_mask[1:]) for t in trajs], dtype=torch.float64)
+        adv = L.advantages(torch.tensor([t.reward for t in trajs])).double()
+        assert len(gaps) == len(trajs) and gaps.abs().sum() > 0
+        assert row["delta"] == pytest.approx(float((n * adv * gaps).sum() / n.sum()), rel=1e-4, abs=1e-7)
     if ema0 is not None:
         assert any(not torch.equal(a, b) for a, b in zip(ema0, d.ema_lm.parameters()))
 

@@ -24,14 +24,10 @@ import torch
 from lopd_core.config import Params
 from lopd_core.evaluation import evaluate
 from lopd_core.lopd.composer import mean_embedding_norm
-from lopd_core.lopd.methods import method_spec, random_retriever
-from lopd_core.lopd.stages import make_retriever, new_composer, open_bank
+from lopd_core.lopd.methods import method_spec
+from lopd_core.lopd.stages import method_retriever, new_composer, open_bank
 from lopd_core.lopd.trainer import Distiller, load_composer, run_distill
 from lopd_core.model.loading import load_policy
-
-
-def _no_retrieval(tasks):
-    return [[] for _ in tasks]
 
 
 def _evaluate(model, tokenizer, params: Params, splits: list[str], n: int, log) -> dict:
@@ -79,12 +75,7 @@ def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int,
 
     bank = open_bank(p) if spec.uses_bank else None
     try:
-        if bank is None:
-            retriever = _no_retrieval
-        elif spec.retrieval == "random":
-            retriever = random_retriever(list(bank.store.load()["experience_text"]), p.bank.top_j, p.seed)
-        else:
-            retriever = make_retriever(bank, p.bank.top_j, p.bank.allow_self_retrieval)
+        retriever = method_retriever(spec, bank, p)
         distiller = Distiller(p, model, tokenizer, retriever, composer=composer, initial_rollouts=spent,
                               log=log)
         marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})

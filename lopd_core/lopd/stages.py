@@ -19,6 +19,7 @@ from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params
 from lopd_core.envs import Task
 from lopd_core.envs.mix import mixed_tasks
+from lopd_core.lopd import methods as M
 from lopd_core.lopd.coldstart import train_coldstart
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
@@ -46,6 +47,20 @@ def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool):
         return [[h.experience_text for h in hits] for hits in bank.retrieve(tasks, j, allow_self_retrieval)]
 
     return retrieve
+
+
+def no_retrieval(tasks: list[Task]) -> list[list[str]]:
+    return [[] for _ in tasks]
+
+
+def method_retriever(spec, bank: ExperienceBank | None, params: Params):
+    """The retriever a method's teacher reads: nothing (no bank), J random bank rows per task (the
+    `lopd_random_retrieval` control) or the J nearest. One rule for `lopd distill` and `lopd compare`."""
+    if bank is None or not spec.uses_bank:
+        return no_retrieval
+    if spec.retrieval == "random":
+        return M.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
+    return make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval)
 
 
 def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
@@ -159,7 +174,7 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
                              mean_embedding_norm(model))
     _, seed_rollouts = _successes(params)
     with open_bank(params) as bank:
-        retriever = make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval)
+        retriever = method_retriever(M.method_spec(params.lopd.method, params.baselines), bank, params)
         distiller = Distiller(params, model, tokenizer, retriever, composer=composer,
                               initial_rollouts=seed_rollouts, log=log)
         state = run_distill(distiller, resume=resume, stop_after=stop_after)

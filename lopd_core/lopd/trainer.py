@@ -485,7 +485,9 @@ class Distiller:
             }
             if not self.teacher_pass:  # no teacher: its columns have no value rather than a misleading 0
                 row.update(kl_phi=math.nan, delta=math.nan, teacher_entropy=math.nan, topk_mass=math.nan)
-        return {"row": row, "diagnostics": diag}
+        # Per trajectory (every rank's, in task order): mean over its action tokens of log p_T,φ − log p_S,old,
+        # what δ(τ) weighs by A(τ) (benchmarks/margin_probe.py reads it to price margins and advantages).
+        return {"row": row, "diagnostics": diag, "trajectory_gaps": per_traj_gap.tolist()}
 
     def _teacher_lm(self):
         """The teacher's weights for this method: the frozen base θ̄, the live student or its EMA."""
@@ -596,7 +598,7 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     history = distiller.state.history
     while distiller.state.step < total:
         out = distiller.step()
-        history.append(out)
+        history.append({"row": out["row"], "diagnostics": out["diagnostics"]})  # (checkpointed: no per-trajectory lists)
         if D.is_main():  # rows are already whole-batch figures, equal on every rank
             _write_rows(csv_path, CSV_COLUMNS, [h["row"] for h in history])
             _write_rows(diag_path, DIAGNOSTIC_COLUMNS, [h["diagnostics"] for h in history])
