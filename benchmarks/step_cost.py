@@ -17,10 +17,14 @@ that mode, reported as well because it has no full-size gradients or optimizer s
 
 Times are medians of several repetitions, the four updates interleaved round-robin so that drift in the machine's
 state hits all of them alike. Peak memory is measured in fresh subprocesses (max RSS above the process's own
-baseline after loading the model and the batch, sampled every 2 ms), two updates each.
+baseline after loading the model and the batch, sampled every 2 ms), two updates each, median of
+`--memory-reps` processes (one process's figure moves by up to ±15 % with the heap's layout).
 
     .venv/bin/python benchmarks/step_cost.py [--model data/base] [--tasks 8] [--samples 4] \\
-        [--micro-batch 0 8] [--set composer.num_queries=8 ...]
+        [--micro-batch 0 8] [--low-memory] [--set lopd.teacher_micro_batch=4 ...]
+
+`--set lopd.teacher_micro_batch=N` (N > 0) measures the low-memory order with teacher passes of N trajectories
+inside each chunk: the teacher then holds a fraction of a student chunk's activations.
 Prints JSON, one entry per micro-batch setting, with the ratios (targets: time ≤ 1.6 on CPU; LoRA memory ≤ 1.15
 of the student alone).
 """
@@ -114,7 +118,7 @@ def distiller(model, tokenizer, mode: str, experiences, samples: int, params,
                         num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
     d = Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
                   log=lambda m: None)
-    d.low_memory = low_memory
+    d.low_memory = low_memory or d.low_memory  # (lopd.teacher_micro_batch > 0 already turned it on)
     return d
 
 
@@ -204,6 +208,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory-reps", type=int, default=3, help="fresh processes per memory probe (median)")
     parser.add_argument("--micro-batch", type=int, nargs="+", default=None,
                         help="trajectories per chunk, one or more settings measured side by side "
                              "(default: lopd.micro_batch of the params)")
@@ -227,8 +232,11 @@ def main() -> None:
                "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind,
                "--micro-batch", str(mb)] + [f"--set={o}" for o in args.overrides] \
             + (["--low-memory"] if args.low_memory else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mb"]
+        peaks = []
+        for _ in range(args.memory_reps):  # the heap's layout varies from process to process: median of several
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mb"])
+        return statistics.median(peaks)
 
     results = []
     for mb in settings:

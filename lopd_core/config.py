@@ -212,6 +212,12 @@ class LopdConfig:
     # continuations per sample (lopd_core/lopd/prefix.py): exact, and the G samples of a task stop paying
     # G times for the prompt and its J·K latents. false: every row from its first token (build_batch).
     share_prompt: bool = True
+    # Trajectories per teacher pass inside a chunk, trading compute for peak memory (0 = off: one teacher pass
+    # per chunk, its graph kept until the composer's loss after the student's backward). When > 0: s_old comes
+    # from an extra no-grad student forward, each teacher pass of this many trajectories is consumed by the
+    # composer's backward at once, and the resampler runs again at the end rather than keeping its graph — the
+    # teacher then holds a fraction of a student chunk's activations. Same gradients either way.
+    teacher_micro_batch: int = field(default=0, metadata=non_negative())
     checkpoint_every: int = field(default=10, metadata=positive())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"

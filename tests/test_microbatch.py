@@ -67,14 +67,19 @@ def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
 
 @pytest.mark.parametrize("mode, loss, separate", [("full", "topk", False), ("lora", "topk", False),
                                                   ("full", "sampled", False), ("lora", "full", False),
-                                                  ("lora", "topk", True)])
+                                                  ("lora", "topk", True), ("lora", "topk", 1), ("full", "full", 1)])
 def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, loss,
                                                    separate):
+    """`separate`: True — low memory (s_old from a no-grad student forward, the teacher's graph consumed by the
+    composer before the student's is built); 1 — also teacher passes of one trajectory (lopd.teacher_micro_batch),
+    so a task's two samples no longer share one prompt pass."""
     tasks, trajs, retriever = batch
     kw = {"student_mode": mode, "student_loss": loss, "importance_weight": loss == "sampled"}
     whole = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=0, **kw)
-    chunked = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2, **kw)
-    chunked.low_memory = separate  # s_old from a no-grad student forward, teacher graph freed first
+    chunked = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2,
+                         teacher_micro_batch=0 if isinstance(separate, bool) else separate, **kw)
+    assert chunked.low_memory == (not isinstance(separate, bool))  # teacher_micro_batch > 0 turns it on
+    chunked.low_memory = separate is not False
     assert len(chunked._chunks([t.token_ids for t in trajs])) == 3
     theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
     out_a, out_b = whole.update(tasks, trajs), chunked.update(tasks, trajs)

@@ -167,7 +167,7 @@ class Distiller:
         # Trade compute for peak memory (see `update`): s_old from an extra no-grad student forward per chunk, so a
         # chunk's teacher and student graphs never coexist, and the resampler run twice instead of holding its
         # graph through the chunks. Same gradients either way.
-        self.low_memory = False
+        self.low_memory = self.cfg.teacher_micro_batch > 0  # (benchmarks/tests may also set it: whole-chunk passes)
         self.task_stream = mixed_tasks(params.envs.mix, "train", self.cfg.steps * self.cfg.tasks_per_step,
                                        params.seed + 17)  # envs interleaved: every step draws the mix
 
@@ -329,6 +329,37 @@ class Distiller:
             acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
             gap_sum.index_add_(0, chunk_t[tbatch.token_traj_index], t_action_lp.detach() - s_action_old)
 
+        def teacher_pass(rows: list[int], graph: bool):
+            """Step 2 on `rows` (consecutive rows of a chunk): teacher scoring with the latents spliced in; one
+            log-softmax serves top-k, entropy, the composer's KL and δ (the graph is kept when `graph`, for step
+            4). The baselines' teachers read text or nothing in the same slot, with their own weights, and need
+            no graph. Returns (batch, logits, log-probs, top-k log-probs, top-k ids, action log-probs)."""
+            r_ids, r_masks = [ids[i] for i in rows], [masks[i] for i in rows]
+            with self._teacher_lm() as teacher_lm, nullcontext() if graph else torch.no_grad():
+                if spec.needs_composer:
+                    context = [traj_latents(i) for i in rows]
+                    keys = [tuple(slots[i]) for i in rows]  # equal slots: the same latent rows
+                elif text_context is not None:
+                    context = self._context_embeddings(teacher_lm, [text_context[i] for i in rows])
+                    keys = [text_context[i] for i in rows]
+                else:
+                    context = keys = None
+                if cfg.share_prompt:  # each task's prompt and latents once for its samples (prefix.py)
+                    tbatch = score_actions_shared(teacher_lm, r_ids, r_masks, context, self.framing, keys)
+                    t_logits = tbatch.logits  # (n, V)
+                else:
+                    tbatch = build_batch(teacher_lm, r_ids, r_masks, context, self.framing)
+                    t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
+            if spec.teacher_temperature != 1.0:  # the sharpened-teacher control
+                t_logits = t_logits / spec.teacher_temperature
+            t_lp = torch.log_softmax(t_logits, dim=-1)  # (n, V), differentiable w.r.t. the latents
+            t_lp_d = t_lp.detach()
+            top_lp, top_ids = t_lp_d.topk(min(cfg.top_k, t_lp_d.shape[-1]), dim=-1)  # (n, k)
+            t_action_lp = t_lp.gather(-1, tbatch.action_ids[:, None]).squeeze(-1)  # (n,)
+            acc["t_ent"] += float(-(t_lp_d.exp() * t_lp_d).sum())
+            acc["topk_mass"] += float(top_lp.exp().sum())
+            return tbatch, t_logits, t_lp, top_lp, top_ids, t_action_lp
+
         def run_chunk(chunk: list[int], keep_graph: bool = True) -> None:
             """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk
             (logits, log-probs, padded inputs) is released when it returns, before the next chunk starts."""
@@ -346,49 +377,42 @@ class Distiller:
                 acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
                 phase["student"] += time.perf_counter() - t0
                 return
-            # 2. Teacher scoring with the latents spliced in; one log-softmax serves top-k, entropy, the
-            # composer's KL and δ (the graph is kept for step 4). The baselines' teachers read text or nothing
-            # in the same slot, with their own weights, and need no graph.
             graph = spec.needs_composer and spec.composer_trainable and keep_graph
-            with self._teacher_lm() as teacher_lm, nullcontext() if graph else torch.no_grad():
-                if spec.needs_composer:
-                    context = [traj_latents(i) for i in chunk]
-                    keys = [tuple(slots[i]) for i in chunk]  # equal slots: the same latent rows
-                elif text_context is not None:
-                    context = self._context_embeddings(teacher_lm, [text_context[i] for i in chunk])
-                    keys = [text_context[i] for i in chunk]
-                else:
-                    context = keys = None
-                if cfg.share_prompt:  # each task's prompt and latents once for its samples (prefix.py)
-                    tbatch = score_actions_shared(teacher_lm, c_ids, c_masks, context, self.framing, keys)
-                    t_logits = tbatch.logits  # (n, V)
-                else:
-                    tbatch = build_batch(teacher_lm, c_ids, c_masks, context, self.framing)
-                    t_logits = action_logits(teacher_lm, tbatch)  # (n, V)
-            if spec.teacher_temperature != 1.0:  # the sharpened-teacher control
-                t_logits = t_logits / spec.teacher_temperature
-            t_lp = torch.log_softmax(t_logits, dim=-1)  # (n, V), differentiable w.r.t. the latents
-            t_lp_d = t_lp.detach()
-            top_lp, top_ids = t_lp_d.topk(min(cfg.top_k, t_lp_d.shape[-1]), dim=-1)  # (n, k)
-            t_action_lp = t_lp.gather(-1, tbatch.action_ids[:, None]).squeeze(-1)  # (n,)
-            acc["t_ent"] += float(-(t_lp_d.exp() * t_lp_d).sum())
-            acc["topk_mass"] += float(top_lp.exp().sum())
-            t2 = time.perf_counter()
-            if self.low_memory:
-                composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, sbatch.action_ids)
-                t3 = time.perf_counter()
-                student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
-                t4 = time.perf_counter()
-                phase["composer"] += t3 - t2
-                phase["student"] += t4 - t3 + t1 - t0
-            else:
+            if not self.low_memory:
+                tbatch, t_logits, t_lp, top_lp, top_ids, t_action_lp = teacher_pass(chunk, graph)
+                t2 = time.perf_counter()
                 s_lp_old = student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
                 t3 = time.perf_counter()
                 composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, sbatch.action_ids)
-                t4 = time.perf_counter()
+                phase["teacher"] += t2 - t1
                 phase["student"] += t3 - t2 + t1 - t0
-                phase["composer"] += t4 - t3
-            phase["teacher"] += t2 - t1
+                phase["composer"] += time.perf_counter() - t3
+                return
+            # Low memory: teacher passes of `lopd.teacher_micro_batch` consecutive rows (0: the whole chunk), each
+            # consumed by the composer's backward before the next; the student then steps on their targets.
+            # The chunk's action tokens are ordered row by row, so a pass's tokens are a contiguous slice.
+            size = cfg.teacher_micro_batch or len(chunk)
+            keep_logits = cfg.student_loss == "full"  # the only student loss that reads the full teacher logits
+            targets, offset = [], 0
+            for k in range(0, len(chunk), size):
+                part = chunk[k:k + size]
+                ta = time.perf_counter()
+                tbatch, t_logits, t_lp, top_lp, top_ids, t_action_lp = teacher_pass(part, graph)
+                tb = time.perf_counter()
+                n = tbatch.action_ids.shape[0]
+                composer_step(chunk_t[k:k + size], tbatch, t_lp, t_action_lp, top_ids, s_lp_old[offset:offset + n],
+                              sbatch.action_ids[offset:offset + n])
+                offset += n
+                targets.append((top_lp, top_ids, t_logits.detach() if keep_logits else None, t_action_lp.detach()))
+                phase["teacher"] += tb - ta
+                phase["composer"] += time.perf_counter() - tb
+            if offset != sbatch.action_ids.shape[0]:
+                raise RuntimeError("teacher passes and the student chunk disagree on the action tokens")
+            t3 = time.perf_counter()
+            top_lp, top_ids, t_logits, t_action_lp = (
+                None if parts[0] is None else torch.cat(parts) for parts in zip(*targets))
+            student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
+            phase["student"] += time.perf_counter() - t3 + t1 - t0
 
         self.opt_theta.zero_grad(set_to_none=True)
         chunks = self._chunks(ids)
