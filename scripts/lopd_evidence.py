@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LOPD = [str(Path(sys.executable).parent / "lopd")]  # the console script of this environment
 
 
+PARAMS: list[str] = []  # `--params FILE` of this invocation, passed on to every command
+
+
 def run(cmd: list[str]) -> None:
+    cmd = [*cmd[:2], *PARAMS, *cmd[2:]]
     print("+ lopd", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
 
@@ -55,6 +59,7 @@ def curve_summary(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default=None, help="the runs' configuration (default: params.yaml)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=["lopd", "lopd_no_margin", "sharpened_teacher"])
@@ -63,6 +68,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="passed to `lopd distill` (e.g. lopd.advantage=group)")
     args = parser.parse_args()
+    if args.params:
+        PARAMS.extend(["--params", args.params])
     exp = ROOT / "data" / "exp"
     results = [{"run": "base", "test_id": evaluate(None, ROOT / "metrics/exp/base_eval.json", args.n, [])}]
     for seed in args.seeds:
