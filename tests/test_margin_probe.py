@@ -37,3 +37,16 @@ def test_a_teacher_that_prefers_the_successes_earns_group_margin():
     # group A = r − 0.25: (0.75, −0.25, −0.25, −0.25) → δ̄ = (0.75·0.3 + 3·0.25·0.1) / 4
     assert out["delta_group"] == pytest.approx((0.75 * 0.3 + 3 * 0.25 * 0.1) / 4, abs=1e-4)
     assert out["gap_success"] == pytest.approx(0.3) and out["gap_failure"] == pytest.approx(-0.1)
+
+
+def test_divergence_alert_fires_on_a_kl_jump_that_meets_the_margin():
+    """run_distill's warning: δ̄ ≥ m reached while the reverse KL jumps far above its recent median."""
+    from lopd_core.lopd.trainer import DIVERGENCE_WINDOW, margin_by_divergence
+
+    calm = [0.008, 0.012, 0.006, 0.01] * (DIVERGENCE_WINDOW // 4)
+    assert margin_by_divergence(calm, kl=0.19, delta=0.19, margin=0.05)  # seed 0's step 71, in small
+    assert not margin_by_divergence(calm, kl=0.19, delta=0.03, margin=0.05)  # margin not met: no alert
+    assert not margin_by_divergence(calm, kl=0.02, delta=0.06, margin=0.05)  # met without a KL jump
+    assert not margin_by_divergence(calm, kl=0.19, delta=0.19, margin=0.0)  # no margin, nothing to game
+    assert not margin_by_divergence(calm[:5], kl=0.19, delta=0.19, margin=0.05)  # too little history
+    assert not margin_by_divergence(calm, kl=float("nan"), delta=0.19, margin=0.05)

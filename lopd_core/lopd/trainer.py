@@ -609,6 +609,24 @@ def _write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+DIVERGENCE_WINDOW = 20  # steps of reverse KL the alert compares against
+DIVERGENCE_FACTOR = 10.0  # a KL this many times its recent median is a teacher pushed away, not a learning one
+
+
+def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin: float) -> bool:
+    """Does this step meet δ̄ ≥ m only because the composer pushed the teacher away from the student?
+
+    With most trajectories failing, A(τ) < 0 on most of the batch, and any teacher that differs from the student
+    scores the student's own samples lower, so δ̄ rises with the reverse KL alone (README, "The privileged
+    margin, β and `lopd.advantage`"). The sign of it: the margin met while the KL jumps to many times its recent
+    median. Needs a full window of history, so the first steps (KL still falling from φ0) never alert.
+    """
+    if len(recent_kl) < DIVERGENCE_WINDOW or margin <= 0 or delta < margin:
+        return False
+    typical = sorted(recent_kl[-DIVERGENCE_WINDOW:])[DIVERGENCE_WINDOW // 2]
+    return math.isfinite(kl) and kl > DIVERGENCE_FACTOR * max(typical, 1e-6)
+
+
 def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool = True,
                 stop_after: int | None = None) -> DistillState:
     """Train to `steps` (default lopd.steps); resume from the last checkpoint when there is one.
@@ -630,6 +648,14 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
         distiller.log(f"distill: step {r['step']}/{total} reward {r['reward_mean']:.3f} success "
                       f"{r['success_rate']:.3f} loss {r['distill_loss']:.4f} δ̄ {r['delta']:+.4f} β {r['beta']:.3f} "
                       f"({r['step_seconds']:.1f}s)")
+        recent = [h["row"]["kl_phi"] for h in history[:-1] if math.isfinite(h["row"]["kl_phi"])]
+        if distiller.method.composer_trainable and margin_by_divergence(recent, r["kl_phi"], r["delta"],
+                                                                        distiller.margin):
+            distiller.log(f"distill: step {r['step']}: warning: δ̄ {r['delta']:.3f} ≥ m = {distiller.margin} only "
+                          f"because the teacher moved away from the student (reverse KL {r['kl_phi']:.3f}, over "
+                          f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
+                          "is being distilled toward a worse teacher. See README, 'The privileged margin, β and "
+                          "lopd.advantage'; lopd.advantage=group removes this incentive")
         if distiller.state.step % cfg.checkpoint_every == 0 or distiller.state.step == total:
             distiller.save_checkpoint()
         if stop_after is not None and distiller.state.step >= stop_after:
