@@ -23,24 +23,23 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOPD = [str(Path(sys.executable).parent / "lopd")]  # the console script of this environment
+LOPD = str(Path(sys.executable).parent / "lopd")  # the console script of this environment
 
 
-PARAMS: list[str] = []  # `--params FILE` of this invocation, passed on to every command
-
-
-def run(cmd: list[str]) -> None:
-    cmd = [*cmd[:2], *PARAMS, *cmd[2:]]
+def lopd(params: str | None, command: str, sets: list[str], *args: str) -> None:
+    """Run `lopd COMMAND [--params FILE] ARGS --set S ...` from the project root."""
+    cmd = [LOPD, command, *(["--params", params] if params else []), *args,
+           *[a for s in sets for a in ("--set", s)]]
     print("+ lopd", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
-def evaluate(model_dir: str | None, out: Path, n: int, extra: list[str]) -> dict:
+def evaluate(params: str | None, model_dir: str | None, out: Path, n: int) -> dict:
     if not out.exists():
-        sets = [f"eval.n_per_split={n}", "eval.splits=[test_id]", "eval.with_experience=false", *extra]
+        sets = [f"eval.n_per_split={n}", "eval.splits=[test_id]", "eval.with_experience=false"]
         if model_dir:
             sets.append(f"model.name_or_path={model_dir}")
-        run([*LOPD, "evaluate", "--out", str(out.relative_to(ROOT)), *[a for s in sets for a in ("--set", s)]])
+        lopd(params, "evaluate", sets, "--out", str(out.relative_to(ROOT)))
     cell = json.loads(out.read_text())["toolworld"]["test_id"]
     return {mode: {"success": c["success_rate"], "ci95": c["ci95"], "reward": round(c["reward_mean"], 3)}
             for mode, c in cell.items()}
@@ -68,10 +67,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="passed to `lopd distill` (e.g. lopd.advantage=group)")
     args = parser.parse_args()
-    if args.params:
-        PARAMS.extend(["--params", args.params])
     exp = ROOT / "data" / "exp"
-    results = [{"run": "base", "test_id": evaluate(None, ROOT / "metrics/exp/base_eval.json", args.n, [])}]
+    results = [{"run": "base", "test_id": evaluate(args.params, None, ROOT / "metrics/exp/base_eval.json", args.n)}]
     for seed in args.seeds:
         for method in args.methods:
             name = f"{method}{args.tag}_s{seed}"
@@ -81,9 +78,9 @@ def main() -> None:
                 sets = [f"seed={seed}", f"lopd.method={method}", f"lopd.steps={args.steps}",
                         f"lopd.checkpoint_every={args.steps}", f"lopd.out_dir={out_dir.relative_to(ROOT)}",
                         f"lopd.csv={curve.relative_to(ROOT)}", *args.overrides]
-                run([*LOPD, "distill", "--fresh", *[a for s in sets for a in ("--set", s)]])
-            results.append({"run": name, "test_id": evaluate(str(out_dir.relative_to(ROOT) / "student"),
-                                                             evaluation, args.n, []),
+                lopd(args.params, "distill", sets, "--fresh")
+            results.append({"run": name, "test_id": evaluate(args.params, str(out_dir.relative_to(ROOT) / "student"),
+                                                             evaluation, args.n),
                             **curve_summary(curve)})
     for r in results:
         print(json.dumps(r))

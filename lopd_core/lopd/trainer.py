@@ -648,7 +648,7 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
         distiller.log(f"distill: step {r['step']}/{total} reward {r['reward_mean']:.3f} success "
                       f"{r['success_rate']:.3f} loss {r['distill_loss']:.4f} δ̄ {r['delta']:+.4f} β {r['beta']:.3f} "
                       f"({r['step_seconds']:.1f}s)")
-        recent = [h["row"]["kl_phi"] for h in history[:-1] if math.isfinite(h["row"]["kl_phi"])]
+        recent = [h["row"]["kl_phi"] for h in history[-DIVERGENCE_WINDOW - 1:-1] if math.isfinite(h["row"]["kl_phi"])]
         if distiller.method.composer_trainable and margin_by_divergence(recent, r["kl_phi"], r["delta"],
                                                                         distiller.margin):
             distiller.log(f"distill: step {r['step']}: warning: δ̄ {r['delta']:.3f} ≥ m = {distiller.margin} only "
