@@ -179,3 +179,21 @@ def test_fuzzed_well_typed_calls_never_crash_a_tool():
             if r.done:
                 break
         assert not env.internal_errors, env.internal_errors
+
+
+def test_records_name_themselves_before_their_id():
+    from lopd_core.envs.tools import observation_text
+
+    payload = {"result": [{"id": "a1", "label": "checking"}, {"id": "a2", "owner": "Theo", "nested": {"id": "x"}}]}
+    text = observation_text(payload)
+    assert text == ('{"result": [{"label": "checking", "id": "a1"}, '
+                    '{"owner": "Theo", "nested": {"id": "x"}, "id": "a2"}]}')
+    assert json.loads(text) == payload  # the same content: only the order an agent reads it in changes
+    from lopd_core.envs import make_tasks
+
+    task = next(t for t in make_tasks("toolworld", "train", 200, 0) if t.template == "bank_balance_answer")
+    env = make_env(task)
+    env.reset(task)
+    first = env.step('<tool_call>{"name": "bank_list_accounts", "arguments": {}}</tool_call>').observation
+    record = json.loads(first)["result"][0]
+    assert list(record)[-1] == "id" and len(record) > 1

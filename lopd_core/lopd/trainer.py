@@ -277,11 +277,13 @@ class Distiller:
                 return torch.zeros((0, width), device=device)
             return lat_leaf[slots[i]].reshape(-1, width)  # (J·K, D)
 
-        def student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp) -> torch.Tensor:
+        def student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp, keep_old: bool = True):
             """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. Returns the
-            pre-update student's detached log-probs (N, V) for the composer's loss."""
+            pre-update student's detached log-probs (N, V) for the composer's loss (None unless `keep_old`: the
+            low-memory order took them earlier, and an (N, V) tensor less is alive through the backward)."""
             s_logits = action_logits(self.student, sbatch)  # (n, V)
-            s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) sg[log p_S,old], reused below
+            s_lp_old = (torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) sg[log p_S,old], reused below
+                        if keep_old or cfg.importance_weight else None)
             rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
             if spec.loss != "reverse_kl":  # GRPO (one step per batch: π_old = the pre-update student)
                 s_action_lp = torch.log_softmax(s_logits, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
@@ -309,7 +311,7 @@ class Distiller:
             distill_part = per_token.sum() / n_signal  # this chunk's share of the batch's token mean
             distill_part.backward()
             acc["distill"] += float(distill_part.detach())
-            return s_lp_old
+            return s_lp_old if keep_old else None
 
         def composer_step(chunk_t, tbatch, t_lp, t_action_lp, top_ids, s_lp_old, action_ids) -> None:
             """Step 4 on a chunk: KL(sg[p_S,old] ‖ p_T,φ) and −β·δ̄ (shares of the batch's means), backward
@@ -411,7 +413,8 @@ class Distiller:
             t3 = time.perf_counter()
             top_lp, top_ids, t_logits, t_action_lp = (
                 None if parts[0] is None else torch.cat(parts) for parts in zip(*targets))
-            student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp)
+            del targets, s_lp_old  # the composer is done with them: not alive through the student's backward
+            student_step(chunk, sbatch, top_lp, top_ids, t_logits, t_action_lp, keep_old=False)
             phase["student"] += time.perf_counter() - t3 + t1 - t0
 
         self.opt_theta.zero_grad(set_to_none=True)
