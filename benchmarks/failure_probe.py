@@ -49,6 +49,15 @@ def convention_positions(task, seq, codec) -> set[int]:
     return positions
 
 
+def argmax_misses(model, seq) -> tuple[list[int], torch.Tensor]:
+    """Teacher-forced: the action positions whose token is not the model's argmax, and the argmax row by row
+    (row i predicts token i + 1)."""
+    ids = seq.token_ids
+    with torch.no_grad():
+        predicted = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)
+    return [j for j in range(1, len(ids)) if seq.action_mask[j] and int(predicted[j - 1]) != ids[j]], predicted
+
+
 def classify(tokenizer, ids: list[int], j: int, conventions: set[int]) -> str:
     if j in conventions:
         return "convention"
@@ -72,17 +81,15 @@ def probe(model, tokenizer, tasks, examples_per_kind: int = 3) -> dict:
     for task in tasks:
         seq = encode_demo(play(task)[0], codec)
         ids = seq.token_ids
-        with torch.no_grad():
-            predicted = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)
-        wrong = [j for j in range(1, len(ids)) if seq.action_mask[j] and int(predicted[j - 1]) != ids[j]]
+        wrong, predicted = argmax_misses(model, seq)
         action_tokens += sum(seq.action_mask)
         wrong_tokens += len(wrong)
+        if not wrong:  # exact: no error of either kind, and no need to replay the other worlds
+            counts.update(("exact", "no_convention_error", "no_other_error"))
+            continue
         conventions = convention_positions(task, seq, codec)
         counts["no_convention_error"] += not any(j in conventions for j in wrong)
         counts["no_other_error"] += not any(j not in conventions for j in wrong)
-        if not wrong:
-            counts["exact"] += 1
-            continue
         kind = classify(tokenizer, ids, wrong[0], conventions)
         first[kind] += 1
         if len(examples[kind]) < examples_per_kind:
@@ -115,12 +122,8 @@ def drill_exact_share(model, tokenizer, n: int = 300, seed: int = 99) -> dict[st
                                             convention_noise=0.0, slip=0.0, seed=seed)]
     hits: dict[str, list[int]] = {}
     for drill in build_drills(texts, n, seed):
-        seq = encode_drill(drill, codec)
-        ids = seq.token_ids
-        with torch.no_grad():
-            predicted = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)
         row = hits.setdefault(drill_kind(drill), [0, 0])
-        row[0] += all(int(predicted[j - 1]) == ids[j] for j in range(1, len(ids)) if seq.action_mask[j])
+        row[0] += not argmax_misses(model, encode_drill(drill, codec))[0]
         row[1] += 1
     return {kind: round(a / b, 3) for kind, (a, b) in sorted(hits.items())}
 

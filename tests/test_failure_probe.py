@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.failure_probe import classify, convention_positions, probe
+from benchmarks.failure_probe import classify, convention_positions, drill_exact_share, probe
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import encode_demo, play
@@ -71,8 +71,6 @@ def test_classify_tells_copies_from_the_instruction_and_from_observations(tiny_t
 
 
 def test_drill_share_is_one_for_a_model_that_knows_every_answer(tiny_tokenizer):
-    from benchmarks.failure_probe import drill_exact_share
-
     shares = drill_exact_share(ScriptedModel(len(tiny_tokenizer)), tiny_tokenizer, n=30)
     assert set(shares) <= {"copy", "lookup_id", "lookup_value"} and "copy" in shares
     assert all(v == 1.0 for v in shares.values())

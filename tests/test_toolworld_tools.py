@@ -7,8 +7,8 @@ from typing import Literal
 
 from _toolworld_fixtures import tasks
 
-from lopd_core.envs import format_call, make_env, parse_action, tool_schemas
-from lopd_core.envs.tools import derive_schema, tool, validate_arguments
+from lopd_core.envs import format_call, make_env, make_tasks, parse_action, tool_schemas
+from lopd_core.envs.tools import derive_schema, observation_text, tool, validate_arguments
 
 
 def _task(template="bank_pay_payee", world="aurora"):
@@ -182,15 +182,11 @@ def test_fuzzed_well_typed_calls_never_crash_a_tool():
 
 
 def test_records_name_themselves_before_their_id():
-    from lopd_core.envs.tools import observation_text
-
     payload = {"result": [{"id": "a1", "label": "checking"}, {"id": "a2", "owner": "Theo", "nested": {"id": "x"}}]}
     text = observation_text(payload)
     assert text == ('{"result": [{"label": "checking", "id": "a1"}, '
                     '{"owner": "Theo", "nested": {"id": "x"}, "id": "a2"}]}')
     assert json.loads(text) == payload  # the same content: only the order an agent reads it in changes
-    from lopd_core.envs import make_tasks
-
     task = next(t for t in make_tasks("toolworld", "train", 200, 0) if t.template == "bank_balance_answer")
     env = make_env(task)
     env.reset(task)
