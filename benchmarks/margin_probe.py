@@ -11,7 +11,9 @@ per trajectory, g(τ) = mean over its action tokens of log p_T(a) − log p_S(a)
 
 * δ̄ under each advantage (`continuous` 2r − 1, `binary` ±1 on success, `group` r − group mean):
   δ̄ = Σ_τ n_τ A(τ) g(τ) / Σ_τ n_τ, with a 95 % interval from resampling tasks;
-* the mean g on successes and on failures (token-weighted), whose difference is what experience should buy.
+* the mean g on successes and on failures (token-weighted), whose difference is what experience should buy;
+* the same under `centred`, for the centred gap g + KL(p_S ‖ p_T) (`lopd.margin_gap=centred`), which a teacher
+  that is merely different from the student cannot raise.
 
 Why: the method asks the composer to keep δ̄ ≥ m (DESIGN §3, m = 0.05 nats per action token). If no teacher —
 not the base reading the same experiences as text, not the base reading the task's golden solution — reaches m
@@ -51,8 +53,9 @@ ADVANTAGES = ("continuous", "binary", "group")
 PROBE_SEED_OFFSET = 909  # tasks apart from the bank's (seed + 101, + 202) and the trainer's (seed + 17)
 
 
-def teacher_gaps(params, method: str, tasks, trajs, log) -> list[float]:
-    """g(τ) for every trajectory under `method`'s teacher at step 0 (learning rates 0: nothing moves)."""
+def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], list[float]]:
+    """g(τ) and the mean KL(p_S ‖ p_T) over τ's action tokens, for every trajectory under `method`'s teacher at
+    step 0 (learning rates 0: nothing moves). g + KL is the centred gap (`lopd.margin_gap=centred`)."""
     p = copy.deepcopy(params)
     p.lopd.method, p.lopd.lr_student, p.lopd.lr_composer = method, 0.0, 0.0
     spec = method_spec(method, p.baselines)
@@ -65,14 +68,15 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> list[float]:
     bank = open_bank(p) if spec.uses_bank else None
     try:
         d = Distiller(p, model, tokenizer, method_retriever(spec, bank, p), composer=composer, log=log)
-        g, per = [], p.lopd.tasks_per_step
+        g, kl, per = [], [], p.lopd.tasks_per_step
         for s in range(0, len(tasks), per):
             out = d.update(tasks[s:s + per], trajs[s * p.lopd.samples_per_task:(s + per) * p.lopd.samples_per_task])
             g += out["trajectory_gaps"]
+            kl += out["trajectory_kl"]
     finally:
         if bank is not None:
             bank.close()
-    return g
+    return g, kl
 
 
 def delta_bar(gaps: torch.Tensor, counts: torch.Tensor, adv: torch.Tensor) -> float:
@@ -140,8 +144,10 @@ def main() -> None:
     teachers = {}
     for method in args.methods:
         t = time.perf_counter()
-        gaps = teacher_gaps(params, method, tasks, trajs, log=lambda m: None)
+        gaps, kls = teacher_gaps(params, method, tasks, trajs, log=lambda m: None)
         teachers[method] = summarize(gaps, trajs, args.samples, args.bootstrap, params.seed)
+        teachers[method]["centred"] = summarize([g + k for g, k in zip(gaps, kls)], trajs, args.samples,
+                                                args.bootstrap, params.seed)
         log(f"margin probe: {method}: {teachers[method]} ({time.perf_counter() - t:.0f}s)")
     rewards = [t.reward for t in trajs]
     print(json.dumps({

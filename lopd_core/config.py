@@ -201,6 +201,9 @@ class LopdConfig:
     beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β
     beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
     advantage: str = field(default="continuous", metadata=one_of("continuous", "binary", "group"))
+    # The gap δ averages: raw (the paper's: log p_T − log p_S,old) or centred (plus KL(p_S,old ‖ p_T) at the
+    # token, so a teacher that is merely different from the student scores 0; losses.centred_gap).
+    margin_gap: str = field(default="raw", metadata=one_of("raw", "centred"))
     max_grad_norm: float = field(default=1.0, metadata=positive())
     # Trajectories per chunk of the teacher/student forward+backward (0 = the whole batch at once): gradients
     # accumulate over chunks and equal the whole batch's; only peak memory and speed depend on it.

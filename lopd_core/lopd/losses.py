@@ -247,19 +247,39 @@ def privileged_margin_delta(
     advantage: Tensor,
     token_traj_index: Tensor,
     num_traj: int,
+    centre: Tensor | None = None,
 ) -> Tensor:
     """δ(τ) = A(τ) · mean over τ's action tokens of (log p_T,φ(a) − sg[log p_S,old(a)]).
 
     teacher_logprobs, student_old_logprobs (N,); advantage (B,); token_traj_index (N,) long in [0, num_traj)
     -> (B,) with B = num_traj; a trajectory without tokens gets 0. The gradient flows into teacher_logprobs
-    only: the old student log-probs and the advantage are detached.
+    (and `centre`) only: the old student log-probs and the advantage are detached.
+
+    `centre` (N,), when given, is added to each token's gap: pass KL(sg[p_S,old] ‖ p_T,φ) at that token to get
+    the centred gap `centred_gap` describes.
     """
-    gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
+    if centre is None:
+        gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
+    else:
+        gap = centred_gap(teacher_logprobs, student_old_logprobs, centre)
     sums = torch.zeros(num_traj, dtype=gap.dtype, device=gap.device).index_add(
         0, token_traj_index, gap
     )  # (B,)
     counts = torch.bincount(token_traj_index, minlength=num_traj).to(gap.dtype)  # (B,)
     return _f32(advantage).detach() * sums / counts.clamp(min=1.0)
+
+
+def centred_gap(teacher_logprobs: Tensor, student_old_logprobs: Tensor, kl_student_teacher: Tensor) -> Tensor:
+    """Per-token log-ratio minus its expectation under the student: (log p_T(a) − log p_S(a)) + KL(p_S ‖ p_T).
+
+    All (N,) -> (N,). E_{a~p_S}[log p_T(a) − log p_S(a)] = −KL(p_S ‖ p_T), so on the student's own samples this
+    gap averages zero for *any* teacher: a teacher that is merely different from the student scores nothing,
+    and only one that prefers some of the student's tokens over others does. Weighted by A(τ), its mean is the
+    covariance of the advantage with the teacher's preference — the privileged information δ is meant to
+    measure. The raw gap averages −KL instead, which a mostly negative A (most rollouts fail) turns into a
+    positive δ̄ that grows as the teacher moves away from the student.
+    """
+    return _f32(teacher_logprobs) - _f32(student_old_logprobs).detach() + _f32(kl_student_teacher)
 
 
 def token_weighted_mean(per_traj: Tensor, token_counts: Tensor) -> Tensor:

@@ -226,6 +226,7 @@ class Distiller:
         groups = torch.tensor([i // cfg.samples_per_task for i in range(n_traj)])
         device = self.composer.queries.device
         adv = L.advantages(rewards, kind=cfg.advantage, successes=successes, group_ids=groups).to(device)
+        centred = cfg.margin_gap == "centred"  # δ on the centred gap (losses.centred_gap)
         spec, bl = self.method, self.params.baselines
         pg_adv = (L.group_relative_advantages(rewards, groups, eps=bl.group_std_eps).to(device)
                   if spec.loss != "reverse_kl" else None)  # GRPO: (r − group mean) / (group std + eps)
@@ -238,6 +239,7 @@ class Distiller:
         beta_used = self.state.beta
         acc = dict.fromkeys(("distill", "kl", "delta", "s_ent", "t_ent", "topk_mass"), 0.0)
         gap_sum = torch.zeros(n_traj, device=device)  # per trajectory Σ (log p_T,φ − log p_S,old), action tokens
+        kl_sum = torch.zeros(n_traj, device=device)  # per trajectory Σ KL(p_S,old ‖ p_T,φ): gap + KL = centred gap
         phase = dict.fromkeys(("teacher", "student", "composer"), 0.0)
 
         # 2a. Latents once per distinct experience text: the G samples of a task (and tasks sharing a bank row)
@@ -319,9 +321,10 @@ class Distiller:
             s_action_old = s_lp_old.gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
             p_lp, p_tail = s_lp_old.gather(-1, top_ids), _tail_logmass(s_lp_old, top_ids)
             q_lp, q_tail = t_lp.gather(-1, top_ids), _tail_logmass(t_lp, top_ids)
-            kl_part = L.support_kl(p_lp, p_tail, q_lp, q_tail).sum() / n_tokens
+            kl_tokens = L.support_kl(p_lp, p_tail, q_lp, q_tail)  # (n,)
+            kl_part = kl_tokens.sum() / n_tokens
             delta = L.privileged_margin_delta(t_action_lp, s_action_old, adv[chunk_t], tbatch.token_traj_index,
-                                              len(chunk_t))  # (c,) δ(τ) of the chunk's trajectories
+                                              len(chunk_t), centre=kl_tokens if centred else None)  # (c,) δ(τ)
             delta_part = (delta * counts_dev[chunk_t]).sum() / n_tokens  # its share of δ̄ = Σ n_τ δ(τ) / Σ n_τ
             phi_part = kl_part - beta_used * delta_part  # the β·m constant has no gradient
             if phi_part.requires_grad:  # (only chunks picked for the composer keep a graph: rescaled to the batch)
@@ -330,6 +333,7 @@ class Distiller:
             acc["delta"] += float(delta_part.detach())
             acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
             gap_sum.index_add_(0, chunk_t[tbatch.token_traj_index], t_action_lp.detach() - s_action_old)
+            kl_sum.index_add_(0, chunk_t[tbatch.token_traj_index], kl_tokens.detach())
 
         def teacher_pass(rows: list[int], graph: bool):
             """Step 2 on `rows` (consecutive rows of a chunk): teacher scoring with the latents spliced in; one
@@ -489,6 +493,7 @@ class Distiller:
             rewards = torch.tensor(D.gather_lists(rewards.tolist()), dtype=torch.float32)
             successes = torch.tensor(D.gather_lists(successes.tolist()), dtype=torch.bool)
             per_traj_gap = torch.tensor(D.gather_lists((gap_sum.cpu() / counts.clamp(min=1)).tolist()))
+            per_traj_kl = D.gather_lists((kl_sum.cpu() / counts.clamp(min=1)).tolist())
             norm_sum, norm_rows = D.global_sum([float(flat.detach().norm(dim=-1).sum()), flat.shape[0]])
             latent_norm = norm_sum / norm_rows if norm_rows else 0.0
             row = {
@@ -514,7 +519,8 @@ class Distiller:
                 row.update(kl_phi=math.nan, delta=math.nan, teacher_entropy=math.nan, topk_mass=math.nan)
         # Per trajectory (every rank's, in task order): mean over its action tokens of log p_T,φ − log p_S,old,
         # what δ(τ) weighs by A(τ) (benchmarks/margin_probe.py reads it to price margins and advantages).
-        return {"row": row, "diagnostics": diag, "trajectory_gaps": per_traj_gap.tolist()}
+        return {"row": row, "diagnostics": diag, "trajectory_gaps": per_traj_gap.tolist(),
+                "trajectory_kl": per_traj_kl}
 
     def _teacher_lm(self):
         """The teacher's weights for this method: the frozen base θ̄, the live student or its EMA."""
