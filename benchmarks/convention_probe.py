@@ -15,6 +15,9 @@ Two measurements on the same held-out tasks (their own world's conventions, no s
   comparable across tokenizers since it is the probability of the same text), `p_seq` its mean exp (the chance
   that sampling at temperature 1 reproduces the oracle exactly) and `exact` the share of tasks whose every
   action token is the argmax; without and with three same-world successes in context (the evaluation's pool).
+* **tag swap** — at the same decisions, p(own choice) − p(other world's choice) with the task's `[world]` tag
+  and with the other world's tag put in its place: whether the base reads the tag at all (the margin flips
+  sign) or only weakly (it flips but stays small).
 
 These are the smooth numbers the warm-start recipe was tuned on: greedy success over 200 tasks moves by a few
 tasks between equally good bases, while the log-likelihood over 300 separates recipes (seed-to-seed spread of a
@@ -105,6 +108,38 @@ def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
             for w, (r, o, n) in sorted(stats.items())}
 
 
+def _choice_margin(model, prefix: list[int], own: int, other: int) -> float:
+    """p(own) − p(other) for the token after `prefix`."""
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([prefix])).logits[0, -1].float(), -1)
+    return float(p[own] - p[other])
+
+
+def tag_swap(model, codec, tasks) -> dict:
+    """Does the base read the `[world]` tag at all? At each convention decision, p(own choice) − p(other
+    world's choice) with the task's own tag, and again with the tag swapped to the other world's (same ids
+    otherwise). A base that ignores the tag gives the same margin both ways; one that reads it fully flips it."""
+    real, swapped, n = 0.0, 0.0, 0
+    for task in tasks:
+        demo, _, _ = play(task)
+        seq = encode_demo(demo, codec)
+        for world in WORLDS:
+            if world == task.world:
+                continue
+            other = encode_demo(play(task, conventions_world=world)[0], codec)
+            j = next((j for j in range(min(len(seq), len(other))) if seq.token_ids[j] != other.token_ids[j]), None)
+            if j is None or not seq.action_mask[j]:
+                continue
+            retagged = encode_demo(Demo(demo.system, demo.user.replace(f"[{task.world}]", f"[{world}]"), (),
+                                        demo.actions, demo.observations, world), codec)
+            k = j + len(retagged) - len(seq)  # the same decision in the retagged ids
+            real += _choice_margin(model, seq.token_ids[:j], seq.token_ids[j], other.token_ids[j])
+            swapped += _choice_margin(model, retagged.token_ids[:k], seq.token_ids[j], other.token_ids[j])
+            n += 1
+    return {"margin_own_tag": round(real / max(n, 1), 3), "margin_other_tag": round(swapped / max(n, 1), 3),
+            "decisions": n}
+
+
 def oracle_likelihood(model, codec, tasks, pool: ExperiencePool | None, rng: random.Random,
                       reader: LatentReader | None = None) -> dict:
     ll_sum = p_sum = exact = 0.0
@@ -149,6 +184,7 @@ def main() -> None:
         "model": args.model, "split": args.split, "tasks": len(tasks),
         "conventions": convention_choices(model, codec, tasks),
         "conventions_with_experience": convention_choices(model, codec, tasks, pool, random.Random(args.seed)),
+        "tag_swap": tag_swap(model, codec, tasks),
         "oracle_actions": {
             "without_experience": oracle_likelihood(model, codec, tasks, None, random.Random(args.seed)),
             "with_experience": oracle_likelihood(model, codec, tasks, pool, random.Random(args.seed)),
