@@ -82,6 +82,18 @@ def _with_experiences(demo: Demo, experiences: tuple[str, ...]) -> Demo:
     return Demo(demo.system, demo.user, experiences, demo.actions, demo.observations, demo.world_followed)
 
 
+def decisions(task, seq, codec, experiences: tuple[str, ...] = ()):
+    """(world, position, the other world's ids) for every other world whose oracle first parts ways with `seq`
+    at an action token: a convention decision. Both continuations read the same `experiences` as text."""
+    for world in WORLDS:
+        if world == task.world:
+            continue
+        other = encode_demo(_with_experiences(play(task, conventions_world=world)[0], experiences), codec)
+        j = next((j for j in range(min(len(seq), len(other))) if seq.token_ids[j] != other.token_ids[j]), None)
+        if j is not None and seq.action_mask[j]:  # else the worlds agree (or part ways only in an observation)
+            yield world, j, other.token_ids
+
+
 def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
                        rng: random.Random | None = None, reader: LatentReader | None = None) -> dict:
     """p_right / p_other per world; with `pool`, both continuations read the same three same-world successes
@@ -93,16 +105,10 @@ def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
         as_text = () if reader is not None else experiences
         seq = encode_demo(_with_experiences(demo, as_text), codec)
         lp = _logprobs(model, seq, reader(experiences) if reader is not None else None)
-        for world in WORLDS:
-            if world == task.world:
-                continue
-            other = encode_demo(_with_experiences(play(task, conventions_world=world)[0], as_text), codec)
-            j = next((j for j in range(min(len(seq), len(other))) if seq.token_ids[j] != other.token_ids[j]), None)
-            if j is None or not seq.action_mask[j]:
-                continue  # the two worlds agree on this task (or part ways only in an observation)
+        for _, j, other in decisions(task, seq, codec, as_text):
             row = stats[task.world]
             row[0] += math.exp(lp[j - 1, seq.token_ids[j]])
-            row[1] += math.exp(lp[j - 1, other.token_ids[j]])
+            row[1] += math.exp(lp[j - 1, other[j]])
             row[2] += 1
     return {w: {"p_right": round(r / n, 3), "p_other": round(o / n, 3), "decisions": n}
             for w, (r, o, n) in sorted(stats.items())}
@@ -123,18 +129,12 @@ def tag_swap(model, codec, tasks) -> dict:
     for task in tasks:
         demo, _, _ = play(task)
         seq = encode_demo(demo, codec)
-        for world in WORLDS:
-            if world == task.world:
-                continue
-            other = encode_demo(play(task, conventions_world=world)[0], codec)
-            j = next((j for j in range(min(len(seq), len(other))) if seq.token_ids[j] != other.token_ids[j]), None)
-            if j is None or not seq.action_mask[j]:
-                continue
+        for world, j, other in decisions(task, seq, codec):
             retagged = encode_demo(Demo(demo.system, demo.user.replace(f"[{task.world}]", f"[{world}]"), (),
                                         demo.actions, demo.observations, world), codec)
             k = j + len(retagged) - len(seq)  # the same decision in the retagged ids
-            real += _choice_margin(model, seq.token_ids[:j], seq.token_ids[j], other.token_ids[j])
-            swapped += _choice_margin(model, retagged.token_ids[:k], seq.token_ids[j], other.token_ids[j])
+            real += _choice_margin(model, seq.token_ids[:j], seq.token_ids[j], other[j])
+            swapped += _choice_margin(model, retagged.token_ids[:k], seq.token_ids[j], other[j])
             n += 1
     return {"margin_own_tag": round(real / max(n, 1), 3), "margin_other_tag": round(swapped / max(n, 1), 3),
             "decisions": n}

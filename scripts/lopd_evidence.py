@@ -7,9 +7,10 @@ Needs the base, the bank and φ0 at the params' paths (`lopd base`, `lopd bank`,
 `lopd distill --fresh` into data/exp/<name>/ with its curve in plots/exp/distill_<name>.csv, then `lopd
 evaluate` of its student on the same `--n` test_id tasks (the evaluation seed stays the params' seed, so every
 run and the base face the same tasks) into metrics/exp/<name>_eval.json (the base's under its content hash, so a
-rebuilt base is evaluated again). Runs whose evaluation exists are not redone. Prints one JSON line per run and a markdown table: greedy and sampled success with their 95 % intervals,
-mean reward, rollouts, δ̄ over the run and over its last half, β at the end and its maximum, and the student's
-distillation loss at its maximum (a teacher pushed away from the student shows there).
+rebuilt base is evaluated again). Runs whose evaluation exists are not redone. Prints one JSON line per run and
+a markdown table: greedy and sampled success with their 95 % intervals, mean reward, rollouts, δ̄ over the run
+and over its last half, β at the end and its maximum, and the student's distillation loss at its maximum (a
+teacher pushed away from the student shows there).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lopd_core.config import load_params
+from lopd_core.model.loading import model_path
+from tasks.caching import content_hash
+
 LOPD = str(Path(sys.executable).parent / "lopd")  # the console script of this environment
 
 
@@ -69,11 +76,6 @@ def main() -> None:
     args = parser.parse_args()
     exp = ROOT / "data" / "exp"
     # The base's evaluation is cached under its content hash: a rebuilt base is evaluated again.
-    sys.path.insert(0, str(ROOT))
-    from lopd_core.config import load_params
-    from lopd_core.model.loading import model_path
-    from tasks.caching import content_hash
-
     base = model_path(load_params(args.params or str(ROOT / "params.yaml")).model)
     base_eval = ROOT / f"metrics/exp/base_{content_hash(ROOT / base)[:12]}_eval.json"
     results = [{"run": "base", "test_id": evaluate(args.params, None, base_eval, args.n)}]

@@ -332,8 +332,9 @@ class Distiller:
             acc["kl"] += float(kl_part.detach())
             acc["delta"] += float(delta_part.detach())
             acc["s_ent"] += float(-(s_lp_old.exp() * s_lp_old).sum())
-            gap_sum.index_add_(0, chunk_t[tbatch.token_traj_index], t_action_lp.detach() - s_action_old)
-            kl_sum.index_add_(0, chunk_t[tbatch.token_traj_index], kl_tokens.detach())
+            token_rows = chunk_t[tbatch.token_traj_index]  # each action token's trajectory in the batch
+            gap_sum.index_add_(0, token_rows, t_action_lp.detach() - s_action_old)
+            kl_sum.index_add_(0, token_rows, kl_tokens.detach())
 
         def teacher_pass(rows: list[int], graph: bool):
             """Step 2 on `rows` (consecutive rows of a chunk): teacher scoring with the latents spliced in; one
