@@ -82,14 +82,21 @@ class WarmStartConfig:
     slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
     epochs: float = field(default=6.0, metadata=positive())  # the time budget usually binds first
     batch_tokens: int = field(default=1024, metadata=positive())  # small batches: more steps, faster copying
-    lr: float = field(default=6e-3, metadata=positive())
+    lr: float = field(default=6e-3, metadata=positive())  # AdamW's: embeddings and norms (all weights under adamw)
+    # muon: the layers' weight matrices take Muon steps (orthogonalised momentum, torch.optim.Muon) at muon_lr,
+    # the rest AdamW at lr; adamw: AdamW for every weight (the former default). See warmstart.py.
+    optimizer: str = field(default="muon", metadata=one_of("muon", "adamw"))
+    muon_lr: float = field(default=1.5e-3, metadata=positive())  # RMS-matched to AdamW's scale
     warmup_steps: int = field(default=20, metadata=non_negative())
-    time_budget_s: float = field(default=240.0, metadata=positive())  # the schedule is fitted to it
+    time_budget_s: float = field(default=270.0, metadata=positive())  # the schedule is fitted to it
     # A fixed number of optimizer steps instead (0: the time budget decides): recipes compared at equal steps,
     # which a busy machine's time budget cannot give (the schedule is then planned for these steps).
     max_steps: int = field(default=0, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
+    # Share of the forced positions that loss is estimated on each step (random): most of its cost is the output
+    # head over the vocabulary at every position.
+    context_loss_fraction: float = field(default=0.33, metadata=fraction())
 
 
 @dataclass

@@ -3,10 +3,12 @@ few steps on a tiny model lower it."""
 
 import random
 
+import pytest
 import torch
 
 from lopd_core.model.chat import IM_END, ChatCodec
 from lopd_core.model.demos import encode_demo
+from lopd_core.model.muon import StackedMuon
 from lopd_core.model.warmstart import action_token_loss, collate, pack_batches
 
 
@@ -53,27 +55,99 @@ def test_action_token_loss_equals_masked_cross_entropy(tiny_demos, tiny_tokenize
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
-def test_a_few_steps_lower_the_loss_and_move_every_parameter(tiny_demos, tiny_tokenizer):
+def test_context_loss_on_a_share_of_positions_estimates_the_full_term(tiny_demos, tiny_tokenizer, tiny_model):
+    """`context_fraction` < 1 scores the context on a random share of its positions: the same term, estimated.
+    Fraction 1 is the full mean; 0 leaves only the action loss; in between the estimate is reproducible under
+    torch's seed and, averaged over draws, close to the full term."""
+    codec = ChatCodec(tiny_tokenizer)
+    ids, attention, labels = collate([encode_demo(d, codec) for d in tiny_demos[:4]], codec.pad_id)
+    with torch.no_grad():
+        actions = action_token_loss(tiny_model, ids, attention, labels)
+        full = action_token_loss(tiny_model, ids, attention, labels, 1.0, 1.0) - actions
+        assert full > 0
+        torch.testing.assert_close(action_token_loss(tiny_model, ids, attention, labels, 1.0, 0.0), actions)
+        draws = []
+        for seed in range(40):
+            torch.manual_seed(seed)
+            draws.append(action_token_loss(tiny_model, ids, attention, labels, 1.0, 0.3) - actions)
+        torch.manual_seed(0)
+        again = action_token_loss(tiny_model, ids, attention, labels, 1.0, 0.3) - actions
+    assert torch.equal(again, draws[0])
+    assert len({round(d.item(), 6) for d in draws}) > 1
+    assert abs(torch.stack(draws).mean() - full) < 0.02 * full
+
+
+def _tiny_model(tokenizer):
     from lopd_core.config import TinyModelConfig
     from lopd_core.model.loading import tiny_qwen3
 
     torch.manual_seed(0)
-    model = tiny_qwen3(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                                       intermediate_size=64), tiny_tokenizer)
+    return tiny_qwen3(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                      intermediate_size=64), tokenizer)
+
+
+@pytest.mark.parametrize("kind", ["muon", "adamw"])
+def test_a_few_steps_lower_the_loss_and_move_every_parameter(tiny_demos, tiny_tokenizer, kind):
+    from lopd_core.config import WarmStartConfig
+    from lopd_core.model.warmstart import make_optimizers
+
+    model = _tiny_model(tiny_tokenizer)
     codec = ChatCodec(tiny_tokenizer)
     ids, attention, labels = collate([encode_demo(d, codec) for d in tiny_demos[:8]], codec.pad_id)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizers = make_optimizers(model, WarmStartConfig(optimizer=kind, lr=1e-2, muon_lr=1e-2))
     losses = []
     for _ in range(15):
         loss = action_token_loss(model, ids, attention, labels)
-        opt.zero_grad()
+        for opt in optimizers:
+            opt.zero_grad()
         loss.backward()
-        opt.step()
+        for opt in optimizers:
+            opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     unmoved = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert not unmoved, unmoved
+
+
+def test_stacked_muon_steps_as_torch_muon_does():
+    """Batching the Newton–Schulz iteration over same-shaped matrices changes the cost, not the update: after
+    three steps on random gradients the weights agree with torch.optim.Muon's (match_rms_adamw) to bf16 rounding."""
+    torch.manual_seed(0)
+    shapes = [(16, 16), (8, 16), (48, 16), (16, 48), (16, 16)]
+    ours = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    start = [p.detach().clone() for p in ours]
+    opt_ours = StackedMuon(ours, lr=1e-2, weight_decay=0.01)
+    opt_theirs = torch.optim.Muon(theirs, lr=1e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+    for a, b, s in zip(ours, theirs, start):
+        assert (a - b).norm() <= 0.01 * (b - s).norm()  # agree far more closely than either moved
+    with pytest.raises(ValueError, match="matrices only"):
+        StackedMuon([torch.nn.Parameter(torch.zeros(4))])
+
+
+def test_muon_takes_the_layer_matrices_and_adamw_the_rest(tiny_tokenizer):
+    """Muon orthogonalises 2-D updates: right for attention and MLP projections, wrong for the embedding (one row
+    per token, tied to the output head) and for the norms' gain vectors, which stay with AdamW."""
+    from lopd_core.config import WarmStartConfig
+    from lopd_core.model.warmstart import make_optimizers
+
+    model = _tiny_model(tiny_tokenizer)
+    adamw, muon = make_optimizers(model, WarmStartConfig(optimizer="muon", lr=3e-3, muon_lr=1e-3))
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, StackedMuon)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert in_muon | in_adamw == set(names.values()) and not in_muon & in_adamw
+    assert in_muon == {n for n, p in model.named_parameters() if p.ndim == 2 and n != "model.embed_tokens.weight"}
+    assert any("q_norm" in n for n in in_adamw) and "model.embed_tokens.weight" in in_adamw
+    assert [g["initial_lr"] for g in adamw.param_groups + muon.param_groups] == [3e-3, 1e-3]
 
 
 def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_path):

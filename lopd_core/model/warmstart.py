@@ -4,7 +4,8 @@ standard Hugging Face directory.
 The warm start is next-token cross-entropy on the demonstrations' action tokens only (the forced system, user
 and observation tokens are context, not targets), averaged over action tokens in the batch. Batches are packed
 by token budget from length-sorted demonstrations so padding stays small; the schedule is linear warm-up then
-cosine decay. Training stops at `time_budget_s` even mid-epoch, so the build fits its few minutes on a 2-core
+cosine decay. The layers' weight matrices take Muon steps and the embedding and norms AdamW steps
+(`make_optimizers`): per step, Muon roughly doubles what the base learns, which is what a fixed budget needs. Training stops at `time_budget_s` even mid-epoch, so the build fits its few minutes on a 2-core
 CPU whatever the machine's speed; the summary says how far it got. `max_steps` > 0 runs exactly that many steps
 instead, whatever the time: the way to compare two recipes on a machine that other work slows down.
 """
@@ -28,6 +29,7 @@ from lopd_core.model.codegen_demos import build_codegen_demos
 from lopd_core.model.demos import build_demos, encode_demo
 from lopd_core.model.drills import build_drills, encode_drill
 from lopd_core.model.loading import tiny_qwen3
+from lopd_core.model.muon import StackedMuon
 from lopd_core.model.tokenizer import train_tokenizer
 
 
@@ -87,12 +89,16 @@ def collate(seqs: list[TrajectoryIds], pad_id: int):
     return ids, attention, labels
 
 
-def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0) -> torch.Tensor:
+def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0,
+                      context_fraction: float = 1.0) -> torch.Tensor:
     """Mean cross-entropy over action tokens; logits are computed only where a target exists.
 
     With `context_weight` > 0 the forced tokens (instruction, observations, experiences) are predicted too, at
     that weight: an auxiliary language-modelling signal that, like pretraining, teaches a tiny model to attend
-    to and copy from its context far sooner than the action tokens alone do.
+    to and copy from its context far sooner than the action tokens alone do. With `context_fraction` < 1 that
+    mean is estimated on a random share of the context positions (torch's seeded generator): the output head
+    and its softmax over the whole vocabulary then run on far fewer rows, which is most of what the auxiliary
+    loss costs, for a noisier estimate of the same term.
     """
     hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, D)
     targets = labels[:, 1:]
@@ -101,9 +107,46 @@ def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0
     loss = torch.nn.functional.cross_entropy(logits.float(), targets[where])
     if context_weight > 0:
         context = (attention[:, 1:] == 1) & ~where
-        context_logits = model.lm_head(hidden[:, :-1][context])
-        loss = loss + context_weight * torch.nn.functional.cross_entropy(context_logits.float(), ids[:, 1:][context])
+        if context_fraction < 1.0:
+            context &= torch.rand(context.shape) < context_fraction
+        if context.any():
+            context_logits = model.lm_head(hidden[:, :-1][context])
+            loss = loss + context_weight * torch.nn.functional.cross_entropy(context_logits.float(),
+                                                                             ids[:, 1:][context])
     return loss
+
+
+def is_hidden_matrix(name: str, param: torch.nn.Parameter) -> bool:
+    """A transformer layer's weight matrix (attention and MLP projections): what Muon orthogonalises. The
+    (tied) embedding and the norms' gains are not matrices of that kind and stay with AdamW."""
+    return param.ndim == 2 and ".layers." in name
+
+
+def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
+    """The warm start's optimizers; every param group keeps its peak rate in `initial_lr` for the schedule.
+
+    Why Muon: the build is bound by optimizer steps, not tokens (2,048-token batches at half the steps, or
+    512-token batches at twice, both did worse), so what counts is the progress each update makes. Muon's
+    orthogonalised momentum updates every direction of a layer's matrix at the same rate; on the embedded
+    base it reached a held-out action NLL of 0.33 after 1,000 steps where AdamW reached 0.45 (README).
+    """
+    if ws.optimizer == "adamw":
+        groups = [(torch.optim.AdamW, list(model.parameters()), ws.lr)]
+    else:
+        named = list(model.named_parameters())
+        matrices = [p for n, p in named if is_hidden_matrix(n, p)]
+        rest = [p for n, p in named if not is_hidden_matrix(n, p)]
+        groups = [(torch.optim.AdamW, rest, ws.lr), ("muon", matrices, ws.muon_lr)]
+    optimizers = []
+    for kind, params_, lr in groups:
+        if kind == "muon":
+            opt = StackedMuon(params_, lr=lr, weight_decay=0.01)
+        else:
+            opt = kind(params_, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+        for group in opt.param_groups:
+            group["initial_lr"] = lr
+        optimizers.append(opt)
+    return optimizers
 
 
 def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
@@ -139,13 +182,14 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     seqs = seqs + drills
     batches = pack_batches(seqs, ws.batch_tokens, rng)
     total_steps = ws.max_steps or max(1, int(len(batches) * ws.epochs))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    optimizers = make_optimizers(model, ws)
 
     def lr_at(step: int, planned: int) -> float:
+        """The schedule's factor on each group's peak rate: linear warm-up, cosine down to 5 %."""
         if step < ws.warmup_steps:
-            return ws.lr * (step + 1) / ws.warmup_steps
+            return (step + 1) / ws.warmup_steps
         progress = (step - ws.warmup_steps) / max(1, planned - ws.warmup_steps)
-        return ws.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     model.train()
     t_train = time.perf_counter()
@@ -155,13 +199,16 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
             rng.shuffle(batches)
         batch = [seqs[i] for i in batches[step % len(batches)]]
         ids, attention, labels = collate(batch, codec.pad_id)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, planned)
-        loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight)
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lr_at(step, planned)
+        loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train
@@ -173,7 +220,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
             affordable = step + int(max(0.0, ws.time_budget_s - elapsed) / max(recent, 1e-6))
             planned = max(step + 1, min(total_steps, affordable))
         if step % 25 == 0 or step == planned:
-            log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr_at(step, planned):.2e} ({elapsed:.0f}s)")
+            log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {ws.lr * lr_at(step, planned):.2e} ({elapsed:.0f}s)")
         if elapsed > ws.time_budget_s * 1.1 and not ws.max_steps:
             log(f"base: time budget {ws.time_budget_s:.0f}s overrun at step {step}/{planned}; stopping")
             break
