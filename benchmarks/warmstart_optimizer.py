@@ -8,7 +8,8 @@ more, both learned less. So an optimizer is judged by progress per step against 
 1. *Step time* of AdamW, `torch.optim.Muon` and `StackedMuon` (lopd_core/model/muon.py) for the layer matrices
    (AdamW for the rest), on the same warm-start batches, interleaved in rounds; medians.
 2. *Progress*: the same model trained `--steps` steps from the same seed with each recipe (cosine schedule,
-   the params.yaml rates), then the held-out demonstrations' action-token NLL.
+   the params.yaml rates), then the held-out demonstrations' action-token NLL. The context loss runs on every
+   forced position here (not the build's random share), so that the optimizers are all that differs.
 
 Prints JSON with the ratios.
 """
