@@ -22,6 +22,7 @@ import math
 import random
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -32,7 +33,7 @@ from lopd_core.model.demos import build_demos, encode_demo
 from lopd_core.model.drills import build_drills, encode_drill
 from lopd_core.model.loading import tiny_qwen3
 from lopd_core.model.tokenizer import train_tokenizer
-from lopd_core.model.warmstart import action_token_loss, collate, first_action, make_optimizers, pack_batches
+from lopd_core.model.warmstart import collate, first_action, make_optimizers, pack_batches, train_step
 
 
 def warm_start_data(params, n_demos: int, seed: int):
@@ -49,29 +50,17 @@ def warm_start_data(params, n_demos: int, seed: int):
 
 
 def optimizers_for(model, ws: WarmStartConfig, kind: str):
-    if kind == "torch_muon":  # the same split as make_optimizers, torch's one-matrix-at-a-time Muon
-        adamw, stacked = make_optimizers(model, ws)
-        muon = torch.optim.Muon([p for g in stacked.param_groups for p in g["params"]], lr=ws.muon_lr,
-                                weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-        for group in muon.param_groups:
-            group["initial_lr"] = ws.muon_lr
-        return [adamw, muon]
-    return make_optimizers(model, WarmStartConfig(**{**ws.__dict__, "optimizer": "adamw" if kind == "adamw" else "muon"}))
-
-
-def train_step(model, optimizers, batch, codec, ws, factor: float = 1.0) -> float:
-    ids, attention, labels = collate(batch, codec.pad_id)
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] * factor
-    loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight)
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    for opt in optimizers:
-        opt.step()
-    return loss.item()
+    if kind == "adamw":
+        return make_optimizers(model, replace(ws, optimizer="adamw"))
+    adamw, stacked = make_optimizers(model, replace(ws, optimizer="muon"))
+    if kind == "stacked_muon":
+        return [adamw, stacked]
+    # torch_muon: the same split, torch's one-matrix-at-a-time Muon for the matrices
+    muon = torch.optim.Muon([p for g in stacked.param_groups for p in g["params"]], lr=ws.muon_lr,
+                            weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    for group in muon.param_groups:
+        group["initial_lr"] = ws.muon_lr
+    return [adamw, muon]
 
 
 def held_out_nll(model, held_out, codec) -> float:
@@ -98,7 +87,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     params = load_params(args.params)
-    ws = params.model.warmstart
+    ws = replace(params.model.warmstart, context_loss_fraction=1.0)  # the optimizers are all that differs
     tokenizer, codec, train, held_out = warm_start_data(params, args.demos, args.seed)
     batches = pack_batches(train, ws.batch_tokens, random.Random(args.seed))
 
@@ -112,7 +101,7 @@ def main() -> None:
             for k in range(args.timing_steps + 5):
                 batch = [train[i] for i in batches[(round_ * 97 + k) % len(batches)]]
                 t0 = time.perf_counter()
-                train_step(model, optimizers, batch, codec, ws)
+                train_step(model, optimizers, batch, codec.pad_id, ws, 1.0)
                 if k >= 5:
                     times[kind].append(time.perf_counter() - t0)
     step_ms = {k: round(1000 * statistics.median(v), 1) for k, v in times.items()}
@@ -125,7 +114,7 @@ def main() -> None:
         for step in range(args.steps):
             warm = min(1.0, (step + 1) / ws.warmup_steps)
             factor = warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
-            train_step(model, optimizers, [train[i] for i in batches[step % len(batches)]], codec, ws, factor)
+            train_step(model, optimizers, [train[i] for i in batches[step % len(batches)]], codec.pad_id, ws, factor)
         nll[kind] = round(held_out_nll(model, held_out, codec), 4)
         print(f"{kind}: held-out action NLL {nll[kind]} after {args.steps} steps", flush=True)
 

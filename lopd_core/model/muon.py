@@ -37,8 +37,9 @@ class StackedMuon(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5):
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                                      ns_steps=ns_steps))
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+                    "ns_steps": ns_steps}
+        super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:

@@ -5,9 +5,10 @@ The warm start is next-token cross-entropy on the demonstrations' action tokens 
 and observation tokens are context, not targets), averaged over action tokens in the batch. Batches are packed
 by token budget from length-sorted demonstrations so padding stays small; the schedule is linear warm-up then
 cosine decay. The layers' weight matrices take Muon steps and the embedding and norms AdamW steps
-(`make_optimizers`): per step, Muon roughly doubles what the base learns, which is what a fixed budget needs. Training stops at `time_budget_s` even mid-epoch, so the build fits its few minutes on a 2-core
-CPU whatever the machine's speed; the summary says how far it got. `max_steps` > 0 runs exactly that many steps
-instead, whatever the time: the way to compare two recipes on a machine that other work slows down.
+(`make_optimizers`): per step, Muon roughly doubles what the base learns, which is what a fixed budget needs.
+Training stops at `time_budget_s` even mid-epoch, so the build fits its few minutes on a 2-core CPU whatever
+the machine's speed; the summary says how far it got. `max_steps` > 0 runs exactly that many steps instead,
+whatever the time: the way to compare two recipes on a machine that other work slows down.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0
     if context_weight > 0:
         context = (attention[:, 1:] == 1) & ~where
         if context_fraction < 1.0:
-            context &= torch.rand(context.shape) < context_fraction
+            context &= torch.rand(context.shape, device=context.device) < context_fraction
         if context.any():
             context_logits = model.lm_head(hidden[:, :-1][context])
             loss = loss + context_weight * torch.nn.functional.cross_entropy(context_logits.float(),
@@ -130,23 +131,37 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
     orthogonalised momentum updates every direction of a layer's matrix at the same rate; on the embedded
     base it reached a held-out action NLL of 0.33 after 1,000 steps where AdamW reached 0.45 (README).
     """
-    if ws.optimizer == "adamw":
-        groups = [(torch.optim.AdamW, list(model.parameters()), ws.lr)]
-    else:
-        named = list(model.named_parameters())
-        matrices = [p for n, p in named if is_hidden_matrix(n, p)]
-        rest = [p for n, p in named if not is_hidden_matrix(n, p)]
-        groups = [(torch.optim.AdamW, rest, ws.lr), ("muon", matrices, ws.muon_lr)]
-    optimizers = []
-    for kind, params_, lr in groups:
-        if kind == "muon":
-            opt = StackedMuon(params_, lr=lr, weight_decay=0.01)
-        else:
-            opt = kind(params_, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    def with_peak(opt: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
         for group in opt.param_groups:
             group["initial_lr"] = lr
-        optimizers.append(opt)
-    return optimizers
+        return opt
+
+    def adamw(params_) -> torch.optim.Optimizer:
+        return with_peak(torch.optim.AdamW(params_, lr=ws.lr, weight_decay=0.01, betas=(0.9, 0.98)), ws.lr)
+
+    if ws.optimizer == "adamw":
+        return [adamw(model.parameters())]
+    named = list(model.named_parameters())
+    matrices = [p for n, p in named if is_hidden_matrix(n, p)]
+    rest = [p for n, p in named if not is_hidden_matrix(n, p)]
+    return [adamw(rest), with_peak(StackedMuon(matrices, lr=ws.muon_lr, weight_decay=0.01), ws.muon_lr)]
+
+
+def train_step(model, optimizers: list[torch.optim.Optimizer], batch: list[TrajectoryIds], pad_id: int, ws,
+               factor: float) -> torch.Tensor:
+    """One warm-start update on `batch` at `factor` times each group's peak rate; returns the loss."""
+    ids, attention, labels = collate(batch, pad_id)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor
+    loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction)
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    for optimizer in optimizers:
+        optimizer.step()
+    return loss.detach()
 
 
 def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
@@ -198,17 +213,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         if step and step % len(batches) == 0:
             rng.shuffle(batches)
         batch = [seqs[i] for i in batches[step % len(batches)]]
-        ids, attention, labels = collate(batch, codec.pad_id)
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * lr_at(step, planned)
-        loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
+        loss = train_step(model, optimizers, batch, codec.pad_id, ws, lr_at(step, planned))
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train
@@ -220,7 +225,8 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
             affordable = step + int(max(0.0, ws.time_budget_s - elapsed) / max(recent, 1e-6))
             planned = max(step + 1, min(total_steps, affordable))
         if step % 25 == 0 or step == planned:
-            log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {ws.lr * lr_at(step, planned):.2e} ({elapsed:.0f}s)")
+            lr = ws.lr * lr_at(step, planned)
+            log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr:.2e} ({elapsed:.0f}s)")
         if elapsed > ws.time_budget_s * 1.1 and not ws.max_steps:
             log(f"base: time budget {ws.time_budget_s:.0f}s overrun at step {step}/{planned}; stopping")
             break
