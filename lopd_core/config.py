@@ -406,6 +406,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce(value, inner, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass  # a real string: reported below
     if tp in _SCALARS:
         if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
             raise ConfigError(f"{key}: got {value!r}, expected {_SCALARS[tp]}")

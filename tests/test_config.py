@@ -25,6 +25,13 @@ def test_int_widens_to_float():
     assert load_params("params.yaml", ["rollout.temperature=1"]).rollout.temperature == 1.0
 
 
+def test_exponent_without_dot_is_a_number():
+    # YAML 1.1 reads `3e-5` as a string; a float setting takes it as the number it spells.
+    assert load_params("params.yaml", ["lopd.lr_student=3e-5"]).lopd.lr_student == 3e-5
+    with pytest.raises(ConfigError, match="a number"):
+        load_params("params.yaml", ["lopd.lr_student=fast"])
+
+
 @pytest.mark.parametrize(
     "override, fragments",
     [
