@@ -198,7 +198,7 @@ class LopdConfig:
     student_mode: str = field(default="full", metadata=one_of("full", "lora"))
     lora_rank: int = field(default=8, metadata=positive())
     lr_student: float = field(default=3e-4, metadata=positive())
-    lr_composer: float = field(default=1e-3, metadata=positive())
+    lr_composer: float = field(default=1e-4, metadata=positive())
     student_loss: str = field(default="topk", metadata=one_of("topk", "full", "sampled"))
     top_k: int = field(default=20, metadata=positive())
     importance_weight: bool = False  # truncated IS weight when temperature != 1
