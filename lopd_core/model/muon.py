@@ -6,9 +6,15 @@ in the overhead of some two hundred tiny products: ≈ 15–20 ms, a quarter of 
 matrices that share a shape (after turning tall ones wide) makes that 3–4 batched products per iteration;
 the step then costs about half as much (`benchmarks/warmstart_optimizer.py`).
 
-The arithmetic is torch's: Nesterov momentum as a lerp, the same quintic Newton–Schulz iteration in bfloat16,
-decoupled weight decay, and the `match_rms_adamw` learning-rate scale (0.2·sqrt(max(rows, cols))), so the same
-learning rate and weight decay mean the same thing in both (`tests/test_warmstart.py` checks it).
+The arithmetic is torch's: Nesterov momentum as a lerp, the same quintic Newton–Schulz iteration, decoupled
+weight decay, and the `match_rms_adamw` learning-rate scale (0.2·sqrt(max(rows, cols))), so the same learning
+rate and weight decay mean the same thing in both (`tests/test_warmstart.py` checks it).
+
+One difference: on the CPU the iteration runs in float32, where torch runs it in bfloat16. bfloat16 is what an
+accelerator multiplies fastest, and on a CPU with bf16 instructions it costs about what float32 does; but on a
+CPU without them (AVX2 only, as some 2-core machines here) each bfloat16 product takes a slow path 20-27×
+slower than float32 (a (4, 128, 384) stack: 43 ms against 1.6 ms). A warm start there ran 571 steps in its
+time budget instead of ≈ 4,500 and built a base that solved nothing. float32 is also the more exact of the two.
 """
 
 from __future__ import annotations
@@ -21,10 +27,17 @@ import torch
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)  # torch.optim.Muon's (Keller Jordan's) quintic
 
 
-def orthogonalise(stack: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximate U Vᵀ of each (rows ≤ cols) matrix in a (n, rows, cols) stack, in bfloat16."""
+def iteration_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on an accelerator (torch's choice), float32 on the CPU (see the module's docstring)."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def orthogonalise(stack: torch.Tensor, steps: int = 5, eps: float = 1e-7,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximate U Vᵀ of each (rows ≤ cols) matrix in a (n, rows, cols) stack, computed in `dtype`
+    (default: `iteration_dtype` of the stack's device)."""
     a, b, c = NS_COEFFICIENTS
-    x = stack.bfloat16()
+    x = stack.to(dtype or iteration_dtype(stack.device))
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
@@ -36,9 +49,9 @@ class StackedMuon(torch.optim.Optimizer):
     """Muon for 2-D parameters, orthogonalising same-shaped updates together."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5):
+                 nesterov: bool = True, ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                    "ns_steps": ns_steps}
+                    "ns_steps": ns_steps, "ns_dtype": ns_dtype}  # ns_dtype None: iteration_dtype
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -60,7 +73,8 @@ class StackedMuon(torch.optim.Optimizer):
                 update = update.mT if tall else update
                 by_shape[tuple(update.shape)].append((p, tall, update))
             for members in by_shape.values():
-                ortho = orthogonalise(torch.stack([u for _, _, u in members]), group["ns_steps"])
+                ortho = orthogonalise(torch.stack([u for _, _, u in members]), group["ns_steps"],
+                                      dtype=group["ns_dtype"])
                 for (p, tall, _), o in zip(members, ortho):
                     scale = 0.2 * math.sqrt(max(p.shape))  # match_rms_adamw
                     p.mul_(1 - group["lr"] * group["weight_decay"])
