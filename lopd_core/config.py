@@ -89,8 +89,8 @@ class WarmStartConfig:
     muon_lr: float = field(default=1.5e-3, metadata=positive())  # RMS-matched to AdamW's scale
     warmup_steps: int = field(default=20, metadata=non_negative())
     time_budget_s: float = field(default=270.0, metadata=positive())  # the schedule is fitted to it
-    # A fixed number of optimizer steps instead (0: the time budget decides): recipes compared at equal steps,
-    # which a busy machine's time budget cannot give (the schedule is then planned for these steps).
+    # A fixed number of optimizer steps instead (0: the time budget decides): the same base on every machine
+    # (params.yaml sets 4,500), which a time budget cannot give (the schedule is then planned for these steps).
     max_steps: int = field(default=0, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
@@ -277,7 +277,8 @@ def _smoke_preset() -> ComparePreset:
         overrides=["model.base_dir=data/compare/base_smoke", "model.tiny.vocab_size=600",
                    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
                    "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.warmstart.demos=120",
-                   "model.warmstart.drills=0", "model.warmstart.time_budget_s=10", "model.warmstart.epochs=1.0",
+                   "model.warmstart.drills=0", "model.warmstart.time_budget_s=10", "model.warmstart.max_steps=0",
+                   "model.warmstart.epochs=1.0",
                    "bank.seed_tasks=4", "bank.samples_per_task=2", "bank.oracle_seed_tasks=8", "coldstart.steps=2",
                    "coldstart.batch_size=4", "composer.num_queries=4", "composer.num_layers=1",
                    "composer.num_heads=2", "lopd.tasks_per_step=2", "lopd.samples_per_task=2",

@@ -11,7 +11,7 @@ SMALL = [
     "--set", "model.tiny.hidden_size=48", "--set", "model.tiny.num_layers=2", "--set", "model.tiny.num_heads=2",
     "--set", "model.tiny.num_kv_heads=1", "--set", "model.tiny.intermediate_size=96",
     "--set", "model.tiny.vocab_size=800", "--set", "model.warmstart.demos=300",
-    "--set", "model.warmstart.time_budget_s=25",
+    "--set", "model.warmstart.time_budget_s=25", "--set", "model.warmstart.max_steps=0",
 ]
 
 
