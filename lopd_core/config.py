@@ -90,8 +90,8 @@ class WarmStartConfig:
     warmup_steps: int = field(default=20, metadata=non_negative())
     time_budget_s: float = field(default=270.0, metadata=positive())  # the schedule is fitted to it
     # A fixed number of optimizer steps instead (0: the time budget decides): the same base on every machine
-    # (params.yaml sets 4,500), which a time budget cannot give (the schedule is then planned for these steps).
-    max_steps: int = field(default=0, metadata=non_negative())
+    # (4,500 by default), which a time budget cannot give (the schedule is then planned for these steps).
+    max_steps: int = field(default=4500, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
     # Share of the forced positions that loss is estimated on each step (random): most of its cost is the output
