@@ -13,8 +13,9 @@ rate and weight decay mean the same thing in both (`tests/test_warmstart.py` che
 One difference: on the CPU the iteration runs in float32, where torch runs it in bfloat16. bfloat16 is what an
 accelerator multiplies fastest; the machine the default base was first built on ran it at full speed too; but
 on a CPU without bf16 instructions (AVX2 only, as some 2-core machines here) each bfloat16 product takes a
-slow path 20-27× slower than float32 (a (4, 128, 384) stack: 43 ms against 1.6 ms). A warm start there ran 571 steps in its
-time budget instead of ≈ 4,500 and built a base that solved nothing. float32 is also the more exact of the two.
+slow path 20-27× slower than float32 (a (4, 128, 384) stack: 43 ms against 1.6 ms). A warm start there ran
+571 steps in its time budget instead of ≈ 4,500 and built a base that solved nothing. float32 is also the
+more exact of the two.
 """
 
 from __future__ import annotations
