@@ -20,6 +20,7 @@ Text is decoded only to hand an action to the environment; it is never tokenized
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -94,24 +95,41 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def _left_padded(rows: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths (T_i, ...) -> (B, T, ...) left-padded with `fill`, and the (B, T) mask."""
+    width = max(r.shape[0] for r in rows)
+    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype, device=rows[0].device)
+    attention = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)
+    for row, r in enumerate(rows):  # left padding: every row's next token lands in the last column
+        out[row, width - r.shape[0]:] = r
+        attention[row, width - r.shape[0]:] = 1
+    return out, attention
+
+
 @torch.no_grad()
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
-                  generator: torch.Generator | list[torch.Generator]) -> list[tuple[list[int], list[float]]]:
+                  generator: torch.Generator | list[torch.Generator],
+                  context_embeds: list[torch.Tensor] | None = None) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
     ids end with `stop_id` unless the turn ran out of `max_new_tokens`. With one generator per context, a
-    context's stream advances only for the tokens it samples, so its turn never depends on its batch mates."""
+    context's stream advances only for the tokens it samples, so its turn never depends on its batch mates.
+
+    `context_embeds`, when given, holds one (T_i', D) input-embedding tensor per context that the prefill reads
+    instead of the context's ids — a latent teacher acting with its latents spliced into the first user turn
+    (lopd_core/lopd/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual."""
     device = next(model.parameters()).device
-    batch, width = len(contexts), max(len(c) for c in contexts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    for row, ctx in enumerate(contexts):  # left padding: every row's next token lands in the last column
-        input_ids[row, width - len(ctx):] = torch.tensor(ctx)
-        attention[row, width - len(ctx):] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
+    if context_embeds is None:
+        input_ids, attention = _left_padded([torch.tensor(c, dtype=torch.long, device=device) for c in contexts],
+                                            pad_id)
+        prefill = {"input_ids": input_ids}
+    else:
+        embeds, attention = _left_padded([e.to(device) for e in context_embeds], 0.0)
+        prefill = {"inputs_embeds": embeds}
+    batch = len(contexts)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, T)
     cache = {cache_keyword(model): DynamicCache()}  # filled in place by every forward below
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                logits_to_keep=1, **cache)
+    out = model(**prefill, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **cache)
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     produced: list[list[int]] = [[] for _ in contexts]
@@ -148,8 +166,13 @@ def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> No
 
 @torch.no_grad()
 def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling: Sampling,
-            batch_size: int = 32, seed: int = 0, seeds: list[int] | None = None, progress=None) -> list[Trajectory]:
+            batch_size: int = 32, seed: int = 0, seeds: list[int] | None = None, progress=None,
+            context_embedder: Callable[[int, list[int]], torch.Tensor] | None = None) -> list[Trajectory]:
     """Play every request to the end; deterministic for a given seed, model and request order.
+
+    `context_embedder(request_index, token_ids)`, when given, returns the input embeddings each prefill reads for
+    that request's context (see `generate_turn`): how a latent teacher plays. The trajectory still records the
+    plain ids, so it can be scored like any other.
 
     `seeds` (one per request) gives each trajectory its own CPU sampling stream instead of one stream for the
     batch: a trajectory then depends only on its own seed, not on which requests share its batch — what lets
@@ -174,9 +197,12 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
                                     ids.action_mask, ids.sample_logprobs, prompt_length=len(ids)))
         active = list(range(len(chunk)))
         while active:
+            embeds = (None if context_embedder is None
+                      else [context_embedder(start + i, trajs[i].token_ids) for i in active])
             turns = generate_turn(model, [trajs[i].token_ids for i in active], sampling=sampling,
                                   stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                                  generator=generator if streams is None else [streams[start + i] for i in active])
+                                  generator=generator if streams is None else [streams[start + i] for i in active],
+                                  context_embeds=embeds)
             still = []
             for i, (ids, lps) in zip(active, turns):
                 traj, env = trajs[i], envs[i]
