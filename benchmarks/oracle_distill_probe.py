@@ -81,7 +81,8 @@ def main() -> None:
     before = held_out(model, codec, evaluation)
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
-    retriever = make_retriever(open_bank(params), params.bank.top_j, params.bank.allow_self_retrieval)
+    retriever = make_retriever(open_bank(params), params.bank.top_j, params.bank.allow_self_retrieval,
+                               params.bank.same_world)
     distiller = Distiller(params, model, tokenizer, retriever, composer=composer, log=lambda *_: None)
     train = mixed_tasks(params.envs.mix, "train", args.steps * args.tasks_per_step, params.seed + 99)
     curve = []

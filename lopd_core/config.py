@@ -157,6 +157,9 @@ class BankConfig:
     collection: str = "experience_bank"
     top_j: int = field(default=3, metadata=positive())
     allow_self_retrieval: bool = True  # may a task retrieve its own earlier success (as the official code)
+    # Retrieve only rows of the task's own world (a Chroma metadata filter): the worlds differ in conventions, and
+    # nearest neighbours by instruction from another world showed the teacher the wrong ones (README).
+    same_world: bool = True
     min_reward: float = field(default=1.0, metadata=fraction())
     seed_tasks: int = field(default=200, metadata=positive())  # train tasks rolled out to seed the bank
     samples_per_task: int = field(default=2, metadata=positive())
@@ -203,6 +206,10 @@ class LopdConfig:
     top_k: int = field(default=20, metadata=positive())
     importance_weight: bool = False  # truncated IS weight when temperature != 1
     importance_cap: float = field(default=2.0, metadata=positive())
+    # Share of each chunk's action tokens the student loss keeps: those where it is largest (the teacher
+    # disagrees most), reweighted by 1/share so the loss keeps its scale (losses.focus_weights). 1 = every token,
+    # the paper's. Adam's step is about lr whatever the gradient's size, so this chooses where the step goes.
+    token_focus: float = field(default=1.0, metadata=_check(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"))
     margin: float = 0.05  # m
     anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
     beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β

@@ -336,7 +336,8 @@ def test_http_client_selected_when_url_configured(tmp_path, monkeypatch):
 
 def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved):
     """`lopd distill` and `lopd compare` pick a method's retriever by one rule: the random-retrieval control
-    reads random bank rows (not the nearest), LOPD the nearest, a method without a bank reads nothing."""
+    reads random bank rows (not the nearest), LOPD the nearest (of the task's own world unless
+    bank.same_world is off), a method without a bank reads nothing."""
     from lopd_core.config import Params
     from lopd_core.lopd.methods import method_spec
     from lopd_core.lopd.stages import method_retriever
@@ -346,7 +347,13 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
     with ExperienceBank(filled, index_dir=tmp_path / "index", embedder=embedder) as bank:
         texts = set(bank.frame()["experience_text"])
         nearest = method_retriever(method_spec("lopd"), bank, params)(tasks)
-        assert nearest == [[h.experience_text for h in hs] for hs in bank.retrieve(tasks, params.bank.top_j, True)]
+        hits = bank.retrieve(tasks, params.bank.top_j, True, same_world=True)  # bank.same_world: on by default
+        assert nearest == [[h.experience_text for h in hs] for hs in hits]
+        assert all(h.world == t.world for t, hs in zip(tasks, hits) for h in hs)
+        params.bank.same_world = False
+        any_world = method_retriever(method_spec("lopd"), bank, params)(tasks)
+        assert any_world == [[h.experience_text for h in hs] for hs in bank.retrieve(tasks, params.bank.top_j, True)]
+        params.bank.same_world = True
         rand = method_retriever(method_spec("lopd_random_retrieval"), bank, params)
         drawn = rand(tasks)
         assert drawn == rand(tasks)  # the same rows for the same task and seed

@@ -42,9 +42,10 @@ def open_bank(params: Params) -> ExperienceBank:
                           collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
 
 
-def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool):
+def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool, same_world: bool = False):
     def retrieve(tasks: list[Task]) -> list[list[str]]:
-        return [[h.experience_text for h in hits] for hits in bank.retrieve(tasks, j, allow_self_retrieval)]
+        return [[h.experience_text for h in hits]
+                for hits in bank.retrieve(tasks, j, allow_self_retrieval, same_world=same_world)]
 
     return retrieve
 
@@ -60,7 +61,7 @@ def method_retriever(spec, bank: ExperienceBank | None, params: Params):
         return no_retrieval
     if spec.retrieval == "random":
         return M.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
-    return make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval)
+    return make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval, params.bank.same_world)
 
 
 def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
@@ -149,7 +150,8 @@ def run_coldstart(params: Params, log=print) -> dict:
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
     with open_bank(params) as bank:
-        retriever = make_retriever(bank, params.bank.top_j, allow_self_retrieval=False)
+        retriever = make_retriever(bank, params.bank.top_j, allow_self_retrieval=False,
+                                   same_world=params.bank.same_world)
         rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
