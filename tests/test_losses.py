@@ -11,6 +11,7 @@ from lopd_core.lopd.losses import (
     centred_gap,
     composer_loss,
     dual_ascent,
+    focus_weights,
     privileged_margin_delta,
     reverse_kl_full,
     reverse_kl_sampled,
@@ -199,6 +200,22 @@ def test_truncated_importance_weight_caps_and_is_detached():
     assert not w.requires_grad
     with pytest.raises(ValueError, match="cap"):
         truncated_importance_weight(s, s, cap=0.0)
+
+
+def test_focus_weights_keep_the_largest_disagreements_at_the_same_scale():
+    per_token = torch.tensor([0.01, 0.30, -0.50, 0.02, 0.00, 0.10, 0.05, 0.20], requires_grad=True)
+    w = focus_weights(per_token, 0.25)  # ceil(0.25 · 8) = 2 tokens kept: |−0.50| and 0.30
+    assert w.tolist() == [0.0, 4.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert not w.requires_grad
+    assert (focus_weights(torch.ones(8), 0.25) * torch.ones(8)).sum().item() == pytest.approx(8.0)  # scale kept
+    assert focus_weights(torch.tensor([0.3, 0.1, 0.2]), 0.5).tolist() == [2.0, 0.0, 2.0]  # ceil(1.5) = 2
+    assert focus_weights(per_token, 1.0).tolist() == [1.0] * 8
+    assert focus_weights(torch.zeros(0), 0.5).shape == (0,)
+    (per_token * w).sum().backward()  # the gradient reaches only the kept tokens
+    assert per_token.grad.tolist() == w.tolist()
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            focus_weights(per_token, bad)
 
 
 # --- composer -------------------------------------------------------------------------------------------

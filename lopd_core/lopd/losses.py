@@ -24,6 +24,8 @@ Student losses (the student policy p_S learns toward the teacher p_T, a frozen b
     E[(log p_S − log p_T) ∇ log p_S] (the score term E[∇ log p_S] is zero in expectation and dropped). It is
     per-token: a token is credited only with its own log-ratio, not with the KL of the tokens it leads to
     (discount zero), a simplification of the sequence-level reverse KL.
+  * `focus_weights` — optional (`lopd.token_focus`): keep only the tokens where the student loss is largest,
+    reweighted so the loss keeps its scale. An addition to the paper.
   * `truncated_importance_weight` — min(p_S / p_sample, cap), detached: rollouts are sampled at a temperature
     (and top-p) that differs from the training distribution p_S; the weight corrects for it and the cap
     bounds its variance (truncated importance sampling, biased toward the sampler when it truncates).
@@ -189,6 +191,26 @@ def reverse_kl_sampled(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Te
     s = _f32(student_logprobs)
     d = (s - _f32(teacher_logprobs)).detach()
     return d + d * (s - s.detach())
+
+
+def focus_weights(per_token: Tensor, share: float) -> Tensor:
+    """Detached weights that keep the `share` of tokens with the largest |per_token| loss, each weighted 1/share.
+
+    per_token (N,) -> (N,): 1/share on the ceil(share·N) largest (ties broken by position), 0 elsewhere, so the
+    weighted sum has the same expected scale as the plain sum. share = 1 gives all ones. Where the teacher and
+    the student agree the reverse KL is ≈ 0 anyway; what focusing changes is the direction of an Adam step, which
+    otherwise spreads over every token's small disagreements.
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    n = per_token.shape[0]
+    if share >= 1.0 or n == 0:
+        return torch.ones_like(per_token, dtype=torch.float32).detach()
+    keep = max(1, math.ceil(share * n))
+    top = per_token.detach().abs().float().topk(keep).indices
+    weights = torch.zeros(n, dtype=torch.float32, device=per_token.device)
+    weights[top] = 1.0 / share
+    return weights
 
 
 def truncated_importance_weight(

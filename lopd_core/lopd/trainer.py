@@ -301,6 +301,8 @@ class Distiller:
             else:
                 s_action_lp = torch.log_softmax(s_logits, -1).gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
                 per_token = L.reverse_kl_sampled(s_action_lp, t_action_lp.detach())
+            if cfg.token_focus < 1.0 and spec.loss == "reverse_kl":  # (per chunk: its own largest disagreements)
+                per_token = per_token * L.focus_weights(per_token, cfg.token_focus)
             if cfg.importance_weight:
                 s_action_old = s_lp_old.gather(-1, sbatch.action_ids[:, None]).squeeze(-1)
                 sample_lp = torch.tensor([lp for i in chunk for lp, m in zip(trajs[i].sample_logprobs[1:],
