@@ -75,24 +75,26 @@ def main() -> None:
                for name, path in composers.items()}
     ro, ev = params.rollout, params.eval
     plain = [RolloutRequest(t) for t in tasks]
+    with_text = [RolloutRequest(t, experiences=tuple(x)) for t, x in zip(tasks, texts)]
+
+    def play(condition: str, sampling: Sampling):
+        if condition == "base":
+            return rollout(model, codec, plain, sampling=sampling, batch_size=ro.batch_size, seed=params.seed)
+        if condition == "text":
+            return rollout(model, codec, with_text, sampling=sampling, batch_size=ro.batch_size, seed=params.seed)
+        return latent_rollout(model, tokenizer, plain, latents[condition], sampling=sampling,
+                              batch_size=ro.batch_size, seed=params.seed)
+
     results: dict = {}
     for mode in args.modes:
         sampling = Sampling(temperature=0.0 if mode == "greedy" else ev.temperature, top_p=ro.top_p,
                             max_new_tokens=ro.max_new_tokens, max_context=ro.max_context)
-        runs = {
-            "base": lambda: rollout(model, codec, plain, sampling=sampling, batch_size=ro.batch_size, seed=params.seed),
-            "text": lambda: rollout(model, codec, [RolloutRequest(t, experiences=tuple(x)) for t, x in zip(tasks, texts)],
-                                    sampling=sampling, batch_size=ro.batch_size, seed=params.seed),
-        }
-        for name, lat in latents.items():
-            runs[name] = lambda lat=lat: latent_rollout(model, tokenizer, plain, lat, sampling=sampling,
-                                                        batch_size=ro.batch_size, seed=params.seed)
-        for name, run in runs.items():
+        for condition in ["base", "text", *latents]:
             started = time.perf_counter()
-            summary = summarize(run())
+            summary = summarize(play(condition, sampling))
             summary["seconds"] = round(time.perf_counter() - started, 1)
-            results.setdefault(name, {})[mode] = summary
-            print(f"{name}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
+            results.setdefault(condition, {})[mode] = summary
+            print(f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
                   f"reward {summary['reward_mean']:.3f}", file=sys.stderr, flush=True)
     report = {"env": args.env, "split": "test_id", "n": args.n, "top_j": params.bank.top_j,
               "model": params.model.name_or_path, "composers": composers, "results": results}
