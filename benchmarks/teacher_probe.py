@@ -35,7 +35,7 @@ from lopd_core.config import load_params
 from lopd_core.envs import make_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize
 from lopd_core.lopd.composer import mean_embedding_norm
-from lopd_core.lopd.stages import open_bank
+from lopd_core.lopd.stages import make_retriever, open_bank
 from lopd_core.lopd.teacher_rollout import latent_rollout, task_latents
 from lopd_core.lopd.trainer import load_composer
 from lopd_core.model.chat import ChatCodec
@@ -60,9 +60,7 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     tasks = make_tasks(args.env, "test_id", args.n, params.seed + EVAL_SEED_OFFSET)
     with open_bank(params) as bank:
-        texts = [[h.experience_text for h in hits]
-                 for hits in bank.retrieve(tasks, params.bank.top_j, allow_self_retrieval=False,
-                                           same_world=params.bank.same_world)]
+        texts = make_retriever(bank, params.bank.top_j, False, params.bank.same_world)(tasks)
     norm = mean_embedding_norm(model)
     composers = {"latents_phi0": params.coldstart.out}
     composers.update({f"latents_{Path(p).parent.name or Path(p).stem}": p for p in args.composer})

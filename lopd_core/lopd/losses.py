@@ -205,7 +205,7 @@ def focus_weights(per_token: Tensor, share: float) -> Tensor:
         raise ValueError(f"share must be in (0, 1], got {share}")
     n = per_token.shape[0]
     if share >= 1.0 or n == 0:
-        return torch.ones_like(per_token, dtype=torch.float32).detach()
+        return torch.ones_like(per_token, dtype=torch.float32)
     keep = max(1, math.ceil(share * n))
     top = per_token.detach().abs().float().topk(keep).indices
     weights = torch.zeros(n, dtype=torch.float32, device=per_token.device)

@@ -42,7 +42,7 @@ def open_bank(params: Params) -> ExperienceBank:
                           collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
 
 
-def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool, same_world: bool = False):
+def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool, same_world: bool):
     def retrieve(tasks: list[Task]) -> list[list[str]]:
         return [[h.experience_text for h in hits]
                 for hits in bank.retrieve(tasks, j, allow_self_retrieval, same_world=same_world)]

@@ -24,7 +24,7 @@ def task_latents(model, tokenizer, composer: Composer, experiences: list[list[st
                  max_tokens: int) -> list[Tensor]:
     """(J·K, D) latents per task from its experience texts, read by `model` (the frozen base) and `composer`."""
     encoder = ExperienceEncoder(TeacherView(model), tokenizer, max_tokens=max_tokens)
-    return [lat.detach() for lat in compose_latents(composer.eval(), encoder, experiences)]
+    return compose_latents(composer.eval(), encoder, experiences)
 
 
 def latent_rollout(model, tokenizer, requests: list[RolloutRequest], latents: list[Tensor], *,
