@@ -19,10 +19,8 @@ from typing import Any
 
 import yaml
 
-from lopd_core.benchmarks.acebench.data import CATEGORIES as ACEBENCH_CATEGORIES
-from lopd_core.benchmarks.acebench.data import GROUPS as ACEBENCH_GROUPS
-from lopd_core.benchmarks.bfcl.data import CATEGORIES as BFCL_CATEGORIES
-from lopd_core.lopd.methods import METHOD_NAMES
+# Valid names as plain data (a leaf module): loading the configuration loads nothing else of the library.
+from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
 
 
 class ConfigError(ValueError):

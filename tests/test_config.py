@@ -73,3 +73,27 @@ def test_cli_reports_config_error(capsys):
     assert main(["evaluate", "--set", "rollout.batch_size=0"]) == 2
     err = capsys.readouterr().err
     assert "rollout.batch_size" in err and "> 0" in err
+
+
+def test_config_is_a_leaf_of_the_library():
+    """Loading the configuration loads nothing of the library but the names it validates against: every
+    command reads params.yaml, and the lower layers (model/, envs/) must not reach the trainer through it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lopd_core.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('lopd_core')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert eval(out) == ["lopd_core", "lopd_core.config", "lopd_core.names", "lopd_core.offline"]
+
+
+def test_names_equal_the_lists_their_modules_define():
+    """lopd_core/names.py copies these lists so the config can stay a leaf; the copies must not drift."""
+    from lopd_core import names
+    from lopd_core.benchmarks.acebench import data as ace
+    from lopd_core.benchmarks.bfcl import data as bfcl
+    from lopd_core.lopd.methods import METHOD_NAMES
+
+    assert names.METHOD_NAMES == METHOD_NAMES
+    assert names.BFCL_CATEGORIES == bfcl.CATEGORIES
+    assert names.ACEBENCH_GROUPS == ace.GROUPS and names.ACEBENCH_CATEGORIES == ace.CATEGORIES

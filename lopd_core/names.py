@@ -1,0 +1,37 @@
+"""The names a configuration may use, as plain data: methods, BFCL categories, ACEBench categories and groups.
+
+Why a module of its own: `lopd_core.config` validates these names at load time, and it must stay a leaf —
+importing the trainer or the benchmark loaders to learn a list of strings would make every command that reads
+params.yaml load most of the library, and would let the lower layers (model/, envs/) reach the trainer through
+the configuration. The modules that own these names (lopd/methods.py, benchmarks/bfcl/data.py,
+benchmarks/acebench/data.py) keep defining them; tests/test_config.py checks that the copies here equal theirs,
+so the two cannot drift apart unnoticed.
+
+Imports nothing.
+"""
+
+# lopd_core/lopd/methods.py: METHOD_NAMES (the order is the order reports list them in)
+METHOD_NAMES = (
+    "lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience", "lopd_frozen_composer", "lopd_no_margin",
+    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval",
+)
+
+# lopd_core/benchmarks/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
+BFCL_CATEGORIES = (
+    "simple", "multiple", "parallel", "parallel_multiple", "irrelevance",
+    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
+    "live_relevance",
+    "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
+)
+
+# lopd_core/benchmarks/acebench/data.py: GROUPS and CATEGORIES (the agent group is not supported)
+ACEBENCH_GROUPS = {
+    "normal": (
+        "normal_single_turn_single_function", "normal_single_turn_parallel_function",
+        "normal_multi_turn_user_adjust", "normal_multi_turn_user_switch", "normal_similar_api",
+        "normal_preference", "normal_atom_bool", "normal_atom_enum", "normal_atom_number", "normal_atom_list",
+        "normal_atom_object_deep", "normal_atom_object_short",
+    ),
+    "special": ("special_incomplete", "special_error_param", "special_irrelevant"),
+}
+ACEBENCH_CATEGORIES = ACEBENCH_GROUPS["normal"] + ACEBENCH_GROUPS["special"]
