@@ -2,9 +2,9 @@
 
     python benchmarks/oracle_distill_probe.py [--steps 50] [--tasks-per-step 32] [--lr 3e-4] [--set K=V ...]
 
-On-policy LOPD leaves the student's choices at convention decisions where they were (README, "LOPD on the
-current base"). That could be the student's own samples (states the teacher knows little about) or the update
-itself. This probe removes the first cause: it feeds `Distiller.update` — reverse KL to the latent teacher,
+On-policy LOPD was seen to leave the student's choices at convention decisions where they were
+(docs/experiments/). That could be the student's own samples (states the teacher knows little about) or the
+update itself. This probe removes the first cause: it feeds `Distiller.update` — reverse KL to the latent teacher,
 composer step, dual ascent, exactly as `lopd distill` runs them — the clean oracle trajectories of training
 tasks (reward 1, one per task), on which the latent teacher is known to be better than the student at the
 decisions (convention_probe.py: p_right 0.74 with φ0's latents against 0.60). It then measures the student
@@ -81,8 +81,7 @@ def main() -> None:
     before = held_out(model, codec, evaluation)
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
-    retriever = make_retriever(open_bank(params), params.bank.top_j, params.bank.allow_self_retrieval,
-                               params.bank.same_world)
+    retriever = make_retriever(open_bank(params), params.bank.retrieval)
     distiller = Distiller(params, model, tokenizer, retriever, composer=composer, log=lambda *_: None)
     train = mixed_tasks(params.envs.mix, "train", args.steps * args.tasks_per_step, params.seed + 99)
     curve = []

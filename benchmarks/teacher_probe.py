@@ -21,6 +21,7 @@ markdown table and JSON (success with 95 % interval, mean reward, per condition 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -60,7 +61,8 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     tasks = make_tasks(args.env, "test_id", args.n, params.seed + EVAL_SEED_OFFSET)
     with open_bank(params) as bank:
-        texts = make_retriever(bank, params.bank.top_j, False, params.bank.same_world)(tasks)
+        retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
+        texts = make_retriever(bank, retrieval)(tasks)
     norm = mean_embedding_norm(model)
     composers = {"latents_phi0": params.coldstart.out}
     composers.update({f"latents_{Path(p).parent.name or Path(p).stem}": p for p in args.composer})

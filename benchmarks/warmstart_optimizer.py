@@ -2,8 +2,8 @@
 
     python benchmarks/warmstart_optimizer.py [--steps 1000] [--demos 3000] [--seed 0]
 
-The embedded base's build is bound by optimizer steps (README): bigger batches at fewer steps, or smaller at
-more, both learned less. So an optimizer is judged by progress per step against its cost per step:
+The embedded base's build is bound by optimizer steps (docs/experiments/): bigger batches at fewer steps, or
+smaller at more, both learned less. So an optimizer is judged by progress per step against its cost per step:
 
 1. *Step time* of AdamW, `torch.optim.Muon` and `StackedMuon` (lopd_core/model/muon.py) for the layer matrices
    (AdamW for the rest), on the same warm-start batches, interleaved in rounds; medians.

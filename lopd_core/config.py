@@ -57,7 +57,8 @@ class TinyModelConfig:
 
     vocab_size: int = field(default=2048, metadata=positive())
     hidden_size: int = field(default=128, metadata=positive())
-    num_layers: int = field(default=2, metadata=positive())  # 2 beat 4 at the same time budget (README)
+    # Shallow: on a CPU budget, more warm-start steps do more for the base than more layers.
+    num_layers: int = field(default=2, metadata=positive())
     num_heads: int = field(default=4, metadata=positive())
     num_kv_heads: int = field(default=2, metadata=positive())
     intermediate_size: int = field(default=384, metadata=positive())
@@ -66,7 +67,13 @@ class TinyModelConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start of the embedded base on oracle demonstrations with controlled noise."""
+    """Supervised warm start of the embedded base on oracle demonstrations with controlled noise.
+
+    How long it trains: `max_steps` > 0 runs exactly that many optimizer steps and then `epochs` and
+    `time_budget_s` are not read (a fixed step count gives the same base on every machine; a clock cannot).
+    With `max_steps` 0 (the smoke preset) the schedule is planned for `epochs` passes over the demonstrations
+    and cut short at `time_budget_s`.
+    """
 
     demos: int = field(default=6000, metadata=positive())
     # Share of demonstrations that carry 1..max_experiences same-world successes as text in the first user turn.
@@ -74,11 +81,11 @@ class WarmStartConfig:
     max_experiences: int = field(default=3, metadata=positive())
     # Probability that a demonstration *without* experience follows another world's conventions: the base then
     # knows each world's rules only imperfectly, while demonstrations with experience always follow them.
-    # 0.15, with ids last in observations (envs/tools.py): 7-9 % of test_id tasks reproduced over three seeds,
-    # against 0.5-5 % at 0.3 with ids first (benchmarks/failure_probe.py, README); conventions no better known.
+    # Kept small: more noise made the base worse at reproducing held-out tasks without teaching it the
+    # conventions any better (benchmarks/failure_probe.py measures it).
     convention_noise: float = field(default=0.15, metadata=fraction())
     slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
-    epochs: float = field(default=6.0, metadata=positive())  # the time budget usually binds first
+    epochs: float = field(default=6.0, metadata=positive())  # only when max_steps is 0 (see the docstring)
     batch_tokens: int = field(default=1024, metadata=positive())  # small batches: more steps, faster copying
     lr: float = field(default=6e-3, metadata=positive())  # AdamW's: embeddings and norms (all weights under adamw)
     # muon: the layers' weight matrices take Muon steps (orthogonalised momentum, torch.optim.Muon) at muon_lr,
@@ -86,9 +93,9 @@ class WarmStartConfig:
     optimizer: str = field(default="muon", metadata=one_of("muon", "adamw"))
     muon_lr: float = field(default=1.5e-3, metadata=positive())  # RMS-matched to AdamW's scale
     warmup_steps: int = field(default=20, metadata=non_negative())
-    time_budget_s: float = field(default=270.0, metadata=positive())  # the schedule is fitted to it
-    # A fixed number of optimizer steps instead (0: the time budget decides): the same base on every machine
-    # (4,500 by default), which a time budget cannot give (the schedule is then planned for these steps).
+    time_budget_s: float = field(default=270.0, metadata=positive())  # only when max_steps is 0: a wall clock
+    # A fixed number of optimizer steps (0: epochs and the time budget decide): the same base on every
+    # machine, which a time budget cannot give (the schedule is then planned for these steps).
     max_steps: int = field(default=4500, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
@@ -115,7 +122,6 @@ class EnvsConfig:
     mix: dict[str, float] = field(default_factory=lambda: {"toolworld": 1.0},
                                   metadata=_check(lambda v: v and set(v) <= {"toolworld", "codegen"} and all(w > 0 for w in v.values()),
                                                   "a non-empty mapping of known environments (toolworld, codegen) to weights > 0"))
-    train_tasks: int = field(default=4000, metadata=positive())
 
 
 @dataclass
@@ -145,6 +151,17 @@ class EvalConfig:
         lambda v: set(v) <= {"bfcl", "acebench", "humaneval"}, "a list of: bfcl, acebench, humaneval"))
 
 
+@dataclass(frozen=True)
+class RetrievalSettings:
+    """What a retriever reads of the `bank` section, passed whole (`BankConfig.retrieval`) so that a setting
+    added here reaches every retriever, and no call site unpacks the values one by one and forgets one."""
+
+    top_j: int  # J experiences per task
+    allow_self_retrieval: bool  # may a task retrieve its own earlier success
+    same_world: bool  # only rows of the task's own world
+    ef_search: int  # HNSW search breadth of the index
+
+
 @dataclass
 class BankConfig:
     """The experience bank: parquet is the source of truth, Chroma a derived index rebuilt from it."""
@@ -156,7 +173,7 @@ class BankConfig:
     top_j: int = field(default=3, metadata=positive())
     allow_self_retrieval: bool = True  # may a task retrieve its own earlier success (as the official code)
     # Retrieve only rows of the task's own world (a Chroma metadata filter): the worlds differ in conventions, and
-    # nearest neighbours by instruction from another world showed the teacher the wrong ones (README).
+    # nearest neighbours by instruction from another world show the teacher the wrong ones.
     same_world: bool = True
     min_reward: float = field(default=1.0, metadata=fraction())
     seed_tasks: int = field(default=200, metadata=positive())  # train tasks rolled out to seed the bank
@@ -166,7 +183,14 @@ class BankConfig:
     # rare to cold-start the composer: with ~100-700 successes its latents carried no convention to held-out
     # tasks, with 2,000 they carry about half of what the same experiences as text do (README).
     oracle_seed_tasks: int = field(default=2000, metadata=non_negative())
-    ef_search: int = field(default=100, metadata=positive())  # HNSW search breadth; ~400 past ~10k rows
+    # HNSW search breadth: at a fixed breadth recall falls as the bank grows (benchmarks/retrieval.py).
+    ef_search: int = field(default=100, metadata=positive())
+
+    @property
+    def retrieval(self) -> RetrievalSettings:
+        """The retrieval settings of this section, as one value."""
+        names = [f.name for f in dataclasses.fields(RetrievalSettings)]
+        return RetrievalSettings(**{name: getattr(self, name) for name in names})
 
 
 @dataclass

@@ -97,3 +97,36 @@ def test_names_equal_the_lists_their_modules_define():
     assert names.METHOD_NAMES == METHOD_NAMES
     assert names.BFCL_CATEGORIES == bfcl.CATEGORIES
     assert names.ACEBENCH_GROUPS == ace.GROUPS and names.ACEBENCH_CATEGORIES == ace.CATEGORIES
+
+
+def test_bank_retrieval_settings_travel_as_one_value():
+    """Retrievers take `bank.retrieval` whole, so every retrieval setting (same_world, ef_search...) reaches them."""
+    import dataclasses
+
+    from lopd_core.config import RetrievalSettings
+
+    params = load_params("params.yaml", ["bank.same_world=false", "bank.ef_search=50", "bank.top_j=2"])
+    assert params.bank.retrieval == RetrievalSettings(top_j=2, allow_self_retrieval=True, same_world=False,
+                                                      ef_search=50)
+    assert {f.name for f in dataclasses.fields(RetrievalSettings)} <= {f.name for f in dataclasses.fields(params.bank)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.bank.retrieval.top_j = 5  # a copy: changing it would change nothing in params
+
+
+def test_removed_dead_knob_is_rejected():
+    # envs.train_tasks was read nowhere: a file that still sets it is told so rather than silently ignored
+    with pytest.raises(ConfigError, match="envs.train_tasks: unknown key"):
+        load_params("params.yaml", ["envs.train_tasks=4000"])
+
+
+def test_warmstart_documents_which_length_settings_apply():
+    """epochs and time_budget_s are not read while max_steps > 0; the docstring and params.yaml say so."""
+    from pathlib import Path
+
+    from lopd_core.config import WarmStartConfig
+
+    assert "max_steps" in WarmStartConfig.__doc__ and "not read" in WarmStartConfig.__doc__
+    text = Path(__file__).resolve().parents[1].joinpath("params.yaml").read_text()
+    for key in ("epochs", "time_budget_s"):
+        line = next(l for l in text.splitlines() if l.strip().startswith(f"{key}:"))
+        assert "only when max_steps is 0" in line, line

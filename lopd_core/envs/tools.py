@@ -217,8 +217,7 @@ def observation_text(payload: dict) -> str:
 
     A record names itself before its id (`{"label": "savings", "id": "a73"}`). An agent reads left to right: a
     lookup by label then finds the id right after the label it matched. With the id first, the id's token can
-    never see its own label, and a small causal model must learn a second hop back. Measured on the embedded
-    base (three seeds each, `benchmarks/failure_probe.py`): 7–9 % of test_id tasks reproduced exactly, against
-    0.5–7 % with the id first, where 2 of 5 builds never learned the lookup at all (README).
+    never see its own label, and a small causal model must learn a second hop back; with the id first, some
+    builds of the embedded base never learned the lookup at all (`benchmarks/failure_probe.py` measures it).
     """
     return json.dumps(_id_last(payload))

@@ -9,6 +9,7 @@ orchestration layer call these and nothing deeper. Paths:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 from lopd_core import distributed as D
 from lopd_core.bank import ExperienceBank
-from lopd_core.config import Params
+from lopd_core.config import Params, RetrievalSettings
 from lopd_core.envs import Task
 from lopd_core.envs.mix import mixed_tasks
 from lopd_core.lopd import methods as M
@@ -42,10 +43,13 @@ def open_bank(params: Params) -> ExperienceBank:
                           collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
 
 
-def make_retriever(bank: ExperienceBank, j: int, allow_self_retrieval: bool, same_world: bool):
+def make_retriever(bank: ExperienceBank, retrieval: RetrievalSettings):
+    """The J nearest experiences' texts per task, under the `bank` section's retrieval settings taken whole
+    (`params.bank.retrieval`; `dataclasses.replace` it to change one, e.g. no self-retrieval)."""
     def retrieve(tasks: list[Task]) -> list[list[str]]:
         return [[h.experience_text for h in hits]
-                for hits in bank.retrieve(tasks, j, allow_self_retrieval, same_world=same_world)]
+                for hits in bank.retrieve(tasks, retrieval.top_j, retrieval.allow_self_retrieval,
+                                          same_world=retrieval.same_world)]
 
     return retrieve
 
@@ -61,7 +65,7 @@ def method_retriever(spec, bank: ExperienceBank | None, params: Params):
         return no_retrieval
     if spec.retrieval == "random":
         return M.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
-    return make_retriever(bank, params.bank.top_j, params.bank.allow_self_retrieval, params.bank.same_world)
+    return make_retriever(bank, params.bank.retrieval)
 
 
 def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
@@ -150,8 +154,8 @@ def run_coldstart(params: Params, log=print) -> dict:
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
     with open_bank(params) as bank:
-        retriever = make_retriever(bank, params.bank.top_j, allow_self_retrieval=False,
-                                   same_world=params.bank.same_world)
+        own_excluded = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
+        retriever = make_retriever(bank, own_excluded)
         rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),

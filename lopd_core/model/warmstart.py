@@ -6,11 +6,11 @@ and observation tokens are context, not targets), averaged over action tokens in
 by token budget from length-sorted demonstrations so padding stays small; the schedule is linear warm-up then
 cosine decay. The layers' weight matrices take Muon steps and the embedding and norms AdamW steps
 (`make_optimizers`): per step, Muon roughly doubles what the base learns, which is what a fixed budget needs.
-`max_steps` > 0 (the default params: 4,500) runs exactly that many steps whatever the time, so every machine
-builds the same base from the same seed and the README's figures can be rerun anywhere. With `max_steps` 0
-training stops at `time_budget_s` instead, even mid-epoch, and the schedule is fitted to the steps the machine
-affords: a fixed wall-clock build, but a slower machine then gets a weaker base (an AVX2-only 2-core machine
-got 2,781 steps in 270 s where another got 4,506, and solved 15.0 % of test_id greedy instead of 19.5 %).
+`max_steps` > 0 (the default params) runs exactly that many steps whatever the time, so every machine builds
+the same base from the same seed and a recorded figure can be rerun anywhere; `epochs` and `time_budget_s` are
+then not read. With `max_steps` 0 the schedule is planned for `epochs` passes and training stops at
+`time_budget_s`, even mid-epoch, fitted to the steps the machine affords: a fixed wall-clock build, but a
+slower machine then gets fewer steps and a weaker base.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
 
     Why Muon: the build is bound by optimizer steps, not tokens (2,048-token batches at half the steps, or
     512-token batches at twice, both did worse), so what counts is the progress each update makes. Muon's
-    orthogonalised momentum updates every direction of a layer's matrix at the same rate; on the embedded
-    base it reached a held-out action NLL of 0.33 after 1,000 steps where AdamW reached 0.45 (README).
+    orthogonalised momentum updates every direction of a layer's matrix at the same rate, so each step of the
+    embedded base's build teaches more than AdamW's (`benchmarks/warmstart_optimizer.py` compares them).
     """
     def with_peak(opt: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
         for group in opt.param_groups:
