@@ -7,7 +7,7 @@ Both sides skip the rollout (identical for both) and start from the same traject
             (reverse KL on top-k + tail), composer backward through the frozen teacher, both optimizer steps,
             dual ascent and the dashboard numbers.
 Micro-batching: LOPD runs its forward/backward in chunks of `lopd.micro_batch` trajectories with gradients
-accumulated. The PG baseline uses exactly the same chunks (`trainer.micro_batches`, token-mean normalised by
+accumulated. The PG baseline uses exactly the same chunks (`step.micro_batches`, token-mean normalised by
 the whole batch, one optimizer step), so a ratio never credits LOPD with a memory or padding saving the
 baseline was denied. Several settings can be measured side by side in one run (`--micro-batch 0 8`).
 
@@ -23,8 +23,9 @@ baseline after loading the model and the batch, sampled every 2 ms), two updates
     .venv/bin/python benchmarks/step_cost.py [--model data/base] [--tasks 8] [--samples 4] \\
         [--micro-batch 0 8] [--low-memory] [--set lopd.teacher_micro_batch=4 ...]
 
-`--set lopd.teacher_micro_batch=N` (N > 0) measures the low-memory order with teacher passes of N trajectories
-inside each chunk: the teacher then holds a fraction of a student chunk's activations.
+`--low-memory` (the same as `--set lopd.low_memory=true`) measures the low-memory order; add
+`--set lopd.teacher_micro_batch=N` (N > 0) for teacher passes of N trajectories inside each chunk: the teacher
+then holds a fraction of a student chunk's activations.
 Prints JSON, one entry per micro-batch setting, with the ratios (targets: time ≤ 1.6 on CPU; LoRA memory ≤ 1.15
 of the student alone).
 """
@@ -54,8 +55,9 @@ from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.models import make_student_and_teacher
+from lopd_core.lopd.step import chunk_group, micro_batches
 from lopd_core.lopd.teacher import action_logits, build_batch
-from lopd_core.lopd.trainer import Distiller, chunk_group, micro_batches
+from lopd_core.lopd.trainer import Distiller
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -107,8 +109,8 @@ def pg_student(model, kind: str, lora_rank: int):
     return student, torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-5)
 
 
-def distiller(model, tokenizer, mode: str, experiences, samples: int, params,
-              low_memory: bool = False) -> Distiller:
+def distiller(model, tokenizer, mode: str, experiences, samples: int, params) -> Distiller:
+    """A Distiller of `params` (its lopd.low_memory decides the order) on the fixed experiences."""
     params = copy.deepcopy(params)
     params.lopd.student_mode = mode
     params.lopd.samples_per_task = samples
@@ -116,10 +118,8 @@ def distiller(model, tokenizer, mode: str, experiences, samples: int, params,
     c = params.composer
     composer = Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
                         num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
-    d = Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
-                  log=lambda m: None)
-    d.low_memory = low_memory or d.low_memory  # (lopd.teacher_micro_batch > 0 already turned it on)
-    return d
+    return Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
+                     log=lambda m: None)
 
 
 def current_rss_mb() -> float:
@@ -164,18 +164,17 @@ def memory_probe(args, params) -> None:
                 pg_update(student, opt, trajs, mb, chunk_group(args.samples, params.lopd.share_prompt))
         else:
             params.lopd.micro_batch = mb
-            d = distiller(model, tokenizer, args.probe, experiences, args.samples, params, args.low_memory)
+            d = distiller(model, tokenizer, args.probe, experiences, args.samples, params)
             for _ in range(2):
                 d.update(tasks, trajs)
     print(json.dumps({"peak_growth_mb": sampler.peak - before}))
 
 
-def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, reps: int,
-                  low_memory: bool) -> dict:
+def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, reps: int) -> dict:
     """Median seconds of each update, the four interleaved; LOPD's median per-phase seconds too."""
     students = {kind: pg_student(copy.deepcopy(model).train(), kind, params.lopd.lora_rank)
                 for kind in ("pg", "pg_lora")}
-    lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params, low_memory)
+    lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params)
             for mode in ("full", "lora")}
     mb, group = params.lopd.micro_batch, chunk_group(samples, params.lopd.share_prompt)
     fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb, group),
@@ -192,7 +191,7 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
             out = fn()
             times[name].append(time.perf_counter() - t)
             if out is not None:
-                for k, v in out["diagnostics"].items():
+                for k, v in out.diagnostics.items():
                     if k.endswith("_s") and k != "rollout_s":
                         phases[name.removeprefix("lopd_")].setdefault(k, []).append(v)
     return {"seconds": {k: round(statistics.median(v), 4) for k, v in times.items()},
@@ -213,12 +212,12 @@ def main() -> None:
                         help="trajectories per chunk, one or more settings measured side by side "
                              "(default: lopd.micro_batch of the params)")
     parser.add_argument("--low-memory", action="store_true",
-                        help="Distiller.low_memory: s_old from a no-grad student forward, so a chunk's teacher "
+                        help="lopd.low_memory=true: s_old from a no-grad student forward, so a chunk's teacher "
                              "and student graphs never coexist (one more student forward per chunk)")
     parser.add_argument("--probe", choices=["pg", "pg_lora", "lora", "full"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    params = load_params(args.params, args.overrides)
+    params = load_params(args.params, args.overrides + (["lopd.low_memory=true"] if args.low_memory else []))
     settings = args.micro_batch or [params.lopd.micro_batch]
     if args.probe:
         memory_probe(args, params)
@@ -242,8 +241,7 @@ def main() -> None:
     for mb in settings:
         p = copy.deepcopy(params)
         p.lopd.micro_batch = mb
-        timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps,
-                               args.low_memory)
+        timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps)
         s = timing["seconds"]
         mem = {kind: probe(kind, mb) for kind in ("pg", "pg_lora", "lora", "full")}
         results.append({
@@ -261,7 +259,7 @@ def main() -> None:
     tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
         "model": source, "threads": args.threads, "overrides": args.overrides,
-        "low_memory": args.low_memory,
+        "low_memory": params.lopd.low_memory,
         "trajectories": len(trajs), "action_tokens": tokens,
         "tokens_per_trajectory_max": max(len(t.token_ids) for t in trajs),
         "latents_per_trajectory": params.bank.top_j * params.composer.num_queries,

@@ -28,6 +28,7 @@ from prefect import flow
 
 from flows import stages as S
 from lopd_core.config import Params, load_params
+from lopd_core.lopd.methods import resolve_method
 from tasks.caching import content_hash
 from tasks.stages import log
 from tasks.tracking import Tracker, git_commit
@@ -143,7 +144,8 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
             "export": exported["export"], "version": exported["version"], "mlflow_run": parent,
             "eval": {"base": base_eval["eval"], "champion": champ_eval["eval"], "student": student_eval["eval"]},
             "final_beta": float(last["beta"]), "final_delta": float(last["delta"]), "delta_mean": delta_mean,
-            "margin": params.lopd.margin,
+            # the m the run trained with (the resolved method's: 0 for lopd_no_margin), not the section's
+            "margin": distilled.get("margin", resolve_method(params.lopd, params.baselines).margin),
             "cached": {k: v["cached"] for k, v in (("bank", bank), ("distill", distilled),
                                                    ("student_eval", student_eval))},
             "new_champion": asdict(Champion(model=distilled["student"], bank=bank, composer=distilled["composer"],
@@ -171,7 +173,8 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
 
 def write_cycle_report(params: Params, history: list[dict], parent: str | None, number: int) -> str:
     """The report across every cycle so far: one training run per cycle, base vs each cycle's student."""
-    runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", params.lopd.margin)}
+    trained_margin = resolve_method(params.lopd, params.baselines).margin
+    runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
             for r in history]
     evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
     evals += [{"label": f"cycle {r['cycle']} student" + (" (promoted)" if r["promoted"] else ""),

@@ -74,15 +74,17 @@ def cmd_export(params: Params, args) -> int:
 
 
 def cmd_report(params: Params, args) -> int:
+    from lopd_core.lopd.methods import resolve_method
     from lopd_core.report import EvalColumn, TrainingRun, write_report
 
+    trained_margin = resolve_method(params.lopd, params.baselines).margin  # the method's m, as the run used it
     read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
     history_path = Path(params.cycle.dir) / "history.json"
     if args.cycles:
         if not history_path.exists():
             raise FileNotFoundError(f"no cycle history at {history_path}: run `lopd cycle` first")
         history = json.loads(history_path.read_text())
-        runs = [TrainingRun(f"cycle {r['cycle']}", Path(r["csv"]), r.get("margin", params.lopd.margin))
+        runs = [TrainingRun(f"cycle {r['cycle']}", Path(r["csv"]), r.get("margin", trained_margin))
                 for r in history]
         evals = [EvalColumn("base", read(history[0]["eval"]["base"]))]
         evals += [EvalColumn(f"cycle {r['cycle']} student", read(r["eval"]["student"])) for r in history]
@@ -90,7 +92,7 @@ def cmd_report(params: Params, args) -> int:
     else:
         if not Path(args.csv).exists():
             raise FileNotFoundError(f"no training curves at {args.csv}: run `lopd distill` first (or --cycles)")
-        runs = [TrainingRun("distill", Path(args.csv), params.lopd.margin)]
+        runs = [TrainingRun("distill", Path(args.csv), trained_margin)]
         evals = [EvalColumn("base", read(args.base_eval)), EvalColumn("student", read(args.eval))]
         title = "LOPD run"
     path = write_report(runs, [e for e in evals if e.results], args.out, title=title)

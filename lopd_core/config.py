@@ -212,6 +212,13 @@ class ColdStartConfig:
     out: str = "data/composer/phi0.pt"
 
 
+# Methods whose student loss is GRPO's (lopd.student_loss unused), and those of them that add the sampled-token
+# reverse KL to a teacher (Skill-SD): lopd_core/lopd/methods.py is the source, tests/test_training_step.py checks
+# these agree with it (plain data here: the config imports nothing of the library).
+POLICY_GRADIENT_METHODS = ("grpo", "skill_sd")
+SAMPLED_KL_METHODS = ("skill_sd",)
+
+
 @dataclass
 class LopdConfig:
     # Which method the loop trains (lopd_core/lopd/methods.py): LOPD, a baseline or an ablation.
@@ -226,20 +233,16 @@ class LopdConfig:
     lr_composer: float = field(default=1e-4, metadata=positive())
     student_loss: str = field(default="topk", metadata=one_of("topk", "full", "sampled"))
     top_k: int = field(default=20, metadata=positive())
-    importance_weight: bool = False  # truncated IS weight when temperature != 1
+    # Truncated importance weight min(p_S(a) / p_sample(a), importance_cap) on the sampled-token reverse KL
+    # (student_loss: sampled; Skill-SD's KL term), for rollouts drawn at temperature != 1 or top-p < 1. Only
+    # that estimator depends on the sampled token: with topk / full it is rejected (check below).
+    importance_weight: bool = False
     importance_cap: float = field(default=2.0, metadata=positive())
-    # Share of each chunk's action tokens the student loss keeps: those where it is largest (the teacher
-    # disagrees most), reweighted by 1/share so the loss keeps its scale (losses.focus_weights). 1 = every token,
-    # the paper's. Adam's step is about lr whatever the gradient's size, so this chooses where the step goes.
-    token_focus: float = field(default=1.0, metadata=_check(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"))
     margin: float = 0.05  # m
     anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
     beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β
     beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
     advantage: str = field(default="continuous", metadata=one_of("continuous", "binary", "group"))
-    # The gap δ averages: raw (the paper's: log p_T − log p_S,old) or centred (plus KL(p_S,old ‖ p_T) at the
-    # token, so a teacher that is merely different from the student scores 0; losses.centred_gap).
-    margin_gap: str = field(default="raw", metadata=one_of("raw", "centred"))
     max_grad_norm: float = field(default=1.0, metadata=positive())
     # Trajectories per chunk of the teacher/student forward+backward (0 = the whole batch at once): gradients
     # accumulate over chunks and equal the whole batch's; only peak memory and speed depend on it.
@@ -253,15 +256,38 @@ class LopdConfig:
     # continuations per sample (lopd_core/lopd/prefix.py): exact, and the G samples of a task stop paying
     # G times for the prompt and its J·K latents. false: every row from its first token (build_batch).
     share_prompt: bool = True
-    # Trajectories per teacher pass inside a chunk, trading compute for peak memory (0 = off: one teacher pass
-    # per chunk, its graph kept until the composer's loss after the student's backward). When > 0: s_old comes
-    # from an extra no-grad student forward, each teacher pass of this many trajectories is consumed by the
-    # composer's backward at once, and the resampler runs again at the end rather than keeping its graph — the
-    # teacher then holds a fraction of a student chunk's activations. Same gradients either way.
+    # The low-memory order of a chunk, trading compute for peak memory (false: one teacher pass per chunk, its
+    # graph kept until the composer's loss after the student's backward). true: s_old comes from an extra
+    # no-grad student forward, each teacher pass is consumed by the composer's backward at once, and the
+    # resampler runs again at the end rather than keeping its graph. Same gradients either way.
+    low_memory: bool = False
+    # Trajectories per teacher pass inside a chunk in the low-memory order (0 = the whole chunk in one pass):
+    # the teacher then holds a fraction of a student chunk's activations. Needs low_memory: true.
     teacher_micro_batch: int = field(default=0, metadata=non_negative())
     checkpoint_every: int = field(default=10, metadata=positive())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Rules across keys (each key's own range is its field's). Run at load, and by the trainer on
+        sections built by hand."""
+        sampled_kl = self.method in SAMPLED_KL_METHODS or (
+            self.method not in POLICY_GRADIENT_METHODS and self.student_loss == "sampled")
+        if self.importance_weight and not sampled_kl:
+            why = ("GRPO's clipped ratio is already taken against the sampling log-probs"
+                   if self.method in POLICY_GRADIENT_METHODS else
+                   f"lopd.student_loss={self.student_loss!r} is the exact KL at each visited state, which does not "
+                   "depend on the sampled token, so its ratio corrects nothing")
+            raise ConfigError(f"lopd.importance_weight: got true with lopd.method={self.method!r} and "
+                              f"lopd.student_loss={self.student_loss!r}, expected false: the weight applies to the "
+                              f"sampled-token reverse KL only (lopd.student_loss=sampled), and {why}")
+        if self.teacher_micro_batch > 0 and not self.low_memory:
+            raise ConfigError(f"lopd.teacher_micro_batch: got {self.teacher_micro_batch} with lopd.low_memory=false, "
+                              "expected 0: teacher passes inside a chunk are part of the low-memory order "
+                              "(set lopd.low_memory=true)")
 
 
 @dataclass

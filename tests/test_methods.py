@@ -122,32 +122,14 @@ def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, meth
         assert row["latent_norm_ratio"] == pytest.approx(1.0, rel=1e-3)
     if not d.teacher_pass:
         assert math.isnan(row["delta"])
-    else:  # δ̄ = Σ n_τ A(τ) g(τ) / Σ n_τ from the per-trajectory gaps the update returns (margin_probe.py's sum)
+    else:  # δ̄ = mean over trajectories of A(τ) g(τ), from the per-trajectory gaps the update returns
         gaps = torch.tensor(out["trajectory_gaps"], dtype=torch.float64)
         n = torch.tensor([sum(t.action_mask[1:]) for t in trajs], dtype=torch.float64)
         adv = L.advantages(torch.tensor([t.reward for t in trajs])).double()
         assert len(gaps) == len(trajs) and gaps.abs().sum() > 0
-        assert row["delta"] == pytest.approx(float((n * adv * gaps).sum() / n.sum()), rel=1e-4, abs=1e-7)
+        assert row["delta"] == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
     if ema0 is not None:
         assert any(not torch.equal(a, b) for a, b in zip(ema0, d.ema_lm.parameters()))
-
-
-def test_centred_margin_gap_adds_the_kl_under_a_constant_advantage(tiny_model, tiny_tokenizer, batch, tmp_path):
-    # Every rollout failed (A = −1 for all): the centred δ̄ is the raw one minus the token-mean KL(p_S,old ‖ p_T),
-    # so the divergence that the raw δ̄ counts as margin cancels; the student's update does not change.
-    tasks, trajs, retriever = batch
-    failed = [copy.copy(t) for t in trajs]
-    for t in failed:
-        t.reward, t.success = 0.0, False
-    rows = {}
-    for gap in ("raw", "centred"):
-        d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / gap, "lopd")
-        d.params.lopd.margin_gap = gap
-        rows[gap] = d.update(tasks, failed)["row"]
-    raw, centred = rows["raw"], rows["centred"]
-    assert raw["kl_phi"] > 0 and raw["kl_phi"] == pytest.approx(centred["kl_phi"], rel=1e-6)
-    assert centred["delta"] == pytest.approx(raw["delta"] - raw["kl_phi"], rel=1e-5, abs=1e-7)
-    assert centred["distill_loss"] == pytest.approx(raw["distill_loss"], rel=1e-6)
 
 
 def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_tokenizer, batch, tmp_path):

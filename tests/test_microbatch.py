@@ -12,6 +12,7 @@ from lopd_core.config import Params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
+from lopd_core.lopd import step as step_mod
 from lopd_core.lopd import trainer as trainer_mod
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.model.chat import ChatCodec
@@ -77,9 +78,9 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
     kw = {"student_mode": mode, "student_loss": loss, "importance_weight": loss == "sampled"}
     whole = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=0, **kw)
     chunked = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2,
+                         low_memory=separate is not False,
                          teacher_micro_batch=0 if isinstance(separate, bool) else separate, **kw)
-    assert chunked.low_memory == (not isinstance(separate, bool))  # teacher_micro_batch > 0 turns it on
-    chunked.low_memory = separate is not False
+    assert chunked.low_memory == (separate is not False)  # lopd.low_memory, read at construction
     assert len(chunked._chunks([t.token_ids for t in trajs])) == 3
     theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
     out_a, out_b = whole.update(tasks, trajs), chunked.update(tasks, trajs)
@@ -107,7 +108,7 @@ def test_tail_logmass_is_the_tail_of_topk_support_logprobs():
     support, tail = L.topk_support_logprobs(logits, ids)
     lp = torch.log_softmax(logits, -1)
     torch.testing.assert_close(lp.gather(-1, ids), support)
-    torch.testing.assert_close(trainer_mod._tail_logmass(lp, ids), tail)
+    torch.testing.assert_close(step_mod.tail_logmass(lp, ids), tail)
 
 
 def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whole(tiny_model, tiny_tokenizer,
@@ -147,8 +148,8 @@ def test_sharing_the_prompt_changes_no_update(tiny_model, tiny_tokenizer, batch,
         prompts.append(out.prompts)
         return out
 
-    real = trainer_mod.score_actions_shared
-    monkeypatch.setattr(trainer_mod, "score_actions_shared", counted)
+    real = step_mod.score_actions_shared
+    monkeypatch.setattr(step_mod, "score_actions_shared", counted)
     kw = {"student_mode": mode, "method": method, "micro_batch": 4}
     plain = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", share_prompt=False, **kw)
     shared = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", share_prompt=True, **kw)

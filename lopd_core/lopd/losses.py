@@ -4,8 +4,7 @@ Vocabulary for shapes: N = supervised tokens (the flattened action positions of 
 K = top-k support size, B = trajectories. Every divergence returns one value **per token** (N,); masking and
 averaging happen at the call site (the trainer divides the summed per-token loss by the number of supervised
 tokens, so each sampled action counts once whatever trajectory it belongs to). The exceptions say so: the
-privileged margin is per trajectory (B,), and `token_weighted_mean`, `anchor_loss` and `composer_loss` reduce
-to scalars.
+privileged margin is per trajectory (B,), and `anchor_loss` and `composer_loss` reduce to scalars.
 
 Inputs are upcast to float32 (float64 is kept as is, for tests); bf16 logits are never differenced or
 exponentiated in their own precision.
@@ -24,20 +23,25 @@ Student losses (the student policy p_S learns toward the teacher p_T, a frozen b
     E[(log p_S − log p_T) ∇ log p_S] (the score term E[∇ log p_S] is zero in expectation and dropped). It is
     per-token: a token is credited only with its own log-ratio, not with the KL of the tokens it leads to
     (discount zero), a simplification of the sequence-level reverse KL.
-  * `focus_weights` — optional (`lopd.token_focus`): keep only the tokens where the student loss is largest,
-    reweighted so the loss keeps its scale. An addition to the paper.
-  * `truncated_importance_weight` — min(p_S / p_sample, cap), detached: rollouts are sampled at a temperature
-    (and top-p) that differs from the training distribution p_S; the weight corrects for it and the cap
-    bounds its variance (truncated importance sampling, biased toward the sampler when it truncates).
+  * `truncated_importance_weight` — min(p_S(a) / p_sample(a), cap), detached, for the sampled-token estimator
+    only: rollouts drawn at a temperature (or top-p) other than p_S's draw a from p_sample, and the weight turns
+    the estimator's expectation back into one under p_S; the cap bounds its variance (truncated importance
+    sampling, biased toward the sampler when it truncates). The top-k and full losses take the exact KL over
+    every token at the visited state, which does not depend on the token sampled there, so the ratio of that
+    token corrects nothing of theirs (what they miss is the distribution of the states, whose correction is the
+    product of the ratios of all earlier tokens: not done). The config rejects the weight with them.
 
 Composer losses (the composer φ produces the latents; it learns through the frozen teacher):
   * `advantages` — per trajectory: "continuous" 2r − 1 (the paper's, r ∈ [0, 1]); "binary" ±1 from success
     and "group" r − mean_group(r) (a GRPO-style baseline without std normalisation) are additions.
   * `privileged_margin_delta` — δ(τ) = A(τ) · mean over τ's action tokens of (log p_T,φ(a) − sg[log p_S,old(a)]):
     the teacher should be more likely than the student on the actions of successes and less on failures.
-    Divided by the trajectory's own token count so that a long trajectory does not speak louder inside its
-    own δ; `token_weighted_mean` then weights trajectories by their token counts (δ̄ = Σ n_τ δ(τ) / Σ n_τ),
-    which makes δ̄ a token mean consistent with the student's token-mean loss.
+    δ̄ is the plain mean of δ(τ) over the batch's trajectories that have action tokens (the trainer sums δ(τ)
+    per chunk and divides by the whole batch's trajectory count, over ranks too, so it is exact under
+    micro-batching and data parallelism). Why a mean over trajectories and not over tokens: the constraint
+    δ̄ ≥ m is an expectation over trajectories, and one trajectory is one vote — a token mean
+    (Σ n_τ δ(τ) / Σ n_τ) would let long trajectories, which are mostly failures that ran out of turns,
+    decide δ̄ and hence β.
   * `dual_ascent` — the Lagrange multiplier: β ← max(0, β + lr · (m − δ̄)), rising while the constraint
     δ̄ ≥ m is violated.
   * `anchor_loss` — mean squared distance of the composer's latents to the cold-start composer φ0's (mean over
@@ -186,31 +190,12 @@ def reverse_kl_sampled(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Te
     Written as sg[d] + sg[d] · (s − sg[s]): the value is d (the second term is 0), and the gradient is that of
     sg[d] · s, i.e. the "(sg[student − teacher]) · student" surrogate without its value being d · s. The
     pathwise ∇d = ∇ log p_S(a) (zero mean, pure variance) is left out, and the teacher gets no gradient.
-    When rollouts were sampled at another temperature, weight by `truncated_importance_weight` at the call site.
+    When rollouts were sampled at another temperature or top-p, weight by `truncated_importance_weight` at the
+    call site: this is the one student loss whose value depends on which token was sampled.
     """
     s = _f32(student_logprobs)
     d = (s - _f32(teacher_logprobs)).detach()
     return d + d * (s - s.detach())
-
-
-def focus_weights(per_token: Tensor, share: float) -> Tensor:
-    """Detached weights that keep the `share` of tokens with the largest |per_token| loss, each weighted 1/share.
-
-    per_token (N,) -> (N,): 1/share on the ceil(share·N) largest (ties broken by position), 0 elsewhere, so the
-    weighted sum has the same expected scale as the plain sum. share = 1 gives all ones. Where the teacher and
-    the student agree the reverse KL is ≈ 0 anyway; what focusing changes is the direction of an Adam step, which
-    otherwise spreads over every token's small disagreements.
-    """
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"share must be in (0, 1], got {share}")
-    n = per_token.shape[0]
-    if share >= 1.0 or n == 0:
-        return torch.ones_like(per_token, dtype=torch.float32)
-    keep = max(1, math.ceil(share * n))
-    top = per_token.detach().abs().float().topk(keep).indices
-    weights = torch.zeros(n, dtype=torch.float32, device=per_token.device)
-    weights[top] = 1.0 / share
-    return weights
 
 
 def truncated_importance_weight(
@@ -218,8 +203,9 @@ def truncated_importance_weight(
 ) -> Tensor:
     """min(p_S(a) / p_sample(a), cap), detached, per token.
 
-    student_logprobs, sample_logprobs (N,) -> (N,). Corrects for rollouts drawn at temperature != 1 (or with
-    top-p) while the loss is about p_S. The ratio is capped in log space, so exp never overflows.
+    student_logprobs, sample_logprobs (N,) -> (N,). Corrects the sampled-token estimator for rollouts drawn at
+    temperature != 1 (or with top-p) while the loss is about p_S. The ratio is capped in log space, so exp
+    never overflows.
     """
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
@@ -269,45 +255,20 @@ def privileged_margin_delta(
     advantage: Tensor,
     token_traj_index: Tensor,
     num_traj: int,
-    centre: Tensor | None = None,
 ) -> Tensor:
     """δ(τ) = A(τ) · mean over τ's action tokens of (log p_T,φ(a) − sg[log p_S,old(a)]).
 
     teacher_logprobs, student_old_logprobs (N,); advantage (B,); token_traj_index (N,) long in [0, num_traj)
     -> (B,) with B = num_traj; a trajectory without tokens gets 0. The gradient flows into teacher_logprobs
-    (and `centre`) only: the old student log-probs and the advantage are detached.
-
-    `centre` (N,), when given, is added to each token's gap: pass KL(sg[p_S,old] ‖ p_T,φ) at that token to get
-    the centred gap `centred_gap` describes.
+    only: the old student log-probs and the advantage are detached. Divided by the trajectory's own token
+    count, so that δ(τ) is a per-trajectory quantity; δ̄ is their mean over trajectories (module docstring).
     """
-    if centre is None:
-        gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
-    else:
-        gap = centred_gap(teacher_logprobs, student_old_logprobs, centre)
+    gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
     sums = torch.zeros(num_traj, dtype=gap.dtype, device=gap.device).index_add(
         0, token_traj_index, gap
     )  # (B,)
     counts = torch.bincount(token_traj_index, minlength=num_traj).to(gap.dtype)  # (B,)
     return _f32(advantage).detach() * sums / counts.clamp(min=1.0)
-
-
-def centred_gap(teacher_logprobs: Tensor, student_old_logprobs: Tensor, kl_student_teacher: Tensor) -> Tensor:
-    """Per-token log-ratio minus its expectation under the student: (log p_T(a) − log p_S(a)) + KL(p_S ‖ p_T).
-
-    All (N,) -> (N,). E_{a~p_S}[log p_T(a) − log p_S(a)] = −KL(p_S ‖ p_T), so on the student's own samples this
-    gap averages zero for *any* teacher: a teacher that is merely different from the student scores nothing,
-    and only one that prefers some of the student's tokens over others does. Weighted by A(τ), its mean is the
-    covariance of the advantage with the teacher's preference — the privileged information δ is meant to
-    measure. The raw gap averages −KL instead, which a mostly negative A (most rollouts fail) turns into a
-    positive δ̄ that grows as the teacher moves away from the student.
-    """
-    return _f32(teacher_logprobs) - _f32(student_old_logprobs).detach() + _f32(kl_student_teacher)
-
-
-def token_weighted_mean(per_traj: Tensor, token_counts: Tensor) -> Tensor:
-    """δ̄ = Σ_τ n_τ δ(τ) / Σ_τ n_τ, scalar. per_traj (B,), token_counts (B,); denominator clamped to ≥ 1."""
-    n = _f32(token_counts).detach()
-    return (_f32(per_traj) * n).sum() / n.sum().clamp(min=1.0)
 
 
 def dual_ascent(beta: float, *, margin: float, delta_bar: float, lr: float) -> float:
@@ -371,8 +332,10 @@ def clipped_policy_loss(
     """PPO-clip surrogate per token, to minimise: −min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A), ρ = p_θ(a) / p_old(a).
 
     logprobs (N,) with grad; old_logprobs (N,) (detached here); advantage (N,), the token's trajectory
-    advantage -> (N,). With one optimizer step per batch ρ = 1 and this is plain policy gradient −A·log p_θ in
-    gradient (TRL's GRPO default, num_iterations = 1, is the same); the clip acts from a second step on.
+    advantage -> (N,). The trainer passes the rollout's sampling log-probs as p_old: the distribution the
+    tokens were actually drawn from. With one optimizer step per batch, sampling at temperature 1 and top-p 1,
+    ρ is 1 up to float rounding and this is plain policy gradient −A·log p_θ in gradient; at another
+    temperature or top-p, ρ is the importance ratio from the sampler to the policy, and the clip bounds it.
     """
     if clip <= 0:
         raise ValueError(f"clip must be > 0, got {clip}")

@@ -48,6 +48,7 @@ class MethodSpec:
     anchor_weight: float | None = None  # overrides lopd.anchor_weight
     retrieval: str = "nearest"  # nearest | random
     teacher_temperature: float = 1.0  # the teacher's log-probs are those of softmax(logits / T)
+    reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
 
     @property
     def uses_bank(self) -> bool:
@@ -65,7 +66,7 @@ class MethodSpec:
     @property
     def needs_teacher_pass(self) -> bool:
         """GRPO without a reference KL never runs a second model."""
-        return self.loss != "grpo" or self.teacher_context != "none"
+        return self.loss != "grpo" or self.teacher_context != "none" or self.reference_kl > 0
 
 
 METHODS: dict[str, MethodSpec] = {s.name: s for s in [
@@ -86,7 +87,7 @@ METHOD_NAMES = tuple(METHODS)
 
 def method_spec(name: str, baselines=None) -> MethodSpec:
     """The spec of `name`, with the knobs of the `baselines` params section applied (SDPO's teacher weights,
-    the sharpened teacher's temperature)."""
+    the sharpened teacher's temperature, GRPO's reference KL)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHOD_NAMES)}")
     spec = METHODS[name]
@@ -95,7 +96,19 @@ def method_spec(name: str, baselines=None) -> MethodSpec:
             spec = replace(spec, teacher_weights=baselines.sdpo_teacher)
         if name == "sharpened_teacher":
             spec = replace(spec, teacher_temperature=baselines.sharpen_temperature)
+        if name == "grpo":
+            spec = replace(spec, reference_kl=baselines.grpo_kl)
     return spec
+
+
+def resolve_method(lopd, baselines) -> MethodSpec:
+    """The method a run trains, every setting resolved: `lopd.method`'s spec with the `baselines` knobs, and
+    its margin and anchor weight as numbers (the method's own where it overrides them, else `lopd.margin` and
+    `lopd.anchor_weight`). The trainer keeps this on the distiller and the reports read the margin from it, so
+    a dashboard draws the m a run trained with (0 for `lopd_no_margin`), not the section's."""
+    spec = method_spec(lopd.method, baselines)
+    return replace(spec, margin=lopd.margin if spec.margin is None else spec.margin,
+                   anchor_weight=lopd.anchor_weight if spec.anchor_weight is None else spec.anchor_weight)
 
 
 # ---- text contexts -----------------------------------------------------------------------------------------

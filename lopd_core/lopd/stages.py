@@ -186,5 +186,7 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
         state = run_distill(distiller, resume=resume, stop_after=stop_after)
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
     last = state.history[-1]["row"] if state.history else {}
+    # `margin`: the m this run trained with (the resolved method's), what its dashboard draws
     return {"steps": state.step, "beta": state.beta, "skipped_updates": state.skipped_updates,
-            "rollouts": state.rollouts, "last": last, "student": str(student_dir)}
+            "rollouts": state.rollouts, "last": last, "student": str(student_dir),
+            "margin": distiller.method.margin}

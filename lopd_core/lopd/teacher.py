@@ -68,10 +68,14 @@ def action_positions(mask: list[int]) -> list[int]:
 
 def embed_row(embed, ids: list[int], latents: Tensor | None, framing: Framing | None) -> tuple[Tensor, int]:
     """One row's input embeddings (T', D), its latents (or text-context embeddings) spliced after the user
-    turn's header; and the shift, how many positions the splice inserted before the student's later ids."""
+    turn's header; and the shift, how many positions the splice inserted before the student's later ids.
+
+    No latents (None, or zero rows: a task that retrieved nothing, a baseline without a text) means no block at
+    all: the teacher then reads the plain conversation, as the chat format renders a turn without experiences
+    (lopd_core/model/chat.py), rather than an empty `<|exp_start|><|exp_end|>` block the base never saw."""
     device = embed.weight.device
     emb = embed(torch.tensor(ids, device=device))  # (T, D)
-    if latents is None:
+    if latents is None or latents.shape[0] == 0:
         return emb, 0
     at = splice_position(ids, framing)
     frame_open = embed(torch.tensor([framing.exp_start], device=device))
@@ -111,19 +115,3 @@ def action_logits(model, batch: ScoringBatch) -> Tensor:
     """(N, V) logits at the positions that predict the batch's action tokens (float32)."""
     hidden = model.model(inputs_embeds=batch.inputs_embeds, attention_mask=batch.attention_mask).last_hidden_state
     return model.lm_head(hidden[batch.predict_rows, batch.predict_cols]).float()
-
-
-@dataclass
-class TeacherTopK:
-    logprobs: Tensor  # (N, K) teacher log-probs at its own top-k ids
-    ids: Tensor  # (N, K)
-    action_logprobs: Tensor  # (N,) teacher log-prob of the token the student sampled
-    entropy: Tensor  # (N,)
-
-
-def teacher_topk(logits: Tensor, action_ids: Tensor, k: int) -> TeacherTopK:
-    """Keep only what the student update needs from the teacher's (N, V) logits."""
-    logprobs = torch.log_softmax(logits.detach(), dim=-1)
-    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-    entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return TeacherTopK(values, ids, logprobs.gather(-1, action_ids[:, None]).squeeze(-1), entropy)
