@@ -4,7 +4,8 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
   1. start from the champion — the last promoted student, the base policy before any promotion;
   2. refresh the bank: the champion's bank plus the successes of the champion's own rollouts;
   3. cold start φ0 when the champion has no composer yet (the first cycle), else reuse the champion's φ;
-  4. distil a new student from the champion (the frozen teacher is the champion itself);
+  4. distil a new student from the champion; the frozen teacher is the champion itself, or the first base
+     when `cycle.refresh_teacher` is false;
   5. evaluate champion and student on held-out tasks (the champion's evaluation is cached);
   6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
      champion.json — only if it beats the champion by the gate's rule (`cycle.*` in params.yaml);
@@ -69,6 +70,12 @@ def gate_score(params: Params, results: dict | None) -> float:
     return sum(values) / len(values)
 
 
+def teacher_for(params: Params, champion: Champion, base: str) -> str | None:
+    """The teacher's weights for this cycle's distillation: None (the champion the student starts from, one
+    weight copy in LoRA mode) unless `cycle.refresh_teacher` is false and the champion is no longer the base."""
+    return None if params.cycle.refresh_teacher or champion.model == base else base
+
+
 def _last_row(csv_path: str) -> tuple[dict, float]:
     import pandas as pd
 
@@ -119,7 +126,8 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
         phi0 = champion.composer
         if phi0 is None:
             phi0 = S.coldstart_flow(params, champion.model, bank, **common)["phi0"]
-        distilled = S.distill_flow(params, champion.model, bank, phi0, **common)
+        distilled = S.distill_flow(params, champion.model, bank, phi0, teacher_for(params, champion, base),
+                                   **common)
         champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
         student_eval = S.evaluate_flow(params, distilled["student"], label="student", **common)
         base_eval = champ_eval if champion.model == base else S.evaluate_flow(params, base, label="base", **common)

@@ -2,14 +2,16 @@
 MLflow child run. `flows/cycle.py` composes them; each can also run on its own (`parent_run=None`).
 
 A stage's work folder is `<cycle.dir>/work/<stage>-<key>`, the key being the content hash of what the stage
-reads plus the params sections that shape its output (`tasks.caching.stage_key`). Prefect's task cache is
-consulted only while that folder is complete; a deleted folder is recomputed (refresh_cache).
+reads plus the params that shape its output (`tasks.caching.stage_key`). Which params and which inputs is not
+written here: both come from the one table in `tasks/stage_params.py`, which dvc.yaml is checked against, so
+the cycle's keys and DVC's stages cannot disagree. Prefect's task cache is consulted only while that folder is
+complete; a deleted folder is recomputed (refresh_cache).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from prefect import flow
@@ -17,29 +19,38 @@ from prefect import flow
 from lopd_core.config import Params
 from tasks import stages as T
 from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, stage_key
+from tasks.stage_params import STAGES, stage_sections, without_paths
 from tasks.tracking import Tracker, dvc_hash, eval_metrics
 
-# Path-valued params do not change what a stage computes: they are left out of its cache key.
-PATH_FIELDS = {"bank": ("dir", "index_dir", "chroma_url"), "coldstart": ("out",), "lopd": ("out_dir", "csv"),
-               "eval": ("out",), "model": ("name_or_path", "base_dir", "device")}
+
+def section(params: Params, name: str):
+    """One params section (or `seed`) as the cache keys see it: path fields left out."""
+    value = getattr(params, name)
+    return without_paths(asdict(value) if is_dataclass(value) else value, name)
 
 
-def section(params: Params, name: str) -> dict:
-    values = asdict(getattr(params, name)) if not isinstance(getattr(params, name), int) else getattr(params, name)
-    if isinstance(values, dict):
-        for key in PATH_FIELDS.get(name, ()):
-            values.pop(key, None)
-    return values
+def model_input(model: str | None, name: str = "policy") -> tuple[dict, dict]:
+    """A local model folder is hashed by content; a hub id is keyed by its name (its content hash is then
+    "missing", so the name must enter the key beside it)."""
+    if model is None or Path(model).exists():
+        return {name: model}, {}
+    return {name: None}, {f"{name}_id": model}
 
 
-def policy_inputs(policy: str) -> tuple[dict, dict]:
-    """A local model folder is hashed by content; a hub id is keyed by its name."""
-    return ({"policy": policy}, {}) if Path(policy).exists() else ({}, {"policy_id": policy})
+def stage_payload(params: Params, stage: str, inputs: dict, extra: dict | None = None) -> dict:
+    """The cache key's payload of `stage`: the params and the inputs the table lists for it, plus `extra`
+    (values that are not params: a bank's generation, a hub id). Inputs other than the table's are a bug in
+    the calling flow, and fail here rather than key the stage on less than it reads."""
+    expected = set(STAGES[stage].inputs)
+    if set(inputs) != expected:
+        raise ValueError(f"{stage}: inputs {sorted(inputs)} differ from tasks/stage_params.py's {sorted(expected)}")
+    return key_payload(stage, {**stage_sections(params, stage), **(extra or {})}, inputs)
 
 
-def run_cached(task, params: Params, stage: str, sections: dict, inputs: dict, **kwargs) -> tuple[dict, bool]:
+def run_cached(task, params: Params, stage: str, inputs: dict, extra: dict | None = None,
+               **kwargs) -> tuple[dict, bool]:
     """Run a cached stage task in its content-addressed work folder; return (summary, was it cached)."""
-    payload = key_payload(stage, sections, inputs)
+    payload = stage_payload(params, stage, inputs, extra)
     key = stage_key(payload)
     root = Path(params.cycle.dir)
     work = root / "work" / f"{stage}-{key}"
@@ -77,8 +88,7 @@ def base_flow(params: Params) -> str:
     base_dir = Path(params.model.base_dir)
     if (base_dir / "config.json").exists():
         return str(base_dir)
-    key = stage_key(key_payload("base", {"seed": params.seed, "tiny": params.model.tiny,
-                                         "warmstart": params.model.warmstart, "mix": params.envs.mix}, {}))
+    key = stage_key(stage_payload(params, "base", {}))
     runner = T.build_base_task.with_options(timeout_seconds=params.cycle.stage_timeout_s,
                                             result_storage=(Path(params.cycle.dir) / "prefect-results").resolve(),
                                             refresh_cache=True)
@@ -90,11 +100,10 @@ def base_flow(params: Params) -> str:
 def bank_flow(params: Params, policy: str, parent_bank: str | None = None, generation: int = 0,
               parent_run: str | None = None, cycle: int = 0, track: bool = True) -> dict:
     """Refresh the bank: the parent bank plus the successes of `policy`'s rollouts."""
-    inputs, ids = policy_inputs(policy)
+    inputs, ids = model_input(policy)
     inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
-    sections = {"seed": params.seed, "bank": section(params, "bank"), "rollout": params.rollout,
-                "envs": params.envs, "generation": generation, **ids}
-    summary, cached = run_cached(T.refresh_bank_task, params, "bank", sections, inputs, policy=policy,
+    summary, cached = run_cached(T.refresh_bank_task, params, "bank", inputs, {"generation": generation, **ids},
+                                 policy=policy,
                                  parent_bank=parent_bank, generation=generation)
     summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
     tracker = _tracker(params, track)
@@ -111,11 +120,9 @@ def bank_flow(params: Params, policy: str, parent_bank: str | None = None, gener
 def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0,
                    track: bool = True) -> dict:
     """φ0 for the composer from the bank's successes."""
-    inputs, ids = policy_inputs(policy)
+    inputs, ids = model_input(policy)
     inputs.update(bank=Path(bank["bank_dir"]))
-    sections = {"seed": params.seed, "composer": params.composer, "coldstart": section(params, "coldstart"),
-                "top_j": params.bank.top_j, **ids}
-    summary, cached = run_cached(T.coldstart_task, params, "coldstart", sections, inputs, policy=policy,
+    summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy,
                                  bank_dir=bank["bank_dir"], index_dir=bank["index_dir"])
     tracker = _tracker(params, track)
     if tracker:
@@ -128,17 +135,16 @@ def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | No
 
 
 @flow(name="lopd-distill", **FLOW)
-def distill_flow(params: Params, policy: str, bank: dict, phi0: str, parent_run: str | None = None,
-                 cycle: int = 0, track: bool = True) -> dict:
-    """LOPD training; every step's row of the CSV becomes MLflow step metrics (β and δ̄ included)."""
-    inputs, ids = policy_inputs(policy)
-    inputs.update(bank=Path(bank["bank_dir"]), phi0=phi0)
-    b = params.bank
-    sections = {"seed": params.seed, "lopd": section(params, "lopd"), "rollout": params.rollout,
-                "composer": params.composer, "retrieval": [b.top_j, b.allow_self_retrieval, b.ef_search],
-                "mix": params.envs.mix, **ids}  # the mix decides the distillation's task stream
-    summary, cached = run_cached(T.distill_task, params, "distill", sections, inputs, policy=policy,
-                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0)
+def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: str | None = None,
+                 parent_run: str | None = None, cycle: int = 0, track: bool = True) -> dict:
+    """LOPD training of a student from `policy`; the frozen teacher is `teacher`'s weights, or the policy's own
+    when None. Every step's row of the CSV becomes MLflow step metrics (β and δ̄ included)."""
+    inputs, ids = model_input(policy)
+    teacher_input, teacher_id = model_input(teacher, "teacher")
+    inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0)
+    summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id}, policy=policy,
+                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0,
+                                 teacher=teacher)
     tracker = _tracker(params, track)
     if tracker:
         run = _child(tracker, parent_run, "distill", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
@@ -153,10 +159,8 @@ def distill_flow(params: Params, policy: str, bank: dict, phi0: str, parent_run:
 def evaluate_flow(params: Params, model: str, label: str = "student", parent_run: str | None = None,
                   cycle: int = 0, track: bool = True) -> dict:
     """Held-out evaluation of the policy at `model`."""
-    inputs, ids = policy_inputs(model)
-    sections = {"seed": params.seed, "eval": section(params, "eval"), "rollout": params.rollout,
-                "envs": params.envs, **ids}
-    summary, cached = run_cached(T.evaluate_task, params, "evaluate", sections, inputs, model=model)
+    inputs, ids = model_input(model, "model")
+    summary, cached = run_cached(T.evaluate_task, params, "evaluate", inputs, ids, model=model)
     tracker = _tracker(params, track)
     if tracker:
         run = _child(tracker, parent_run, f"evaluate-{label}", cycle, cached, {"lopd.evaluated": label})

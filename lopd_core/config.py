@@ -380,6 +380,9 @@ class CycleConfig:
     """
 
     dir: str = "data/cycles"  # per-cycle work (content-addressed), champion.json, history.json, task cache
+    # The frozen teacher of each cycle: the champion the student starts from (true: the teacher improves with
+    # the student), or the first base for every cycle (false: one fixed teacher across cycles).
+    refresh_teacher: bool = True
     gate_metric: str = field(default="reward_mean", metadata=one_of("success_rate", "reward_mean"))
     gate_splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
                                    metadata=subset_of("test_id", "test_ood"))

@@ -98,14 +98,15 @@ def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str,
 
 @task(name="distill", **CACHED)
 def distill_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
-                 index_dir: str, phi0: str) -> dict:
-    """LOPD training of a student from `policy`; resumes from the folder's checkpoint after an interruption."""
+                 index_dir: str, phi0: str, teacher: str | None = None) -> dict:
+    """LOPD training of a student from `policy`, taught by `teacher`'s frozen weights (None: the policy's own);
+    resumes from the folder's checkpoint after an interruption."""
     from lopd_core.lopd.stages import run_lopd
 
     out = _fresh(work)
     p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
                    coldstart__out=phi0, lopd__out_dir=str(out), lopd__csv=str(out / "distill.csv"))
-    summary = run_lopd(p, resume=True, log=log)
+    summary = run_lopd(p, resume=True, teacher=teacher, log=log)
     return mark_complete(out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt")})
 
 

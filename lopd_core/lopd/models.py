@@ -39,8 +39,14 @@ class TeacherView:
             yield self.lm
 
 
-def make_student_and_teacher(base, *, mode: str, lora_rank: int = 8):
-    """Return (trainable module, student causal LM, TeacherView) for `mode` in {"full", "lora"}."""
+def make_student_and_teacher(base, *, mode: str, lora_rank: int = 8, teacher=None):
+    """Return (trainable module, student causal LM, TeacherView) for `mode` in {"full", "lora"}.
+
+    `teacher`: separate frozen weights for the teacher (same tokenizer), when θ̄ is not the student's start;
+    in LoRA mode that costs the second copy the adapter otherwise saves."""
+    if teacher is not None:
+        trainable, student, _ = make_student_and_teacher(base, mode=mode, lora_rank=lora_rank)
+        return trainable, student, TeacherView(freeze(teacher))
     if mode == "full":
         teacher = freeze(copy.deepcopy(base))
         base.train()

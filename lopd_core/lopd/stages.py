@@ -170,7 +170,10 @@ def run_coldstart(params: Params, log=print) -> dict:
     return {"successes": len(successes), "first": rows[0], "last": rows[-1], "out": str(out)}
 
 
-def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, log=print) -> dict:
+def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
+             log=print) -> dict:
+    """Distil a student from `model.name_or_path`. `teacher`: a model whose frozen weights teach instead of the
+    student's start (`lopd cycle` with cycle.refresh_teacher false); None: the student's start teaches."""
     random.seed(params.seed)
     D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
@@ -181,7 +184,9 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
     _, seed_rollouts = _successes(params)
     with open_bank(params) as bank:
         retriever = method_retriever(M.method_spec(params.lopd.method, params.baselines), bank, params)
-        distiller = Distiller(params, model, tokenizer, retriever, composer=composer,
+        teacher_base = None if teacher is None else load_policy(dataclasses.replace(params.model,
+                                                                                    name_or_path=teacher))[0]
+        distiller = Distiller(params, model, tokenizer, retriever, composer=composer, teacher_base=teacher_base,
                               initial_rollouts=seed_rollouts, log=log)
         state = run_distill(distiller, resume=resume, stop_after=stop_after)
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")

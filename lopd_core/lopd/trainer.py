@@ -126,7 +126,7 @@ class Distiller:
     """Holds the models, optimizers and state of one distillation run."""
 
     def __init__(self, params: Params, base, tokenizer, retriever: Retriever, *, composer: Composer,
-                 initial_rollouts: int = 0, log=print):
+                 initial_rollouts: int = 0, teacher_base=None, log=print):
         D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
         if D.world_size() > params.lopd.tasks_per_step:
             raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
@@ -146,8 +146,10 @@ class Distiller:
         self.codec = ChatCodec(tokenizer)
         self.tokenizer = tokenizer
         self.framing = Framing.from_tokenizer(tokenizer)
+        # `teacher_base`: other frozen teacher weights than the student's start (`lopd cycle` with
+        # cycle.refresh_teacher false keeps the first base as teacher); None: θ̄ is the student's start.
         self.trainable, self.student, self.teacher = make_student_and_teacher(
-            base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank)
+            base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank, teacher=teacher_base)
         self.encoder = ExperienceEncoder(self.teacher, tokenizer, max_tokens=params.composer.max_experience_tokens)
         self.composer = composer.train().requires_grad_(self.method.composer_trainable)
         self.ema_lm = M.ema_copy(self.student) if self.method.teacher_weights == "ema" else None
