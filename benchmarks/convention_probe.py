@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
 from lopd_core.envs import WORLDS, make_tasks
+from lopd_core.envs.worlds import WorldSplit
 from lopd_core.evaluation import EVAL_SEED_OFFSET
 from lopd_core.lopd.composer import ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import TeacherView
@@ -172,14 +173,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--composer", default="", help="a cold-start composer (phi0.pt): also measure the base "
                                                    "reading the experiences as its latents")
-    ap.add_argument("--params", default="params.yaml", help="composer shape (with --composer)")
+    ap.add_argument("--params", default="params.yaml", help="the run's worlds, and the composer's shape")
     args = ap.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     codec = ChatCodec(tokenizer)
-    tasks = make_tasks("toolworld", args.split, args.tasks, args.seed + EVAL_SEED_OFFSET)
-    pool = ExperiencePool(make_tasks("toolworld", "train", 400, args.seed + 2 * EVAL_SEED_OFFSET))
+    # the run's worlds: test_id / test_ood in the deployment worlds, pretrain_test in the pretraining worlds
+    worlds = WorldSplit.from_config(load_params(args.params).envs).for_split(args.split)
+    tasks = make_tasks("toolworld", args.split, args.tasks, args.seed + EVAL_SEED_OFFSET, worlds)
+    pool = ExperiencePool(make_tasks("toolworld", "train", max(400, 40 * len(worlds)),
+                                     args.seed + 2 * EVAL_SEED_OFFSET, worlds))
     out = {
         "model": args.model, "split": args.split, "tasks": len(tasks),
         "conventions": convention_choices(model, codec, tasks),

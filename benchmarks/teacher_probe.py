@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.envs import make_tasks
+from lopd_core.envs.mix import deployment_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize
 from lopd_core.lopd.composer import mean_embedding_norm
 from lopd_core.lopd.stages import make_retriever, open_bank
@@ -49,7 +49,6 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--n", type=int, default=200, help="held-out test_id tasks")
-    parser.add_argument("--env", default="toolworld")
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--composer", nargs="*", default=[], help="trained composers (a run's composer.pt)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -59,7 +58,7 @@ def main() -> None:
     model, tokenizer = load_policy(params.model)
     model.eval()
     codec = ChatCodec(tokenizer)
-    tasks = make_tasks(args.env, "test_id", args.n, params.seed + EVAL_SEED_OFFSET)
+    tasks = deployment_tasks(params.envs, "test_id", args.n, params.seed + EVAL_SEED_OFFSET)
     with open_bank(params) as bank:
         retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
         texts = make_retriever(bank, retrieval)(tasks)
@@ -96,7 +95,7 @@ def main() -> None:
             results.setdefault(condition, {})[mode] = summary
             print(f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
                   f"reward {summary['reward_mean']:.3f}", file=sys.stderr, flush=True)
-    report = {"env": args.env, "split": "test_id", "n": args.n, "top_j": params.bank.top_j,
+    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n, "top_j": params.bank.top_j,
               "model": params.model.name_or_path, "composers": composers, "results": results}
     print("| condition | " + " | ".join(f"{m} success [95 % CI]" for m in args.modes) + " |")
     print("|---|" + "---|" * len(args.modes))

@@ -174,8 +174,8 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
 
         seconds = time.perf_counter() - started
         bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per seed, charged to the methods "
-                     f"that read the bank; plus {params.bank.oracle_seed_tasks} oracle demonstrations (not sampled, "
-                     f"not charged)" if banks else "not used")
+                     f"that read the bank (its own successes only; the composer's cold start read "
+                     f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)" if banks else "not used")
         settings = [("command", f"`{command}`"), ("preset", params.compare.preset),
                     ("methods", ", ".join(preset.methods)), ("seeds", ", ".join(map(str, preset.seeds))),
                     ("rollout budget", (f"{preset.budget} sampled trajectories per run "

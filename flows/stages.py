@@ -119,11 +119,10 @@ def bank_flow(params: Params, policy: str, parent_bank: str | None = None, gener
 @flow(name="lopd-coldstart", **FLOW)
 def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0,
                    track: bool = True) -> dict:
-    """φ0 for the composer from the bank's successes."""
+    """φ0 for the composer from oracle successes of the pretraining worlds (`bank` only tags the run: the cold
+    start never reads the deployment bank)."""
     inputs, ids = model_input(policy)
-    inputs.update(bank=Path(bank["bank_dir"]))
-    summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy,
-                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"])
+    summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy)
     tracker = _tracker(params, track)
     if tracker:
         run = _child(tracker, parent_run, "coldstart", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})

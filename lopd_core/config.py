@@ -23,6 +23,11 @@ import yaml
 from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
 
 
+# The named worlds of toolworld (lopd_core/envs/worlds.py WORLDS), the deployment candidates; kept here as
+# plain data so the config imports nothing of the library (a test checks the two agree).
+NAMED_WORLDS = ("aurora", "borealis", "cobalt", "dune")
+
+
 class ConfigError(ValueError):
     """A key or value of params.yaml (or of a --set override) is not what the pipeline expects."""
 
@@ -77,7 +82,7 @@ class WarmStartConfig:
 
     demos: int = field(default=6000, metadata=positive())
     # Share of demonstrations that carry 1..max_experiences same-world successes as text in the first user turn.
-    experience_fraction: float = field(default=0.4, metadata=fraction())
+    experience_fraction: float = field(default=0.7, metadata=fraction())
     max_experiences: int = field(default=3, metadata=positive())
     # Probability that a demonstration *without* experience follows another world's conventions: the base then
     # knows each world's rules only imperfectly, while demonstrations with experience always follow them.
@@ -122,6 +127,12 @@ class EnvsConfig:
     mix: dict[str, float] = field(default_factory=lambda: {"toolworld": 1.0},
                                   metadata=_check(lambda v: v and set(v) <= {"toolworld", "codegen"} and all(w > 0 for w in v.values()),
                                                   "a non-empty mapping of known environments (toolworld, codegen) to weights > 0"))
+    # Adaptation to a new environment: the warm start and the composer's cold start see only generated
+    # pretraining worlds; bank, distillation, evaluation and the cycle run in the deployment worlds, held out
+    # from both (lopd_core/envs/worlds.py).
+    pretrain_worlds: int = field(default=64, metadata=positive())
+    deploy_worlds: list[str] = field(default_factory=lambda: ["aurora"], metadata=subset_of(*NAMED_WORLDS))
+    world_seed: int = 0  # which pretraining worlds are generated
 
 
 @dataclass
@@ -136,8 +147,10 @@ class RolloutConfig:
 @dataclass
 class EvalConfig:
     n_per_split: int = field(default=100, metadata=positive())
-    splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
-                              metadata=subset_of("train", "test_id", "test_ood"))
+    # test_id / test_ood in the deployment worlds; pretrain_test: held-out tasks of the pretraining worlds
+    # (what adaptation forgets)
+    splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood", "pretrain_test"],
+                              metadata=subset_of("train", "test_id", "test_ood", "pretrain_test"))
     modes: list[str] = field(default_factory=lambda: ["greedy", "sampled"], metadata=subset_of("greedy", "sampled"))
     temperature: float = field(default=1.0, metadata=positive())  # the `sampled` mode
     # Also report success with 1..3 same-world oracle successes as text in the first user turn
@@ -178,11 +191,6 @@ class BankConfig:
     min_reward: float = field(default=1.0, metadata=fraction())
     seed_tasks: int = field(default=200, metadata=positive())  # train tasks rolled out to seed the bank
     samples_per_task: int = field(default=2, metadata=positive())
-    # Oracle demonstrations added to the seed (policy_version "oracle"; not sampled, so not counted as
-    # rollouts): 0 keeps the bank the policy's own, as in the paper. The embedded base's own successes are too
-    # rare to cold-start the composer: with ~100-700 successes its latents carried no convention to held-out
-    # tasks, with 2,000 they carry about half of what the same experiences as text do (README).
-    oracle_seed_tasks: int = field(default=2000, metadata=non_negative())
     # HNSW search breadth: at a fixed breadth recall falls as the bank grows (benchmarks/retrieval.py).
     ef_search: int = field(default=100, metadata=positive())
 
@@ -209,6 +217,9 @@ class ColdStartConfig:
     lr: float = field(default=1e-3, metadata=positive())
     # Weight of KL(latent teacher || base reading the experiences as text); 0 = the paper's NLL only.
     kl_weight: float = field(default=1.0, metadata=non_negative())
+    # Oracle episodes on training tasks of the pretraining worlds: φ0's targets and what they retrieve. Never the
+    # deployment worlds (lopd_core/lopd/coldstart_data.py). The base's own successes are too rare to teach it.
+    oracle_tasks: int = field(default=2000, metadata=positive())
     out: str = "data/composer/phi0.pt"
 
 
@@ -321,7 +332,7 @@ class ComparePreset:
     curve_n: int = field(default=24, metadata=positive())
     # `section.key=value` applied to every run (before the command line's --set)
     overrides: list[str] = field(default_factory=lambda: [
-        "bank.seed_tasks=32", "bank.samples_per_task=2", "bank.oracle_seed_tasks=100", "coldstart.steps=30",
+        "bank.seed_tasks=32", "bank.samples_per_task=2", "coldstart.oracle_tasks=100", "coldstart.steps=30",
         "eval.with_experience=false"])
 
 
@@ -334,7 +345,7 @@ def _smoke_preset() -> ComparePreset:
                    "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.warmstart.demos=120",
                    "model.warmstart.drills=0", "model.warmstart.time_budget_s=10", "model.warmstart.max_steps=0",
                    "model.warmstart.epochs=1.0",
-                   "bank.seed_tasks=4", "bank.samples_per_task=2", "bank.oracle_seed_tasks=8", "coldstart.steps=2",
+                   "bank.seed_tasks=4", "bank.samples_per_task=2", "coldstart.oracle_tasks=8", "envs.pretrain_worlds=2", "coldstart.steps=2",
                    "coldstart.batch_size=4", "composer.num_queries=4", "composer.num_layers=1",
                    "composer.num_heads=2", "lopd.tasks_per_step=2", "lopd.samples_per_task=2",
                    "rollout.max_new_tokens=24", "rollout.max_context=640", "eval.with_experience=false"])

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks
+from lopd_core.envs.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.codegen_demos import CodegenExperiencePool
 from lopd_core.model.demos import ExperiencePool
@@ -73,17 +74,23 @@ def eval_shards(params: Params) -> list[EvalShard]:
             for experience in ((False, True) if ev.with_experience else (False,)) for mode in ev.modes]
 
 
-@lru_cache(maxsize=4)
-def _experience_pool(env_name: str, seed: int):
+@lru_cache(maxsize=8)
+def _experience_pool(env_name: str, seed: int, worlds_key: str):
     pool_class = CodegenExperiencePool if env_name == "codegen" else ExperiencePool
-    return pool_class(make_tasks(env_name, "train", 400, seed + 2 * EVAL_SEED_OFFSET))
+    worlds = json.loads(worlds_key)
+    n = max(400, 40 * len(worlds))  # enough oracle successes per world that every template has a few
+    return pool_class(make_tasks(env_name, "train", n, seed + 2 * EVAL_SEED_OFFSET, worlds))
 
 
 def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
-    tasks = make_tasks(shard.env, shard.split, params.eval.n_per_split, params.seed + EVAL_SEED_OFFSET)
+    worlds = WorldSplit.from_config(params.envs).for_split(shard.split)
+    tasks = make_tasks(shard.env, shard.split, params.eval.n_per_split, params.seed + EVAL_SEED_OFFSET, worlds)
     if not shard.experience:
         return [RolloutRequest(t) for t in tasks]
-    pool, rng = _experience_pool(shard.env, params.seed), random.Random(params.seed)  # a fresh rng per split
+    # `+experience` measures how well the policy reads its world's conventions from oracle successes in
+    # context (an evaluation only: no training stage sees these).
+    pool = _experience_pool(shard.env, params.seed, json.dumps(worlds))
+    rng = random.Random(params.seed)  # a fresh rng per split
     return [RolloutRequest(t, experiences=tuple(pool.sample(t, params.eval.num_experiences, rng))) for t in tasks]
 
 

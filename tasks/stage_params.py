@@ -36,9 +36,10 @@ STAGES: dict[str, StageReads] = {
     "base": StageReads(("seed", "model.tiny", "model.warmstart", "envs")),
     "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs"),
                        {"policy": ("data/base",), "parent_bank": ()}),
-    "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", "envs", "bank.top_j", "bank.same_world",
-                             "bank.ef_search", "bank.min_reward"),
-                            {"policy": ("data/base",), "bank": ("data/bank",)}),
+    # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
+    "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", "envs", "bank.top_j", "bank.ef_search",
+                             "bank.min_reward"),
+                            {"policy": ("data/base",)}),
     "distill": StageReads(("seed", *_POLICY, "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
                            "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search"),
                           {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",),

@@ -84,13 +84,12 @@ def refresh_bank_task(stage: str, key: str, work: str, params: Params, policy: s
 
 
 @task(name="coldstart", **CACHED)
-def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
-                   index_dir: str) -> dict:
-    """φ0, the composer's cold start, on the bank's successes read by the policy."""
+def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str) -> dict:
+    """φ0, the composer's cold start, on oracle successes of the pretraining worlds read by the policy."""
     from lopd_core.lopd.stages import run_coldstart
 
     out = _fresh(work)
-    p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
+    p = with_paths(params, model__name_or_path=policy,
                    coldstart__out=str(out / "phi0.pt"), lopd__csv=str(out / "distill.csv"))
     summary = run_coldstart(p, log=log)
     return mark_complete(out, {**summary, "phi0": str(out / "phi0.pt"), "csv": str(out / "coldstart.csv")})

@@ -85,7 +85,7 @@ def test_missing_model_fails_clearly(tmp_path):
 
 
 LOPD_SMALL = SMALL + [
-    "--set", "bank.seed_tasks=12", "--set", "bank.samples_per_task=1", "--set", "bank.oracle_seed_tasks=16",
+    "--set", "bank.seed_tasks=12", "--set", "bank.samples_per_task=1", "--set", "coldstart.oracle_tasks=16", "--set", "envs.pretrain_worlds=2",
     "--set", "composer.num_queries=4", "--set", "composer.num_layers=1", "--set", "composer.num_heads=2",
     "--set", "coldstart.steps=3", "--set", "coldstart.batch_size=4",
     "--set", "lopd.steps=3", "--set", "lopd.tasks_per_step=2", "--set", "lopd.samples_per_task=2",

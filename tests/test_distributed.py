@@ -31,7 +31,7 @@ ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 TINY = [
     "rollout.max_new_tokens=20", "rollout.max_context=512", "bank.seed_tasks=2", "bank.samples_per_task=1",
-    "bank.oracle_seed_tasks=12", "composer.num_queries=4", "composer.num_layers=1", "composer.num_heads=2",
+    "coldstart.oracle_tasks=12", "envs.pretrain_worlds=2", "composer.num_queries=4", "composer.num_layers=1", "composer.num_heads=2",
     "coldstart.steps=2", "coldstart.batch_size=4", "lopd.steps=3", "lopd.tasks_per_step=4",
     "lopd.samples_per_task=2", "lopd.micro_batch=3", "lopd.checkpoint_every=1",
 ]

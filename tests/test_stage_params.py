@@ -94,7 +94,7 @@ def test_every_listed_key_moves_the_stage_key_and_path_fields_do_not(stage):
 
 @pytest.mark.parametrize("stage, leaf", [
     ("distill", "bank.same_world"), ("distill", "baselines.skill_kl"), ("distill", "bank.ef_search"),
-    ("distill", "cycle.refresh_teacher"), ("distill", "envs.mix"), ("coldstart", "bank.same_world"),
+    ("distill", "cycle.refresh_teacher"), ("distill", "envs.mix"), ("coldstart", "envs.pretrain_worlds"),
     ("coldstart", "bank.ef_search"), ("bank", "bank.min_reward"), ("evaluate", "bench.limit"),
 ])
 def test_the_keys_the_review_found_missing_now_move_the_key(stage, leaf):

@@ -22,7 +22,7 @@ GREEDY = Sampling(temperature=0.0, max_new_tokens=24, max_context=768)
 
 @pytest.fixture(scope="module")
 def tasks():
-    return make_tasks("toolworld", "test_id", 4, seed=9)
+    return make_tasks("toolworld", "test_id", 4, seed=10)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 The budget is counted in sampled trajectories, and a method that reads the experience bank starts with the
 bank's seed rollouts already spent (they were sampled to fill it); GRPO and the other bank-free methods spend
-the whole budget on training steps. Oracle demonstrations in the bank (bank.oracle_seed_tasks) and OPSD's
-golden solutions are not sampled and are not counted; compare.md says so.
+the whole budget on training steps. The bank holds only sampled successes of the deployment worlds; the
+composer's cold start reads oracle episodes of the pretraining worlds only, and OPSD's golden solutions (ground
+truth by definition) are not sampled and not counted; compare.md says so.
 
 Along the run, the student is evaluated on the held-out `test_id` tasks (`curve_n`, greedy and sampled) at
 `curve_points` evenly spaced steps and at the start, which gives success against rollouts; at the end on

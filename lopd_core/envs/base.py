@@ -11,7 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-SPLITS = ("train", "test_id", "test_ood")
+# train / test_id / test_ood are drawn in the deployment worlds; pretrain_test holds out instances of the
+# pretraining worlds (the warm start's), to measure what adaptation forgets.
+SPLITS = ("train", "test_id", "test_ood", "pretrain_test")
 
 
 @dataclass(frozen=True)

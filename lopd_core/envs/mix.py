@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from lopd_core.envs.base import Task
 from lopd_core.envs.splits import make_tasks
+from lopd_core.envs.worlds import WorldSplit
 
 
 def mix_counts(mix: dict[str, float], n: int) -> dict[str, int]:
@@ -38,8 +39,19 @@ def interleave(streams: dict[str, list]) -> list:
     return [streams[name][i] for _, name, i in sorted(keyed)]
 
 
-def mixed_tasks(mix: dict[str, float], split: str, n: int, seed: int) -> list[Task]:
+def mixed_tasks(mix: dict[str, float], split: str, n: int, seed: int, worlds: dict | None = None) -> list[Task]:
     """`n` tasks of `split` drawn across the mix in proportion, interleaved; a single-env mix returns exactly
-    `make_tasks(env, split, n, seed)`."""
+    `make_tasks(env, split, n, seed, worlds)`. `worlds` (name -> conventions) is toolworld's."""
     counts = mix_counts(mix, n)
-    return interleave({env: make_tasks(env, split, k, seed) for env, k in counts.items() if k})
+    return interleave({env: make_tasks(env, split, k, seed, worlds) for env, k in counts.items() if k})
+
+
+def deployment_tasks(envs, split: str, n: int, seed: int) -> list[Task]:
+    """Tasks of `split` in the run's deployment worlds (`pretrain_test`: in its pretraining worlds), from an
+    `envs:` config section. Bank, distillation and evaluation draw here, never from the pretraining worlds."""
+    return mixed_tasks(envs.mix, split, n, seed, WorldSplit.from_config(envs).for_split(split))
+
+
+def pretraining_tasks(envs, n: int, seed: int) -> list[Task]:
+    """Training tasks of the run's pretraining worlds (the warm start's and the cold start's)."""
+    return mixed_tasks(envs.mix, "train", n, seed, WorldSplit.from_config(envs).pretrain)

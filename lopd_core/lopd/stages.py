@@ -13,22 +13,24 @@ import dataclasses
 import json
 import random
 from pathlib import Path
-from typing import NamedTuple
 
 from lopd_core import distributed as D
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params, RetrievalSettings
 from lopd_core.envs import Task
-from lopd_core.envs.mix import mixed_tasks
+from lopd_core.envs.mix import deployment_tasks
 from lopd_core.lopd import methods as M
 from lopd_core.lopd.coldstart import train_coldstart
+from lopd_core.lopd.coldstart_data import (
+    ORACLE_SAMPLE_INDEX,
+    pretraining_retriever,
+    pretraining_successes,
+)
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
 from lopd_core.model.chat import ChatCodec
-from lopd_core.model.codegen_demos import play_codegen
-from lopd_core.model.demos import encode_demo, play
 from lopd_core.model.loading import load_policy, model_path
-from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
 
 
@@ -73,26 +75,19 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation)."""
     model, tokenizer = load_policy(params.model)
     b, ro = params.bank, params.rollout
-    tasks = mixed_tasks(params.envs.mix, "train", b.seed_tasks, params.seed + 101)
+    tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
     sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                         max_context=ro.max_context)
     trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
                     seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
-    if b.oracle_seed_tasks:
-        codec = ChatCodec(tokenizer)
-        oracle_tasks = mixed_tasks(params.envs.mix, "train", b.oracle_seed_tasks, params.seed + 202)
-        trajs += [oracle_trajectory(codec, t) for t in oracle_tasks]
     frame = trajectories_to_frame(trajs)
     parquet, seed_path = bank_paths(params)
     write_trajectories(frame, seed_path)
     with open_bank(params) as bank:
-        own = frame[frame["sample_index"] >= 0]
-        report = bank.refresh(own, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=cycle)
-        if b.oracle_seed_tasks:
-            bank.refresh(frame[frame["sample_index"] < 0], min_reward=b.min_reward, policy_version="oracle",
-                         cycle=cycle)
+        # Only the agent's own samples: no oracle ever reaches a deployment world (coldstart_data.py).
+        report = bank.refresh(frame, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=cycle)
         bank.ensure_index()
         size = len(bank)
     summary = {"rollouts": len(trajs), "successes": int(frame["success"].sum()),
@@ -103,39 +98,13 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     return summary
 
 
-class Success(NamedTuple):
-    """What cold start reads of a successful trajectory."""
-
-    token_ids: list[int]
-    action_mask: list[int]
-    task: Task
-
-
-ORACLE_SAMPLE_INDEX = -1  # marks oracle demonstrations in the seed table
-
-
-def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
-    """An oracle episode as a trajectory: ids built as the warm start builds demonstrations, the oracle's
-    actions marked as actions, sample log-probs 0 (they were not sampled from the policy)."""
-    demo, success, episode = play_codegen(task) if task.env == "codegen" else play(task)
-    ids = encode_demo(demo, codec)
-    prompt_length = ids.action_mask.index(1)
-    return Trajectory(task, ORACLE_SAMPLE_INDEX, (), ids.token_ids, ids.action_mask, ids.sample_logprobs,
-                      prompt_length, reward=1.0 if success else 0.0, success=success,
-                      stop_reason="answer", num_turns=len(demo.actions), episode=episode)
-
-
-def _successes(params: Params) -> tuple[list[Success], int]:
-    """The seed table's successes (the policy's and the oracle's), and how many trajectories were sampled."""
+def seed_rollouts(params: Params) -> int:
+    """How many trajectories the bank's seed sampled (charged to a run's rollout budget)."""
     _, seed_path = bank_paths(params)
     if not seed_path.exists():
         raise FileNotFoundError(f"no seed rollouts at {seed_path}: run `lopd bank` first")
     table = read_trajectories(seed_path)
-    frame = table[table["success"]]
-
-    out = [Success(list(r.token_ids), list(r.action_mask), Task.from_json(r.task)) for r in frame.itertuples()]
-    sampled = int((table["sample_index"] != ORACLE_SAMPLE_INDEX).sum())  # oracle demonstrations are not rollouts
-    return out, sampled
+    return int((table["sample_index"] != ORACLE_SAMPLE_INDEX).sum())  # tables written before had oracle rows
 
 
 def new_composer(params: Params, model) -> Composer:
@@ -149,13 +118,12 @@ def run_coldstart(params: Params, log=print) -> dict:
 
     D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
-    successes, _ = _successes(params)
     cs = params.coldstart
+    trajectories, successes = pretraining_successes(params, ChatCodec(tokenizer))
+    log(f"coldstart: {len(successes)} oracle successes in {params.envs.pretrain_worlds} pretraining worlds")
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
-    with open_bank(params) as bank:
-        own_excluded = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
-        retriever = make_retriever(bank, own_excluded)
+    with pretraining_retriever(params, trajectories) as retriever:
         rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
@@ -181,13 +149,13 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
         raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
-    _, seed_rollouts = _successes(params)
+    seed_sampled = seed_rollouts(params)
     with open_bank(params) as bank:
         retriever = method_retriever(M.method_spec(params.lopd.method, params.baselines), bank, params)
         teacher_base = None if teacher is None else load_policy(dataclasses.replace(params.model,
                                                                                     name_or_path=teacher))[0]
         distiller = Distiller(params, model, tokenizer, retriever, composer=composer, teacher_base=teacher_base,
-                              initial_rollouts=seed_rollouts, log=log)
+                              initial_rollouts=seed_sampled, log=log)
         state = run_distill(distiller, resume=resume, stop_after=stop_after)
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
     last = state.history[-1]["row"] if state.history else {}

@@ -36,7 +36,7 @@ import torch
 from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.envs import Task
-from lopd_core.envs.mix import mixed_tasks
+from lopd_core.envs.mix import deployment_tasks
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
@@ -183,8 +183,8 @@ class Distiller:
         per_step = self.cfg.tasks_per_step
         block, within = divmod(step, self.cfg.steps)
         if block not in self._task_blocks:  # envs interleaved: every step draws the mix
-            self._task_blocks[block] = mixed_tasks(self.params.envs.mix, "train", self.cfg.steps * per_step,
-                                                   self.params.seed + 17 + 1_000_003 * block)
+            self._task_blocks[block] = deployment_tasks(self.params.envs, "train", self.cfg.steps * per_step,
+                                                        self.params.seed + 17 + 1_000_003 * block)
         return self._task_blocks[block][within * per_step:(within + 1) * per_step]
 
     def step(self) -> StepResult:

@@ -8,8 +8,12 @@ Two kinds of demonstration, mirroring how a pretrained LLM meets a new tool worl
 * **With experience** (in-context learning). The first user turn carries 1..max_experiences oracle successes
   from the same world (sharing the task's template where possible) and the demonstration follows the rules
   those successes show. The world's name is replaced by a fresh synthetic one in the instruction and in the
-  experiences, so these demonstrations teach *reading rules from experience* and leak nothing about which real
-  world has which rules; the base's knowledge of the real worlds stays the noisy prior above.
+  experiences, so these demonstrations teach *reading rules from experience* and leak nothing about which
+  world has which rules; the base's knowledge of the pretraining worlds stays the noisy prior above.
+
+Only pretraining worlds are played (`worlds`). The deployment candidates' names (the named worlds) appear only
+as such aliases, over other worlds' conventions: the names are trained tokens, but carry no convention of
+their own, so a deployment world is new to the base.
 
 A demonstration is plain text (system, user, experiences, the action and observation turns); `encode_demo`
 turns it into ids with the chat codec, the policy's actions marked for the loss.
@@ -21,6 +25,7 @@ import random
 from dataclasses import dataclass
 
 from lopd_core.envs import TEMPLATES, WORLDS, Task, make_tasks, run_oracle
+from lopd_core.envs.worlds import conventions_for
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import IM_END, ChatCodec, TrajectoryIds, first_turn_text, observation_text
 
@@ -44,10 +49,10 @@ class Demo:
 
 
 def play(task: Task, *, conventions_world: str | None = None, slip: float = 0.0,
-         rng: random.Random | None = None) -> tuple[Demo, bool, list[dict]]:
-    """Run the oracle on `task` (optionally under another world's conventions); return the demo, whether it
-    succeeded, and the episode record."""
-    conventions = WORLDS[conventions_world] if conventions_world else None
+         rng: random.Random | None = None, worlds: dict | None = None) -> tuple[Demo, bool, list[dict]]:
+    """Run the oracle on `task` (optionally under another world's conventions, looked up in `worlds`); return
+    the demo, whether it succeeded, and the episode record."""
+    conventions = conventions_for(conventions_world, worlds=worlds) if conventions_world else None
     actions, results, env = run_oracle(task, conventions=conventions, slip=slip, rng=rng)
     observations = tuple(r.observation for r in results[:-1])
     first_system = env_system(task)
@@ -90,30 +95,39 @@ class ExperiencePool:
 
 
 def _rename_world(text: str, world: str, alias: str) -> str:
-    return text.replace(world, alias)
+    return text.replace(f"[{world}]", f"[{alias}]")
+
+
+def _alias(rng: random.Random, named_share: float) -> str:
+    if rng.random() < named_share:
+        return rng.choice(sorted(WORLDS))
+    return f"w{rng.randint(10, 99)}"
 
 
 def build_demos(*, n: int, experience_fraction: float, max_experiences: int, convention_noise: float,
-                slip: float, seed: int) -> list[Demo]:
+                slip: float, seed: int, worlds: dict[str, dict] | None = None,
+                named_alias_share: float = 0.25) -> list[Demo]:
+    """`n` demonstrations on training tasks of `worlds` (name -> conventions; default the named worlds).
+    A share `named_alias_share` of the experience demonstrations rename their world to a named world."""
     rng = random.Random(seed)
-    worlds = sorted(WORLDS)
-    tasks = make_tasks("toolworld", "train", n, seed)
-    pool = ExperiencePool(make_tasks("toolworld", "train", max(200, n // 4), seed + 7919))
+    names = sorted(WORLDS if worlds is None else worlds)
+    tasks = make_tasks("toolworld", "train", n, seed, worlds)
+    pool = ExperiencePool(make_tasks("toolworld", "train", max(200, n // 4), seed + 7919, worlds))
     demos = []
     for task in tasks:
         if rng.random() < experience_fraction:
             experiences = pool.sample(task, rng.randint(1, max_experiences), rng)
             if experiences:
                 demo, _, _ = play(task, slip=slip, rng=rng)
-                alias = f"w{rng.randint(10, 99)}"
+                alias = _alias(rng, named_alias_share if worlds is not None else 0.0)
                 demos.append(Demo(demo.system, _rename_world(demo.user, task.world, alias),
                                   tuple(_rename_world(e, task.world, alias) for e in experiences),
                                   demo.actions, demo.observations, task.world))
                 continue
         other = None
         if rng.random() < convention_noise:
-            other = rng.choice([w for w in worlds if w != task.world])
-        demo, _, _ = play(task, conventions_world=other, slip=slip, rng=rng)
+            other = rng.choice([w for w in names if w != task.world])
+        demo, _, _ = play(task, conventions_world=other, slip=slip, rng=rng, worlds=worlds)
         demos.append(demo)
     return demos
 

@@ -27,6 +27,7 @@ from transformers import GenerationConfig
 
 from lopd_core.config import Params
 from lopd_core.envs.mix import mix_counts
+from lopd_core.envs.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.codegen_demos import build_codegen_demos
 from lopd_core.model.demos import build_demos, encode_demo
@@ -174,7 +175,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     counts = mix_counts(params.envs.mix, ws.demos)  # demonstrations per env, in envs.mix's proportions
     demos = build_demos(n=counts.get("toolworld", 0), experience_fraction=ws.experience_fraction,
                         max_experiences=ws.max_experiences, convention_noise=ws.convention_noise,
-                        slip=ws.slip, seed=params.seed)
+                        slip=ws.slip, seed=params.seed, worlds=WorldSplit.from_config(params.envs).pretrain)
     if counts.get("codegen"):  # appended: the toolworld part (and its first-action cuts) stay as they were
         demos += build_codegen_demos(n=counts["codegen"], experience_fraction=ws.experience_fraction,
                                      max_experiences=ws.max_experiences, noise=ws.convention_noise, slip=ws.slip,

@@ -90,7 +90,7 @@ def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_AT
             if split == "test_ood":
                 break
             in_test = _content_key(family, level, tests) % TEST_ID_BUCKETS == 0
-            if in_test == (split == "test_id"):
+            if in_test == (split in ("test_id", "pretrain_test")):
                 break
         else:
             raise RuntimeError(f"could not draw a {split} instance of {family.name}")

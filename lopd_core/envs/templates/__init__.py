@@ -37,8 +37,9 @@ class Template:
     draw: Callable[[random.Random, dict], Draft]
     oracle: OracleFn
 
-    def generate(self, rng: random.Random, world: str) -> Draft:
-        return self.draw(rng, WORLDS[world])
+    def generate(self, rng: random.Random, world: str, worlds: dict | None = None) -> Draft:
+        """One instance for ``world``, its conventions looked up in ``worlds`` (default: the named worlds)."""
+        return self.draw(rng, (WORLDS if worlds is None else worlds)[world])
 
 
 TEMPLATES: dict[str, Template] = {}
