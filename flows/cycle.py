@@ -156,7 +156,9 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
             "margin": distilled.get("margin", resolve_method(params.lopd, params.baselines).margin),
             "cached": {k: v["cached"] for k, v in (("bank", bank), ("distill", distilled),
                                                    ("student_eval", student_eval))},
-            "new_champion": asdict(Champion(model=distilled["student"], bank=bank, composer=distilled["composer"],
+            # the bank the student's own successes grew during distillation, when it grew (growing_bank.py)
+            "new_champion": asdict(Champion(model=distilled["student"], bank={**bank, **(distilled.get("grown_bank") or {})},
+                                            composer=distilled["composer"],
                                             eval=student_eval["eval"], generation=champion.generation + 1,
                                             cycle=number, version=exported["version"])),
         }

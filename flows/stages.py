@@ -143,7 +143,7 @@ def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: st
     inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0)
     summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id}, policy=policy,
                                  bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0,
-                                 teacher=teacher)
+                                 teacher=teacher, generation=cycle)
     tracker = _tracker(params, track)
     if tracker:
         run = _child(tracker, parent_run, "distill", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})

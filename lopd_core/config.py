@@ -193,6 +193,9 @@ class BankConfig:
     samples_per_task: int = field(default=2, metadata=positive())
     # HNSW search breadth: at a fixed breadth recall falls as the bank grows (benchmarks/retrieval.py).
     ef_search: int = field(default=100, metadata=positive())
+    # Every N distillation steps the student's new successes join the bank its teacher retrieves from (0 = a
+    # static bank, as the official code). lopd_core/lopd/growing_bank.py
+    refresh_every: int = field(default=4, metadata=non_negative())
 
     @property
     def retrieval(self) -> RetrievalSettings:

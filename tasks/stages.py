@@ -97,7 +97,7 @@ def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str)
 
 @task(name="distill", **CACHED)
 def distill_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
-                 index_dir: str, phi0: str, teacher: str | None = None) -> dict:
+                 index_dir: str, phi0: str, teacher: str | None = None, generation: int = 0) -> dict:
     """LOPD training of a student from `policy`, taught by `teacher`'s frozen weights (None: the policy's own);
     resumes from the folder's checkpoint after an interruption."""
     from lopd_core.lopd.stages import run_lopd
@@ -105,8 +105,11 @@ def distill_task(stage: str, key: str, work: str, params: Params, policy: str, b
     out = _fresh(work)
     p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
                    coldstart__out=phi0, lopd__out_dir=str(out), lopd__csv=str(out / "distill.csv"))
-    summary = run_lopd(p, resume=True, teacher=teacher, log=log)
-    return mark_complete(out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt")})
+    summary = run_lopd(p, resume=True, teacher=teacher, cycle=generation, log=log)
+    grown = {"bank_dir": summary["bank_dir"], "index_dir": str(Path(summary["bank_dir"]).parent / "bank_index")} \
+        if summary.get("bank_dir") else {}
+    return mark_complete(out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt"),
+                               "grown_bank": grown})
 
 
 @task(name="evaluate", **CACHED)

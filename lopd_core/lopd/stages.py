@@ -27,6 +27,7 @@ from lopd_core.lopd.coldstart_data import (
     pretraining_successes,
 )
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.loading import load_policy, model_path
@@ -139,7 +140,7 @@ def run_coldstart(params: Params, log=print) -> dict:
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
-             log=print) -> dict:
+             cycle: int = 0, log=print) -> dict:
     """Distil a student from `model.name_or_path`. `teacher`: a model whose frozen weights teach instead of the
     student's start (`lopd cycle` with cycle.refresh_teacher false); None: the student's start teaches."""
     random.seed(params.seed)
@@ -150,16 +151,27 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
     seed_sampled = seed_rollouts(params)
+    spec = M.method_spec(params.lopd.method, params.baselines)
+    grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.retrieval != "random")
+    if grows:  # the stage's own copy of its input bank, grown in place (growing_bank.py)
+        parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
+        params = dataclasses.replace(params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent),
+                                                                      index_dir=str(index_dir)))
     with open_bank(params) as bank:
-        retriever = method_retriever(M.method_spec(params.lopd.method, params.baselines), bank, params)
+        retriever = method_retriever(spec, bank, params)
+        growth = BankGrowth(bank, every=params.bank.refresh_every, min_reward=params.bank.min_reward,
+                            cycle=cycle, total_steps=params.lopd.steps, log=log) if grows else None
         teacher_base = None if teacher is None else load_policy(dataclasses.replace(params.model,
                                                                                     name_or_path=teacher))[0]
         distiller = Distiller(params, model, tokenizer, retriever, composer=composer, teacher_base=teacher_base,
                               initial_rollouts=seed_sampled, log=log)
-        state = run_distill(distiller, resume=resume, stop_after=stop_after)
+        state = run_distill(distiller, resume=resume, stop_after=stop_after, on_step=growth)
+        bank_rows = len(bank)
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
     last = state.history[-1]["row"] if state.history else {}
     # `margin`: the m this run trained with (the resolved method's), what its dashboard draws
     return {"steps": state.step, "beta": state.beta, "skipped_updates": state.skipped_updates,
             "rollouts": state.rollouts, "last": last, "student": str(student_dir),
-            "margin": distiller.method.margin}
+            "margin": distiller.method.margin, "bank_rows": bank_rows,
+            "bank_added": growth.added if growth else 0, "bank_refreshes": growth.refreshes if growth else [],
+            "bank_dir": params.bank.dir if grows else None}

@@ -208,6 +208,7 @@ class Distiller:
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
                         seed=self.params.seed * 1_000_003 + s, seeds=seeds)
         self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
+        self.last_trajectories = trajs  # this rank's, for a growing bank (growing_bank.py)
         return self.update(tasks, trajs, started=started)
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
@@ -600,9 +601,10 @@ def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin
 
 
 def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool = True,
-                stop_after: int | None = None) -> DistillState:
+                stop_after: int | None = None, on_step=None) -> DistillState:
     """Train to `steps` (default lopd.steps; more draws further blocks of the task stream, `step_tasks`); resume
-    from the last checkpoint when there is one. `stop_after` ends the process early (tests of resumption)."""
+    from the last checkpoint when there is one. `stop_after` ends the process early (tests of resumption).
+    `on_step(distiller, result)` runs after each step, before its checkpoint (the growing bank's refresh)."""
     cfg = distiller.cfg
     total = steps or cfg.steps
     if resume and distiller.load_checkpoint():
@@ -612,6 +614,8 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     history = distiller.state.history
     while distiller.state.step < total:
         out = distiller.step()
+        if on_step is not None:
+            on_step(distiller, out)
         history.append({"row": out.row, "diagnostics": out.diagnostics})  # (checkpointed: no per-trajectory lists)
         if D.is_main():  # rows are already whole-batch figures, equal on every rank
             _write_rows(csv_path, CSV_COLUMNS, [h["row"] for h in history])
