@@ -316,6 +316,7 @@ class BaselinesConfig:
     sdpo_teacher: str = field(default="ema", metadata=one_of("ema", "student"))
     ema_decay: float = field(default=0.9, metadata=fraction())  # EMA teacher: θ_ema ← d·θ_ema + (1 − d)·θ
     sharpen_temperature: float = field(default=0.5, metadata=positive())  # the sharpened-teacher control
+    rl_weight: float = field(default=1.0, metadata=non_negative())  # lopd_rl: weight of the GRPO term
 
 
 @dataclass

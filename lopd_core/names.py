@@ -13,7 +13,7 @@ Imports nothing.
 # lopd_core/lopd/methods.py: METHOD_NAMES (the order is the order reports list them in)
 METHOD_NAMES = (
     "lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience", "lopd_frozen_composer", "lopd_no_margin",
-    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval",
+    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval", "lopd_rl",
 )
 
 # lopd_core/benchmarks/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)

@@ -13,8 +13,11 @@ where it builds the teacher's input and picks the student's loss —
   * teacher_weights — frozen_base (θ̄, the policy at the start), student (the live student, no gradient) or
     ema (an exponential moving average of the student);
   * loss — reverse_kl (the distillation losses of `lopd.student_loss`), grpo (group-relative advantages,
-    PPO-clip, plus `baselines.grpo_kl` · KL to the frozen base when > 0) or grpo+kl (GRPO plus
-    `baselines.skill_kl` · the sampled-token reverse KL toward the teacher: Skill-SD).
+    PPO-clip, plus `baselines.grpo_kl` · KL to the frozen base when > 0), grpo+kl (GRPO plus
+    `baselines.skill_kl` · the sampled-token reverse KL toward the teacher: Skill-SD) or reverse_kl+grpo
+    (`lopd_rl`, beyond the paper: LOPD's distillation loss plus `baselines.rl_weight` · the GRPO term on the
+    same rollouts — distillation from experience leads early, the reward signal keeps climbing after the
+    bank's coverage is exhausted).
 Text contexts go through the same splice as latents: the embeddings of the text's ids placed in the latent slot
 are exactly the conversation with that text in its first user turn (tests/test_lopd_core.py checks this).
 
@@ -34,7 +37,7 @@ from lopd_core.experience import format_experience
 
 TEACHER_CONTEXTS = ("latent", "text_experience", "golden", "sibling", "skill", "none")
 TEACHER_WEIGHTS = ("frozen_base", "student", "ema")
-LOSSES = ("reverse_kl", "grpo", "grpo+kl")
+LOSSES = ("reverse_kl", "grpo", "grpo+kl", "reverse_kl+grpo")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in [
     MethodSpec("lopd_no_anchor", "latent", composer_trainable=True, anchor_weight=0.0),
     MethodSpec("sharpened_teacher", "none", teacher_temperature=0.5),
     MethodSpec("lopd_random_retrieval", "latent", composer_trainable=True, retrieval="random"),
+    MethodSpec("lopd_rl", "latent", composer_trainable=True, loss="reverse_kl+grpo"),
 ]}
 METHOD_NAMES = tuple(METHODS)
 

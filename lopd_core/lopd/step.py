@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -215,19 +215,22 @@ class StudentLoss:
     clip: float = 0.2  # PPO-clip ε
     reference_kl: float = 0.0  # GRPO: weight of the k3 KL to the frozen base
     skill_kl: float = 0.0  # Skill-SD: weight of the sampled-token reverse KL to its teacher
+    rl_weight: float = 0.0  # lopd_rl: weight of the GRPO term added to the distillation loss
 
     @classmethod
     def resolve(cls, method, lopd, baselines) -> StudentLoss:
         """`method` a resolved MethodSpec; `lopd`, `baselines` the config sections (checked at load)."""
-        kind = lopd.student_loss if method.loss == "reverse_kl" else method.loss
+        distills = method.loss in ("reverse_kl", "reverse_kl+grpo")
+        kind = lopd.student_loss if distills else method.loss
         if kind not in STUDENT_LOSSES:
             raise ValueError(f"unknown student loss {kind!r}; expected one of {', '.join(STUDENT_LOSSES)}")
         return cls(kind, lopd.importance_cap if lopd.importance_weight else None, baselines.grpo_clip,
-                   method.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0)
+                   method.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
+                   baselines.rl_weight if method.loss == "reverse_kl+grpo" else 0.0)
 
     @property
     def reads_sample_logprobs(self) -> bool:
-        return self.kind in ("grpo", "grpo+kl") or self.importance_cap is not None
+        return self.kind in ("grpo", "grpo+kl") or self.importance_cap is not None or self.rl_weight > 0
 
     @property
     def reads_teacher_logits(self) -> bool:
@@ -243,6 +246,12 @@ def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: Stud
 
     The importance weight multiplies the sampled-token reverse KL only: the one term whose value depends on the
     sampled token (losses.py). GRPO's own ratio is against the sampling log-probs, so it needs no weight."""
+    if loss.rl_weight > 0:  # lopd_rl: the distillation loss plus the GRPO term on the same tokens
+        distill = student_token_loss(student_logits, action_ids, targets, replace(loss, rl_weight=0.0),
+                                     sample_logprobs=sample_logprobs)
+        s_action = torch.log_softmax(student_logits, -1).gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
+        return distill + loss.rl_weight * L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage,
+                                                                clip=loss.clip)
     if loss.kind == "topk":
         return L.reverse_kl_topk(student_logits, targets.topk_logprobs, targets.topk_ids)
     if loss.kind == "full":

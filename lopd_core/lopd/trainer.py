@@ -228,7 +228,8 @@ class Distiller:
         t_update = time.perf_counter()
         device = self.composer.queries.device
         batch = S.rollout_batch(trajs, samples_per_task=self.cfg.samples_per_task, advantage=self.cfg.advantage,
-                                group_std_eps=None if self.method.loss == "reverse_kl"
+                                group_std_eps=None if self.student_loss.kind in ("topk", "full", "sampled")
+                                and self.student_loss.rl_weight == 0
                                 else self.params.baselines.group_std_eps, device=device)
         sums = S.StepSums.zeros(len(batch), device)
         with _timed(sums, "teacher"):
