@@ -152,6 +152,8 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
             "export": exported["export"], "version": exported["version"], "mlflow_run": parent,
             "eval": {"base": base_eval["eval"], "champion": champ_eval["eval"], "student": student_eval["eval"]},
             "final_beta": float(last["beta"]), "final_delta": float(last["delta"]), "delta_mean": delta_mean,
+            "bank": bank_census(distilled.get("grown_bank", {}).get("bank_dir") or bank["bank_dir"],
+                                distilled.get("bank_added", 0)),
             # the m the run trained with (the resolved method's: 0 for lopd_no_margin), not the section's
             "margin": distilled.get("margin", resolve_method(params.lopd, params.baselines).margin),
             "cached": {k: v["cached"] for k, v in (("bank", bank), ("distill", distilled),
@@ -200,19 +202,47 @@ def write_cycle_report(params: Params, history: list[dict], parent: str | None, 
                          parent_run=parent, cycle=number, track=parent is not None)
 
 
+def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
+    """Rows of the bank a cycle ends with, and its successes per tool domain (a cross-domain task counts in
+    each of its domains; codegen rows as `codegen`)."""
+    import pandas as pd
+
+    from lopd_core.envs import TEMPLATES
+
+    path = Path(bank_dir) / "experience.parquet"
+    frame = pd.read_parquet(path, columns=["template"]) if path.exists() else pd.DataFrame({"template": []})
+    by_domain: dict[str, int] = {}
+    for template, count in frame["template"].value_counts().items():
+        for domain in (TEMPLATES[template].domains if template in TEMPLATES else ("codegen",)):
+            by_domain[domain] = by_domain.get(domain, 0) + int(count)
+    return {"rows": len(frame), "by_domain": by_domain, "added_in_distill": int(added_in_distill)}
+
+
 def summarize(record: dict, params: Params) -> list[str]:
     """The few lines `lopd cycle` ends with."""
     ev = {k: S.read_json(v) for k, v in record["eval"].items()}
     g = params.cycle
 
-    def cell(results, split):
-        c = results["toolworld"][split][g.gate_mode] if results and split in results.get("toolworld", {}) else None
-        return f"{100 * c['success_rate']:.1f}% (reward {c['reward_mean']:.3f})" if c else "n/a"
+    def cell(results, split, mode):
+        c = results["toolworld"][split].get(mode) if results and split in results.get("toolworld", {}) else None
+        if not c:
+            return "n/a"
+        lo, hi = c.get("ci95", (float("nan"), float("nan")))
+        return f"{100 * c['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
-    lines = [f"cycle {record['cycle']} summary ({record.get('seconds', 0):.0f}s):"]
-    for split in g.gate_splits:
-        lines.append(f"  {split} {g.gate_mode} success: base {cell(ev['base'], split)} -> "
-                     f"new student {cell(ev['student'], split)}")
+    worlds = ", ".join(params.envs.deploy_worlds)
+    lines = [f"cycle {record['cycle']} summary ({record.get('seconds', 0):.0f}s; deployment world(s): {worlds}):"]
+    bank = record.get("bank") or {}
+    if bank:
+        by_domain = ", ".join(f"{d} {n}" for d, n in sorted(bank.get("by_domain", {}).items()))
+        lines.append(f"  bank: {bank.get('rows')} rows ({bank.get('added_in_distill', 0)} added by the student "
+                     f"during distillation); successes by domain: {by_domain or 'none'}")
+    n = next((c["n"] for c in (ev["student"] or {}).get("toolworld", {}).get("test_id", {}).values()), None)
+    lines.append(f"  success, base -> new student (95 % interval, n = {n} per split):")
+    for split in params.eval.splits:
+        for mode in params.eval.modes:
+            lines.append(f"    {split:<14} {mode:<8} {cell(ev['base'], split, mode)} -> "
+                         f"{cell(ev['student'], split, mode)}")
     lines += [
         (f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
         f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"),
