@@ -7,31 +7,20 @@ import copy
 
 import pytest
 import torch
+from _batches import oracle_texts, six_trajectories
 
 from lopd_core.config import Params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import step as step_mod
 from lopd_core.lopd import trainer as trainer_mod
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
-from lopd_core.model.chat import ChatCodec
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
 @pytest.fixture(scope="module")
 def batch(tiny_model, tiny_tokenizer):
     """Six trajectories (3 tasks × 2 samples) of different lengths, and two experiences per task."""
-    tasks = make_tasks("toolworld", "train", 3, seed=11)
-    reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
-    trajs = rollout(tiny_model, ChatCodec(tiny_tokenizer), reqs,
-                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
-    for i, t in enumerate(trajs):  # give the advantage both signs
-        t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
-    texts = []
-    for t in make_tasks("toolworld", "train", 4, seed=99):
-        _, _, env = run_oracle(t)
-        texts.append(format_experience(t.instruction, env.episode))
+    tasks, trajs = six_trajectories(tiny_model, tiny_tokenizer)
+    texts = oracle_texts(4)
     per_task = {t.instruction: texts[i % 3: i % 3 + 2] for i, t in enumerate(tasks)}  # shared rows across tasks
     return tasks, trajs, lambda ts: [per_task[t.instruction] for t in ts]
 

@@ -15,10 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _batches import oracle_texts, six_trajectories
 
 from lopd_core.config import POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS, ConfigError, Params, load_params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
@@ -26,23 +25,13 @@ from lopd_core.lopd import trainer as trainer_mod
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.prefix import score_actions_shared
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
-from lopd_core.model.chat import ChatCodec
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
 @pytest.fixture(scope="module")
 def batch(tiny_model, tiny_tokenizer):
     """Six trajectories (3 tasks × 2 samples) of different lengths and rewards, two experiences per task."""
-    tasks = make_tasks("toolworld", "train", 3, seed=11)
-    reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
-    trajs = rollout(tiny_model, ChatCodec(tiny_tokenizer), reqs,
-                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
-    for i, t in enumerate(trajs):
-        t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
-    texts = []
-    for t in make_tasks("toolworld", "train", 3, seed=99):
-        _, _, env = run_oracle(t)
-        texts.append(format_experience(t.instruction, env.episode))
+    tasks, trajs = six_trajectories(tiny_model, tiny_tokenizer)
+    texts = oracle_texts(3)
     return tasks, trajs, lambda ts: [texts[:2] for _ in ts]
 
 

@@ -1,0 +1,29 @@
+"""A shared training batch for the trainer tests: six trajectories (3 tasks × 2 samples) of the tiny model with
+rewards of both signs, and oracle experience texts to retrieve."""
+
+from __future__ import annotations
+
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+
+
+def six_trajectories(model, tokenizer):
+    """(tasks, trajectories) with rewards 1, 0, .5, 1, 0, .25 (successes 0 and 3): the advantage takes both signs."""
+    tasks = make_tasks("toolworld", "train", 3, seed=11)
+    reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
+    trajs = rollout(model, ChatCodec(tokenizer), reqs,
+                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
+    for i, t in enumerate(trajs):
+        t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
+    return tasks, trajs
+
+
+def oracle_texts(n: int) -> list[str]:
+    """Experience texts of `n` oracle successes (seed 99)."""
+    out = []
+    for t in make_tasks("toolworld", "train", n, seed=99):
+        _, _, env = run_oracle(t)
+        out.append(format_experience(t.instruction, env.episode))
+    return out
