@@ -99,7 +99,8 @@ def test_bank_coldstart_distill_resume_and_export(built):
     bank = lopd("bank", *LOPD_SMALL, cwd=workdir)
     assert bank.returncode == 0, bank.stderr
     report = json.loads((workdir / "data" / "bank" / "bank_report.json").read_text())
-    assert report["rollouts"] == 12 + 16 and report["bank_rows"] >= 16  # the oracle's successes at least
+    assert report["rollouts"] == 12  # the agent's own samples only: no oracle episode enters a deployment world's bank
+    assert report["bank_rows"] <= report["rollouts"]
 
     cold = lopd("coldstart", *LOPD_SMALL, cwd=workdir)
     assert cold.returncode == 0, cold.stderr

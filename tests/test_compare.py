@@ -9,6 +9,7 @@ import pytest
 from lopd_core.compare.report import reach, write_compare_report
 from lopd_core.compare.run import plan_steps
 from lopd_core.config import Params
+from lopd_core.names import METHOD_NAMES
 
 
 def _run(method, seed, curve, final, csv):
@@ -60,7 +61,7 @@ def test_smoke_preset_runs_every_method(tmp_path, tiny_model, tiny_tokenizer, pr
     params_file = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "params.yaml")
     out = compare_flow(params_file=params_file, overrides=overrides, track=True)
     methods = {r["method"] for r in out["runs"]}
-    assert len(methods) == 11
+    assert methods == set(METHOD_NAMES)
     budgets = {r["method"]: r["rollouts"] for r in out["runs"]}
     assert all(b <= 24 for b in budgets.values()) and budgets["grpo"] > budgets["lopd"] - 8
     md = (tmp_path / "reports" / "compare.md").read_text()
@@ -70,4 +71,4 @@ def test_smoke_preset_runs_every_method(tmp_path, tiny_model, tiny_tokenizer, pr
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m.db")
     exp = client.get_experiment_by_name(Params().tracking.experiment)
     children = client.search_runs([exp.experiment_id], "tags.`lopd.stage` = 'compare-run'")
-    assert len(children) == 11 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
+    assert len(children) == len(METHOD_NAMES) and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
