@@ -2,11 +2,13 @@
 
 The recipe:
   1. the base policy (built once, as in `lopd cycle`);
-  2. per seed, when any method reads the bank: the bank (its sampled rollouts are charged to those methods'
-     budget) and the composer's cold start φ0 — both cached Prefect stages from flows/stages.py;
+  2. the replicates are (deployment world, seed) pairs; per pair, when any method reads the bank: the bank of
+     the agent's own successes in that world (its sampled rollouts are charged to those methods' budget) and
+     the composer's cold start φ0 (pretraining worlds only) — both cached Prefect stages from flows/stages.py;
   3. learning rates: with more than one value in the preset's grid, every method is tuned on the same grid, on
-     `tune_seed` and validation tasks (train split, never test), at `tune_budget_fraction` of the budget;
-  4. one run per (method, seed) at the tuned rate, mapped over a Prefect task;
+     `tune_seed` in `tune_world` and validation tasks (train split, never test), at `tune_budget_fraction` of
+     the budget;
+  4. one run per (method, world, seed) at the tuned rate, mapped over a Prefect task;
   5. reports/compare.md, compare.png, compare.json (lopd_core/compare/report.py).
 MLflow: one parent run, a child run per (method, seed) (and per tuning run) with the distill CSV's columns as
 step metrics, the held-out curve as metrics stepped by rollouts, and the final evaluation.
@@ -62,20 +64,28 @@ def compare_run_task(work: str, params: Params, method: str, budget: int, bank: 
     return mark_complete(work, summary)
 
 
-def _job(params: Params, method: str, seed: int, lr: float, budget: int, base: str, banks: dict, phi0s: dict,
-         preset, validation_n: int) -> dict:
+def _pair_params(params: Params, world: str, seed: int) -> Params:
     p = copy.deepcopy(params)
-    p.seed, p.lopd.lr_student, p.lopd.method = seed, lr, method
+    p.seed, p.envs.deploy_worlds = seed, [world]
+    return p
+
+
+def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: int, base: str, banks: dict,
+         phi0s: dict, preset, validation_n: int) -> dict:
+    world, seed = pair
+    p = _pair_params(params, world, seed)
+    p.lopd.lr_student, p.lopd.method = lr, method
     spec = method_spec(method, p.baselines)
-    bank = banks.get(seed) if spec.uses_bank else None
-    phi0 = phi0s.get(seed) if spec.needs_composer else None
-    sections = {"seed": seed, "method": method, "lr": lr, "budget": budget, "lopd": S.section(p, "lopd"),
+    bank = banks.get(pair) if spec.uses_bank else None
+    phi0 = phi0s.get(pair) if spec.needs_composer else None
+    sections = {"seed": seed, "world": world, "method": method, "lr": lr, "budget": budget,
+                "lopd": S.section(p, "lopd"), "envs": p.envs,
                 "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer, "bank": S.section(p, "bank"),
                 "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]}
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
     phase = "tune" if validation_n else "final"
     key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
-    work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-s{seed}-lr{lr:g}-{key[:10]}"
+    work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-{world}-s{seed}-lr{lr:g}-{key[:10]}"
     p.model.name_or_path = base
     return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
             "phase": phase, "validation_n": validation_n}
@@ -102,9 +112,11 @@ def _run_all(jobs: list[dict], preset, tracker: Tracker | None, parent: str | No
 
 
 def _log_child(tracker: Tracker, parent: str, job: dict, summary: dict) -> None:
-    run = tracker.start_run(f"{job['phase']}-{job['method']}-seed{summary['seed']}", parent=parent,
+    world = job["params"].envs.deploy_worlds[0]
+    run = tracker.start_run(f"{job['phase']}-{job['method']}-{world}-seed{summary['seed']}", parent=parent,
                             tags={"lopd.stage": "compare-run", "lopd.compare.phase": job["phase"],
-                                  "lopd.method": job["method"], "lopd.seed": summary["seed"]})
+                                  "lopd.method": job["method"], "lopd.seed": summary["seed"],
+                                  "lopd.world": world})
     tracker.log_params(run, job["params"].to_dict())
     tracker.log_step_metrics(run, summary["csv"])
     for point in summary["curve"]:
@@ -143,21 +155,21 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
         base = S.base_flow(params)
         specs = [method_spec(m, params.baselines) for m in preset.methods]
         tune = len(preset.lr_grid) > 1
-        seeds = list(preset.seeds) + ([preset.tune_seed] if tune else [])
+        pairs = preset.pairs(params.envs.deploy_worlds)
+        tune_pair = (preset.tune_world or params.envs.deploy_worlds[0], preset.tune_seed)
         banks, phi0s = {}, {}
         if any(s.uses_bank for s in specs):
-            for seed in seeds:
-                p = copy.deepcopy(params)
-                p.seed = seed
+            for pair in pairs + ([tune_pair] if tune else []):
+                p = _pair_params(params, *pair)
                 bank = S.bank_flow(p, base, None, 0, parent_run=parent, track=track)
-                banks[seed] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
+                banks[pair] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
                 if any(s.needs_composer for s in specs):
-                    phi0s[seed] = S.coldstart_flow(p, base, bank, parent_run=parent, track=track)["phi0"]
+                    phi0s[pair] = S.coldstart_flow(p, base, bank, parent_run=parent, track=track)["phi0"]
 
         tuning, best = [], {}
         if tune:
             tune_budget = max(1, int(preset.budget * preset.tune_budget_fraction))
-            jobs = [_job(params, m, preset.tune_seed, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
+            jobs = [_job(params, m, tune_pair, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
                     for m in preset.methods for lr in preset.lr_grid]
             for job, summary in zip(jobs, _run_all(jobs, preset, tracker, parent)):
                 tuning.append({"method": job["method"], "lr": summary["lr"], "score": _tune_score(summary)})
@@ -166,25 +178,27 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
                 best[m] = max(scored, key=lambda t: (t["score"], -abs(t["lr"] - 3e-4)))["lr"]
         lr_of = {m: best.get(m, preset.lr_grid[0] if preset.lr_grid else params.lopd.lr_student)
                  for m in preset.methods}
-        jobs = [_job(params, m, seed, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
-                for m in preset.methods for seed in preset.seeds]
+        jobs = [_job(params, m, pair, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
+                for m in preset.methods for pair in pairs]
         runs = _run_all(jobs, preset, tracker, parent)
 
         from lopd_core.compare.report import write_compare_report
 
         seconds = time.perf_counter() - started
-        bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per seed, charged to the methods "
+        bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per replicate, charged to the methods "
                      f"that read the bank (its own successes only; the composer's cold start read "
                      f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)" if banks else "not used")
         settings = [("command", f"`{command}`"), ("preset", params.compare.preset),
-                    ("methods", ", ".join(preset.methods)), ("seeds", ", ".join(map(str, preset.seeds))),
+                    ("methods", ", ".join(preset.methods)),
+                    ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),
                     ("rollout budget", (f"{preset.budget} sampled trajectories per run "
                                         f"({params.lopd.tasks_per_step} tasks × {params.lopd.samples_per_task} "
                                         f"samples per step)")),
                     ("bank", bank_note),
                     ("learning-rate grid (lopd.lr_student)",
                      ", ".join(f"{x:g}" for x in preset.lr_grid) + (
-                         f"; tuned on seed {preset.tune_seed} at {preset.tune_budget_fraction:g} of the budget, "
+                         f"; tuned in {tune_pair[0]} on seed {tune_pair[1]} at {preset.tune_budget_fraction:g} "
+                         f"of the budget, "
                          f"{preset.tune_n} validation tasks" if tune else " (one value: no tuning)")),
                     ("base", f"{base} (content {content_hash(base)[:12]})"),
                     ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),

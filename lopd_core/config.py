@@ -325,19 +325,37 @@ class ComparePreset:
 
     methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata=subset_of(*METHOD_NAMES))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # The deployment world of each seed (the replicates are (world, seed) pairs); empty: envs.deploy_worlds
+    # for every seed. Learning rates are tuned in `tune_world`, apart from every world a replicate reports.
+    worlds: list[str] = field(default_factory=list, metadata=subset_of(*NAMED_WORLDS))
+    tune_world: str = field(default="", metadata=one_of("", *NAMED_WORLDS))
     # Sampled trajectories per run, bank seed rollouts included (a method that reads the bank pays for it).
-    budget: int = field(default=480, metadata=positive())
-    lr_grid: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])  # lopd.lr_student, every method
+    budget: int = field(default=1024, metadata=positive())
+    lr_grid: list[float] = field(default_factory=lambda: [3e-4, 1e-3])  # lopd.lr_student, every method
     tune_seed: int = 100  # learning rates are picked on this seed and on validation tasks, never on test
-    tune_budget_fraction: float = field(default=0.5, metadata=fraction())  # tuning runs are this much shorter
-    tune_n: int = field(default=24, metadata=positive())  # validation tasks (train split, own seed stream)
-    eval_n: int = field(default=50, metadata=positive())  # held-out tasks per split at the end of a run
-    curve_points: int = field(default=3, metadata=positive())  # held-out (test_id) evaluations along a run
-    curve_n: int = field(default=24, metadata=positive())
+    tune_budget_fraction: float = field(default=0.25, metadata=fraction())  # tuning runs are this much shorter
+    tune_n: int = field(default=32, metadata=positive())  # validation tasks (train split, own seed stream)
+    eval_n: int = field(default=100, metadata=positive())  # held-out tasks per split at the end of a run
+    curve_points: int = field(default=4, metadata=positive())  # held-out (test_id) evaluations along a run
+    curve_n: int = field(default=48, metadata=positive())
     # `section.key=value` applied to every run (before the command line's --set)
     overrides: list[str] = field(default_factory=lambda: [
-        "bank.seed_tasks=32", "bank.samples_per_task=2", "coldstart.oracle_tasks=100", "coldstart.steps=30",
-        "eval.with_experience=false"])
+        "bank.seed_tasks=64", "bank.samples_per_task=2", "eval.with_experience=false"])
+
+    def __post_init__(self) -> None:
+        if self.worlds and len(self.worlds) != len(self.seeds):
+            raise ConfigError(f"compare preset worlds: got {len(self.worlds)} ({', '.join(self.worlds)}) for "
+                              f"{len(self.seeds)} seeds, expected one deployment world per seed or none")
+
+    def pairs(self, default_worlds: list[str]) -> list[tuple[str, int]]:
+        """The replicates: (deployment world, seed); without `worlds`, the first of `default_worlds` each time."""
+        worlds = self.worlds or [default_worlds[0]] * len(self.seeds)
+        return list(zip(worlds, self.seeds))
+
+
+def _full_preset() -> ComparePreset:
+    """Every method over three (deployment world, seed) replicates, tuned in a fourth world."""
+    return ComparePreset(worlds=["aurora", "borealis", "cobalt"], tune_world="dune")
 
 
 def _smoke_preset() -> ComparePreset:
@@ -355,22 +373,12 @@ def _smoke_preset() -> ComparePreset:
                    "rollout.max_new_tokens=24", "rollout.max_context=640", "eval.with_experience=false"])
 
 
-def _long_preset() -> ComparePreset:
-    """LOPD, GRPO and the two controls at 4× the full preset's budget: does anything learn given more rollouts?
-    One learning rate: the one the full preset's grid picked for lopd and grpo (reports/compare.md)."""
-    return ComparePreset(
-        methods=["lopd", "grpo", "sharpened_teacher", "lopd_random_retrieval"], budget=1920, lr_grid=[3e-4],
-        eval_n=100, curve_points=4, curve_n=48,
-        overrides=[*ComparePreset().overrides, "compare.report_dir=reports/compare_long"])
-
-
 @dataclass
 class CompareConfig:
     """`lopd compare`: every method at the same rollout budget, seeds, learning rates tuned on one grid."""
 
     preset: str = "full"  # a key of `presets`
-    presets: dict[str, ComparePreset] = field(default_factory=lambda: {"full": ComparePreset(),
-                                                                        "long": _long_preset(),
+    presets: dict[str, ComparePreset] = field(default_factory=lambda: {"full": _full_preset(),
                                                                         "smoke": _smoke_preset()})
     work_dir: str = "data/compare"
     report_dir: str = "reports"

@@ -40,14 +40,29 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
     return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
+def task_domains(task) -> tuple[str, ...]:
+    """The tool domains a task exercises (a cross-domain task has several); codegen tasks are `codegen`."""
+    from lopd_core.envs import TEMPLATES
+
+    return TEMPLATES[task.template].domains if task.template in TEMPLATES else (task.env,)
+
+
 def summarize(trajectories: list[Trajectory]) -> dict:
     n = len(trajectories)
     wins = sum(t.success for t in trajectories)
+    per_domain: dict[str, list[int]] = {}
+    for t in trajectories:
+        for domain in task_domains(t.task):
+            counts = per_domain.setdefault(domain, [0, 0])
+            counts[0] += int(t.success)
+            counts[1] += 1
     return {
         "success_rate": round(wins / n, 4) if n else 0.0,
         "reward_mean": round(sum(t.reward for t in trajectories) / n, 4) if n else 0.0,
         "n": n,
         "ci95": wilson_interval(wins, n),
+        # a cross-domain task counts in each of its domains, so the domains' n add up to more than n
+        "by_domain": {d: {"success_rate": round(w / k, 4), "n": k} for d, (w, k) in sorted(per_domain.items())},
     }
 
 

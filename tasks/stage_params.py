@@ -31,13 +31,15 @@ class StageReads:
 
 
 _POLICY = "model.name_or_path", "model.dtype"  # which policy, loaded how (its content is an input)
+# The warm start and the cold start play only the pretraining worlds: a new deployment world reuses both.
+_PRETRAIN_ENVS = "envs.mix", "envs.pretrain_worlds", "envs.world_seed"
 
 STAGES: dict[str, StageReads] = {
-    "base": StageReads(("seed", "model.tiny", "model.warmstart", "envs")),
+    "base": StageReads(("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS)),
     "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs"),
                        {"policy": ("data/base",), "parent_bank": ()}),
     # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
-    "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", "envs", "bank.top_j", "bank.ef_search",
+    "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search",
                              "bank.min_reward"),
                             {"policy": ("data/base",)}),
     "distill": StageReads(("seed", *_POLICY, "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",

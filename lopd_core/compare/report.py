@@ -1,11 +1,12 @@
 """reports/compare.md, compare.png and compare.json from the runs of `lopd compare`.
 
-The table is mean ± std over seeds (population std, 0 with one seed) of held-out success per split and mode.
-"Reaches GRPO" compares curves evaluated on the same test_id tasks (same seed, same `curve_n` tasks): GRPO's
-target is the mean over seeds of its last curve point; a method reaches it at the first curve point where its
-own mean over seeds is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
+The replicates are (deployment world, seed) pairs. The table is mean ± std over replicates (population std,
+0 with one) of held-out success per split and mode; the per-domain table pools the replicates' tasks.
+"Reaches GRPO" compares curves evaluated on the same test_id tasks (same world and seed, same `curve_n` tasks): GRPO's
+target is the mean over replicates of its last curve point; a method reaches it at the first curve point where its
+own mean over replicates is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
 The verdict lines are arithmetic on these numbers, each difference with the 95 % interval of a difference of two
-proportions (tasks pooled over seeds); a verdict credits experience only beyond that interval.
+proportions (tasks pooled over replicates); a verdict credits experience only beyond that interval.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _pct(values: list[float]) -> str:
 
 
 def mean_curve(runs: list[dict], mode: str) -> pd.DataFrame:
-    """Mean over seeds of a method's curve: columns step, rollouts, success, reward (rows by curve point)."""
+    """Mean over replicates of a method's curve: columns step, rollouts, success, reward (rows by curve point)."""
     frames = [pd.DataFrame(r["curve"]) for r in runs]
     frame = pd.concat(frames).groupby("step", as_index=False).mean(numeric_only=True)
     return frame.rename(columns={f"{mode}_success": "success", f"{mode}_reward": "reward"})[
@@ -63,7 +64,7 @@ def _pooled(runs: list[dict], split: str, mode: str) -> tuple[float, int]:
 
 
 def difference_interval(a: list[dict], b: list[dict], split: str, mode: str) -> tuple[float, float]:
-    """(difference of success rates a − b, half-width of its 95 % normal interval), tasks pooled over seeds.
+    """(difference of success rates a − b, half-width of its 95 % normal interval), tasks pooled over replicates.
 
     The seeds' tasks are different draws of the same split, so pooling them is one larger sample per method;
     the interval is the unpaired one, wider than a paired test would give on the shared tasks — a difference
@@ -124,12 +125,16 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
     lines = [f"# {title}", ""]
     lines += [f"- **{k}**: {v}" for k, v in settings]
     n_eval = runs[0]["final"]["test_id"]["greedy"]["n"] if runs else 0
-    lines += ["", f"## Held-out success (mean ± std over seeds; n = {n_eval} tasks per split and seed)", ""]
+    lines += ["", f"## Held-out success (mean ± std over replicates; n = {n_eval} tasks per split and replicate)",
+              ""]
     lines += _md_table(header, rows)
     lines += ["", "## Rollouts to reach GRPO's final test_id success (curves on the same tasks)", ""]
     lines += _md_table(["method", "greedy", "sampled"],
                        [[m, reach(by_method, m, "greedy"), reach(by_method, m, "sampled")]
                         for m in by_method if m != "grpo"])
+    lines += ["", "## test_id success by tool domain (greedy; tasks pooled over replicates, a cross-domain task "
+              "in each of its domains)", ""]
+    lines += _domain_table(by_method)
     verdict = _verdict(by_method)
     if verdict:
         lines += ["", "## Differences (arithmetic on the table above)", "", *verdict]
@@ -150,6 +155,22 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
     js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2,
                              default=str))
     return {"md": md, "png": png, "json": js}
+
+
+def _domain_table(by_method: dict[str, list[dict]], split: str = "test_id", mode: str = "greedy") -> list[str]:
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for method, rs in by_method.items():
+        for r in rs:
+            for domain, cell in r["final"][split][mode].get("by_domain", {}).items():
+                wins_n = pooled.setdefault(method, {}).setdefault(domain, [0.0, 0])
+                wins_n[0] += cell["success_rate"] * cell["n"]
+                wins_n[1] += cell["n"]
+    domains = sorted({d for cells in pooled.values() for d in cells})
+    if not domains:
+        return ["(no per-domain figures in these runs)"]
+    rows = [[m, *[f"{100 * pooled[m][d][0] / pooled[m][d][1]:.1f} (n={pooled[m][d][1]})" if d in pooled.get(m, {})
+                  else "" for d in domains]] for m in by_method]
+    return _md_table(["method", *domains], rows)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -178,7 +199,7 @@ def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
                 continue
             mean = pd.concat(frames).groupby("rollouts", as_index=False)[column].mean()
             ax.plot(mean["rollouts"], mean[column], label=method)
-        ax.set(title=f"{'δ̄' if column == 'delta' else 'β'} (LOPD variants, mean over seeds)", xlabel="rollouts")
+        ax.set(title=f"{'δ̄' if column == 'delta' else 'β'} (LOPD variants, mean over replicates)", xlabel="rollouts")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

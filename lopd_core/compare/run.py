@@ -104,12 +104,13 @@ def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int,
             bank.close()
     (out / "eval.json").write_text(json.dumps({"toolworld": final}, indent=2, sort_keys=True))
     summary = {
-        "method": method, "seed": p.seed, "lr": p.lopd.lr_student, "budget": budget, "steps": steps,
+        "method": method, "world": p.envs.deploy_worlds[0], "seed": p.seed, "lr": p.lopd.lr_student, "budget": budget, "steps": steps,
         "bank_rollouts": spent, "rollouts": distiller.state.rollouts, "train_seconds": round(train_s, 2),
         "eval_seconds": round(eval_s, 2), "final_beta": distiller.state.beta, "csv": str(out / "distill.csv"),
         "eval": str(out / "eval.json"), "curve": curve,
         "final": {split: {mode: {"success_rate": cell["success_rate"], "reward_mean": cell["reward_mean"],
-                                 "n": cell["n"]} for mode, cell in modes.items()} for split, modes in final.items()},
+                                 "n": cell["n"], "by_domain": cell.get("by_domain", {})}
+                          for mode, cell in modes.items()} for split, modes in final.items()},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
