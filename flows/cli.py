@@ -28,6 +28,8 @@ from flows.compare_cli import add_compare_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.locks import FolderLocked
+from lopd_core.errors import NonFiniteWeights, TrainingDiverged
 from lopd_core.distributed import is_main
 
 
@@ -98,6 +100,23 @@ def cmd_evaluate(params: Params, args) -> int:
     return 0
 
 
+# What each command leaves behind (params.yaml keys name the places), for its --help.
+WRITES = {
+    "base": "model.base_dir (data/base: weights, tokenizer, build_report.json)",
+    "bank": "bank.dir (data/bank: experience.parquet, seed_rollouts.parquet, bank_report.json) and its Chroma "
+            "index in bank.index_dir",
+    "coldstart": "coldstart.out (data/composer/phi0.pt) and plots/coldstart.csv",
+    "distill": "lopd.out_dir (data/lopd: student, composer, checkpoint) and lopd.csv (plots/distill.csv)",
+    "evaluate": "eval.out (metrics/eval.json)",
+    "compare": "compare.work_dir (data/compare: one folder per run) and compare.report_dir (reports/compare.md, "
+               ".png, .json); MLflow runs unless --no-mlflow",
+    "cycle": "cycle.dir (data/cycles: history.json, champion.json, exports/, cached stage work) and "
+             "cycle.report_dir; MLflow runs and registry versions unless --no-mlflow",
+    "export": "the --out folder (a Hugging Face checkpoint with README.md model card)",
+    "report": "the --out folder (default reports/run; cycle.report_dir with --cycles): dashboard HTML and PNGs",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override one parameter (repeatable), e.g. --set rollout.temperature=0.7")
 
     def stage(name: str, help_text: str, func):
-        p = sub.add_parser(name, help=help_text)
+        description = f"{help_text[0].upper()}{help_text[1:]}." + (f" Writes: {WRITES[name]}." if name in WRITES else "")
+        p = sub.add_parser(name, help=help_text, description=description)
         add_common(p)
         p.set_defaults(func=func)
         return p
@@ -140,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(params, args)
-    except FileNotFoundError as exc:  # includes ModelNotFoundError: say what is missing, no traceback
+    except (FileNotFoundError, FolderLocked, NonFiniteWeights, TrainingDiverged) as exc:  # no traceback
         print(f"lopd: {exc}", file=sys.stderr)
         return 1
 

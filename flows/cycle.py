@@ -29,6 +29,7 @@ from prefect import flow
 
 from flows import stages as S
 from lopd_core.config import Params, load_params
+from lopd_core.locks import folder_lock
 from lopd_core.lopd.methods import resolve_method
 from tasks.caching import content_hash
 from tasks.stages import log
@@ -88,8 +89,15 @@ def cycle_flow(params_file: str = "params.yaml", overrides: list[str] | None = N
                track: bool = True) -> list[dict]:
     """Run `cycles` cycles from the current champion; return one record per cycle."""
     params = load_params(params_file, overrides or [])
+    # One cycle at a time per folder: a second run would read the same history and champion and overwrite them.
+    with folder_lock(params.cycle.dir, "the cycle folder"):
+        return _run_cycles(params, cycles, Tracker(params.tracking) if track else None)
+
+
+def _run_cycles(params: Params, cycles: int, tracker: Tracker | None) -> list[dict]:
     root = Path(params.cycle.dir)
-    tracker = Tracker(params.tracking) if track else None
+    if tracker:
+        tracker.close_abandoned_runs()
     base = S.base_flow(params)
     state = _read(root / "champion.json", None)
     champion = Champion(**state) if state else Champion(model=base)

@@ -40,8 +40,11 @@ def cmd_cycle(params: Params, args) -> int:
 
     started = time.perf_counter()
     _log(f"lopd cycle: {args.cycles} cycle(s); state and cached work in {params.cycle.dir}/")
-    records = cycle_flow(params_file=args.params, overrides=args.overrides, cycles=args.cycles,
-                         track=not args.no_mlflow)
+    from flows.reaper import start_reaper
+
+    with start_reaper():  # a killed cycle leaves no temporary Prefect server behind
+        records = cycle_flow(params_file=args.params, overrides=args.overrides, cycles=args.cycles,
+                             track=not args.no_mlflow)
     print()
     for record in records:
         print("\n".join(summarize(record, params)))

@@ -11,6 +11,7 @@ so `true`, `3`, `[a, b]` keep their types).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,17 @@ def _check(predicate, expected: str):
 
 def positive():
     return _check(lambda v: v > 0, "a number > 0")
+
+
+def in_range(low: float, high: float, *, open_low: bool = False):
+    """low <= v <= high (low < v with open_low): for values where a huge one is a typo, not a choice."""
+    return _check(lambda v: (low < v if open_low else low <= v) and v <= high,
+                  f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
+
+
+def device_name():
+    return _check(lambda v: v in ("auto", "cpu", "mps", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+                  "auto, cpu, cuda, cuda:N or mps")
 
 
 def non_negative():
@@ -116,7 +128,7 @@ class ModelConfig:
     name_or_path: str = ""
     base_dir: str = "data/base"
     dtype: str = field(default="float32", metadata=one_of("float32", "bfloat16", "float16"))
-    device: str = "auto"
+    device: str = field(default="auto", metadata=device_name())
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
 
@@ -243,8 +255,8 @@ class LopdConfig:
     temperature: float = field(default=1.0, metadata=positive())  # rollout sampling temperature
     student_mode: str = field(default="full", metadata=one_of("full", "lora"))
     lora_rank: int = field(default=8, metadata=positive())
-    lr_student: float = field(default=3e-4, metadata=positive())
-    lr_composer: float = field(default=1e-4, metadata=positive())
+    lr_student: float = field(default=3e-4, metadata=in_range(0.0, 1.0, open_low=True))
+    lr_composer: float = field(default=1e-4, metadata=in_range(0.0, 1.0, open_low=True))
     student_loss: str = field(default="topk", metadata=one_of("topk", "full", "sampled"))
     top_k: int = field(default=20, metadata=positive())
     # Truncated importance weight min(p_S(a) / p_sample(a), importance_cap) on the sampled-token reverse KL
@@ -252,7 +264,7 @@ class LopdConfig:
     # that estimator depends on the sampled token: with topk / full it is rejected (check below).
     importance_weight: bool = False
     importance_cap: float = field(default=2.0, metadata=positive())
-    margin: float = 0.05  # m
+    margin: float = field(default=0.05, metadata=in_range(-10.0, 10.0))  # m, in nats per token
     anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
     beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β
     beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
@@ -279,6 +291,9 @@ class LopdConfig:
     # the teacher then holds a fraction of a student chunk's activations. Needs low_memory: true.
     teacher_micro_batch: int = field(default=0, metadata=non_negative())
     checkpoint_every: int = field(default=10, metadata=positive())
+    # Share of the updates (student and composer counted apart) that may be skipped as non-finite before the
+    # stage fails: a run that skips more has diverged, and its model is not worth saving.
+    max_skipped_share: float = field(default=0.25, metadata=fraction())
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
 
@@ -410,7 +425,7 @@ class CycleConfig:
     gate_splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"],
                                    metadata=subset_of("test_id", "test_ood"))
     gate_mode: str = field(default="greedy", metadata=one_of("greedy", "sampled"))
-    min_gain: float = 0.0  # a negative value promotes whatever the numbers (smoke tests of the registry)
+    min_gain: float = field(default=0.0, metadata=in_range(-1.0, 1.0))  # a negative value promotes whatever the numbers (smoke tests of the registry)
     stage_timeout_s: float = field(default=21600.0, metadata=positive())  # per long task (base, bank, ...)
     report_dir: str = "reports/cycles"  # the DVC pipeline's own report goes to reports/run
 
@@ -487,12 +502,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return _coerce(value, inner, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as a string
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             pass  # a real string: reported below
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        # nan passes every `<`/`>` range check and inf trains a model of NaNs: no setting takes either
+        raise ConfigError(f"{key}: got {value!r}, expected a finite number")
     if tp in _SCALARS:
         if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
             raise ConfigError(f"{key}: got {value!r}, expected {_SCALARS[tp]}")

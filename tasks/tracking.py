@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import tempfile
 import time
@@ -98,6 +99,19 @@ def _numbers(node, path: str):
         yield path, float(node)
 
 
+OWNER_PID_TAG, OWNER_HOST_TAG = "lopd.pid", "lopd.host"  # which process may still close the run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
 class Tracker:
     """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry."""
 
@@ -124,7 +138,29 @@ class Tracker:
         tags = {k: str(v) for k, v in (tags or {}).items()}
         if parent:
             tags[PARENT_TAG] = parent
+        tags.update({OWNER_PID_TAG: str(os.getpid()), OWNER_HOST_TAG: socket.gethostname()})
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def close_abandoned_runs(self) -> list[str]:
+        """Runs left RUNNING by a process of this host that no longer exists (a crash, `kill -9`): ended as
+        FAILED, so the UI does not show them running forever. Runs of other hosts, or of live processes,
+        are left alone. Returns the ids it closed."""
+        host = socket.gethostname()
+        closed = []
+        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'",
+                                           max_results=1000):
+            tags = run.data.tags
+            if tags.get(OWNER_HOST_TAG) != host or not tags.get(OWNER_PID_TAG, "").isdigit():
+                continue
+            if _alive(int(tags[OWNER_PID_TAG])):
+                continue
+            self.client.set_tag(run.info.run_id, "lopd.closed_reason",
+                                f"its process {tags[OWNER_PID_TAG]} ended without closing it")
+            self.client.set_terminated(run.info.run_id, status="FAILED")
+            closed.append(run.info.run_id)
+        if closed:
+            print(f"MLflow: closed {len(closed)} run(s) left RUNNING by an ended process as FAILED", flush=True)
+        return closed
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

@@ -157,7 +157,7 @@ def test_resumed_run_prints_the_same_numbers(tmp_path, tiny_model, tiny_tokenize
 
 
 def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
-    params = _params(tmp_path, steps=1)
+    params = _params(tmp_path, steps=1, max_skipped_share=1.0)
     d = _distiller(params, tiny_model, tiny_tokenizer)
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
     real = trainer_mod.L.reverse_kl_topk
@@ -165,3 +165,16 @@ def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, 
     state = trainer_mod.run_distill(d)
     assert state.skipped_updates >= 1
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
+
+
+def test_a_run_that_skips_too_many_updates_fails_before_saving(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+    """Probe: lr_student=inf trained 13 NaN tensors and exited 0 with "update skipped" lines. Now the stage
+    fails (non-zero exit in the CLI) as soon as the skipped share exceeds lopd.max_skipped_share: the run cannot
+    end under it any more, so it stops before spending the rest of its steps."""
+    params = _params(tmp_path, steps=4)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    real = trainer_mod.L.reverse_kl_topk
+    monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
+    with pytest.raises(trainer_mod.TrainingDiverged, match="max_skipped_share"):
+        trainer_mod.run_distill(d)
+    assert d.state.step < 4

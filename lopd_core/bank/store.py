@@ -32,7 +32,9 @@ from lopd_core.bank.schema import (
 )
 from lopd_core.envs import Task
 from lopd_core.experience import experience_text
+from lopd_core.locks import folder_lock
 
+BANK_LOCK_WAIT_S = 600.0  # a refresh is seconds of work: a second writer waits its turn rather than fail
 _REJECTED = "trajectories offered to the bank (refresh rejected; the bank file is unchanged)"
 TRAJECTORY_COLUMNS = ("task_id", "env", "split", "template", "world", "reward", "episode", "task")
 
@@ -86,6 +88,17 @@ def read_bank(path: str | Path) -> pd.DataFrame:
     return validate_bank(_normalise_loaded(pd.read_parquet(path)), what=f"rows of {path}")
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def write_bank(frame: pd.DataFrame, path: str | Path) -> Path:
     """Validate, then write atomically (temporary file in the same folder + os.replace)."""
     path = Path(path)
@@ -98,6 +111,7 @@ def write_bank(frame: pd.DataFrame, path: str | Path) -> Path:
             frame.to_parquet(fh, index=False)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; the bank is as readable as its folder
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -215,7 +229,14 @@ class BankStore:
         cycle: int,
         created_at=None,
     ) -> RefreshReport:
-        """Append the successes of `trajectories`; see the module docstring. All-or-nothing."""
+        """Append the successes of `trajectories`; see the module docstring. All-or-nothing. The read, merge
+        and write hold the bank's lock, so concurrent refreshes queue and none loses another's rows."""
+        with folder_lock(self.path.parent, "the experience bank", wait_s=BANK_LOCK_WAIT_S, log=print):
+            return self._refresh_locked(trajectories, min_reward=min_reward, policy_version=policy_version,
+                                        cycle=cycle, created_at=created_at)
+
+    def _refresh_locked(self, trajectories: pd.DataFrame, *, min_reward: float, policy_version: str, cycle: int,
+                        created_at=None) -> RefreshReport:
         existing = self.load()
         new, below = trajectories_to_rows(
             trajectories, min_reward=min_reward, policy_version=policy_version, cycle=cycle, created_at=created_at

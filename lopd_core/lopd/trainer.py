@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.config import Params
+from lopd_core.config import ConfigError, Params
+from lopd_core.errors import TrainingDiverged
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.lopd import losses as L
@@ -132,6 +133,10 @@ class Distiller:
             raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
                              f"number of processes ({D.world_size()}): every rank needs a task per step")
         params.lopd.check()  # the rules across keys, also for a section built by hand
+        vocab = base.get_output_embeddings().weight.shape[0]
+        if params.lopd.student_loss == "topk" and params.lopd.top_k >= vocab:
+            raise ConfigError(f"lopd.top_k: got {params.lopd.top_k}, expected fewer than the model's vocabulary "
+                              f"({vocab}); for the whole distribution set lopd.student_loss=full")
         torch.manual_seed(params.seed)
         self.params, self.cfg = params, params.lopd
         self.log = log if D.is_main() else (lambda *_a, **_k: None)  # one voice, not one per rank
@@ -601,6 +606,19 @@ def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin
     return math.isfinite(kl) and kl > DIVERGENCE_FACTOR * max(typical, 1e-6)
 
 
+def check_divergence(distiller: Distiller, total_steps: int) -> None:
+    """Fail as soon as the skipped updates exceed the allowed share of the whole run's updates (from then on
+    the run cannot end under it), before a diverged model is checkpointed or exported."""
+    per_step = 2 if distiller.method.composer_trainable else 1
+    allowed = distiller.cfg.max_skipped_share * total_steps * per_step
+    skipped = distiller.state.skipped_updates
+    if skipped > allowed:
+        raise TrainingDiverged(
+            f"distill: {skipped} of {distiller.state.step * per_step} updates so far were skipped as non-finite "
+            f"(lopd.max_skipped_share={distiller.cfg.max_skipped_share:g} of {total_steps * per_step}): training "
+            f"diverged; lower lopd.lr_student / lopd.lr_composer and rerun with --fresh")
+
+
 def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool = True,
                 stop_after: int | None = None, on_step=None) -> DistillState:
     """Train to `steps` (default lopd.steps; more draws further blocks of the task stream, `step_tasks`); resume
@@ -633,6 +651,7 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
                           f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
                           "is being distilled toward a worse teacher. See README, 'The privileged margin, β and "
                           "lopd.advantage'; lopd.advantage=group removes this incentive")
+        check_divergence(distiller, total)
         if distiller.state.step % cfg.checkpoint_every == 0 or distiller.state.step == total:
             distiller.save_checkpoint()
         if stop_after is not None and distiller.state.step >= stop_after:

@@ -14,12 +14,21 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from lopd_core.config import ModelConfig, TinyModelConfig
+from lopd_core.errors import NonFiniteWeights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelNotFoundError(FileNotFoundError):
     """The configured model is neither a local directory nor available offline."""
+
+
+def check_finite_weights(model, source: str) -> None:
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise NonFiniteWeights(f"model {source!r} has non-finite weights in {len(bad)} tensor(s) (first: {bad[0]}): "
+                               "it was saved from a diverged run; retrain it (with --fresh)")
 
 
 def tiny_qwen3(cfg: TinyModelConfig, tokenizer) -> Qwen3ForCausalLM:
@@ -72,6 +81,7 @@ def load_policy(cfg: ModelConfig, device: torch.device | None = None):
             else ""
         )
         raise ModelNotFoundError(f"cannot load model {source!r}{hint}: {exc}") from None
+    check_finite_weights(model, source)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device or resolve_device(cfg.device)).eval()
