@@ -238,3 +238,50 @@ def test_every_command_says_what_it_does_and_writes():
     for name in WRITES:
         text = commands[name].format_help()
         assert "Writes:" in text, name
+
+
+_ONE_RUN = """
+import sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import torch
+import lopd_core  # noqa: F401
+from lopd_core.bank import ExperienceBank
+from lopd_core.config import TinyModelConfig
+from lopd_core.lopd import trainer
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.stages import make_retriever
+from lopd_core.model.demos import build_demos
+from lopd_core.model.loading import tiny_qwen3
+from lopd_core.model.tokenizer import train_tokenizer
+from tests.test_faults import _successes
+from tests.test_lopd_core import _params
+
+out = Path(sys.argv[2])
+demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
+tok = train_tokenizer((d.text() for d in demos), vocab_size=600)
+torch.manual_seed(0)
+model = tiny_qwen3(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                                   intermediate_size=64), tok).eval()
+bank = ExperienceBank(out / "bank" / "experience.parquet", index_dir=out / "index")
+bank.refresh(_successes(0, 24), min_reward=1.0, policy_version="p", cycle=0)
+p = _params(out, steps=4)
+torch.manual_seed(0)
+composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
+                    embedding_norm=mean_embedding_norm(model))
+d = trainer.Distiller(p, model, tok, make_retriever(bank, p.bank.retrieval), composer=composer, log=lambda m: None)
+trainer.run_distill(d)
+"""
+
+
+@pytest.mark.slow
+def test_one_seed_gives_one_csv(tmp_path):
+    """Probe: three `lopd distill --fresh` with one seed gave two variants of β. Two fresh processes (their own
+    hash seeds, Chroma index built in each) must write the same numbers, the timing column aside."""
+    frames = []
+    for i, hash_seed in enumerate(("1", "2")):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "2"}
+        subprocess.run([sys.executable, "-c", _ONE_RUN, str(ROOT), str(tmp_path / f"run{i}")], env=env,
+                       check=True, cwd=ROOT, capture_output=True)
+        frames.append(pd.read_csv(tmp_path / f"run{i}" / "plots" / "distill.csv").drop(columns=["step_seconds"]))
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)

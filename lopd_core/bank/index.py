@@ -32,6 +32,7 @@ HASH_KEY = "lopd_bank_content_hash"
 MODEL_KEY = "lopd_embedding_model"
 ROWS_KEY = "lopd_bank_rows"
 TEXT_HASH_KEY = "text_hash"
+TIE_MARGIN = 4  # extra neighbours fetched so that ties at the cut are broken by row id
 METADATA_COLUMNS = ("task_id", "env", "split", "template", "world", "policy_version")
 
 
@@ -160,7 +161,9 @@ class BankIndex:
         self._collection = None
         col = self.client.create_collection(
             self.name,
-            configuration={"hnsw": {**self.hnsw, "space": "cosine"}},
+            # one insertion thread: a graph built in parallel depends on thread timing, and so would the
+            # neighbours an approximate search returns (one seed must give one run)
+            configuration={"hnsw": {"num_threads": 1, **self.hnsw, "space": "cosine"}},
             metadata={ROWS_KEY: 0},  # no hash yet: an interrupted build reads as stale
             embedding_function=None,
         )
@@ -190,12 +193,14 @@ class BankIndex:
         n = min(int(n_results), size)
         if n <= 0 or len(vectors) == 0:
             return [[] for _ in range(len(vectors))]
-        res = col.query(query_embeddings=vectors, n_results=n, where=where,
+        # A few more than asked, then (similarity, row id) order: rows tied at the cut are kept by id, not by
+        # where the graph search happened to meet them first.
+        res = col.query(query_embeddings=vectors, n_results=min(size, n + TIE_MARGIN), where=where,
                         include=["distances", "metadatas", "documents"])
         out = []
         for ids, dists, metas, docs in zip(res["ids"], res["distances"], res["metadatas"], res["documents"]):
             hits = [IndexHit(row_id=i, similarity=1.0 - float(d), metadata=dict(m or {}), document=doc or "")
                     for i, d, m, doc in zip(ids, dists, metas, docs)]
-            hits.sort(key=lambda h: -h.similarity)
-            out.append(hits)
+            hits.sort(key=lambda h: (-round(h.similarity, 6), h.row_id))
+            out.append(hits[:n])
         return out
