@@ -29,6 +29,7 @@ from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.distributed import is_main
+from lopd_core.errors import StateError
 
 
 def _log(message: str) -> None:
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(params, args)
-    except FileNotFoundError as exc:  # includes ModelNotFoundError: say what is missing, no traceback
+    except (FileNotFoundError, StateError) as exc:  # ModelNotFoundError, a bad checkpoint or bank: no traceback
         print(f"lopd: {exc}", file=sys.stderr)
         return 1
 

@@ -165,3 +165,68 @@ def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, 
     state = trainer_mod.run_distill(d)
     assert state.skipped_updates >= 1
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
+
+
+# ---- checkpoints: plain data, damage named ------------------------------
+def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
+    """Params of a run stopped after `stop_after` steps, its checkpoint on disk."""
+    params = _params(tmp_path, **lopd)
+    trainer_mod.run_distill(_distiller(params, tiny_model, tiny_tokenizer), stop_after=stop_after)
+    return params
+
+
+def test_checkpoint_is_read_with_weights_only(tmp_path, tiny_model, tiny_tokenizer,
+                                                                       monkeypatch):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    path = _distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
+    assert payload["state"]["step"] == 1
+    calls = []
+    real_load = torch.load
+    monkeypatch.setattr(trainer_mod.torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
+    assert _distiller(params, tiny_model, tiny_tokenizer).load_checkpoint()
+    assert calls and all(k.get("weights_only") is True for k in calls)
+
+
+def test_plain_data_turns_numpy_scalars_into_numbers_and_refuses_objects():
+    import numpy as np
+
+    assert trainer_mod.plain_data({"a": [np.float32(0.5), (1, None)]}) == {"a": [0.5, (1, None)]}
+    assert type(trainer_mod.plain_data(np.int64(3))) is int
+    with pytest.raises(TypeError, match=r"state\['x'\].*weights_only"):
+        trainer_mod.plain_data({"x": object()}, "state")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_checkpoint_names_itself_and_suggests_fresh(tmp_path, tiny_model, tiny_tokenizer, damage):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    path = d.checkpoint_path()
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage])
+    with pytest.raises(trainer_mod.CheckpointError) as info:
+        d.load_checkpoint()
+    message = str(info.value)
+    assert message.startswith(str(path)) and "unreadable checkpoint" in message and "--fresh" in message
+
+
+def test_a_file_that_is_no_checkpoint_is_named(tmp_path, tiny_model, tiny_tokenizer):
+    d = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer)
+    d.checkpoint_path().parent.mkdir(parents=True)
+    torch.save({"weights": torch.ones(2)}, d.checkpoint_path())
+    with pytest.raises(trainer_mod.CheckpointError, match=r"not a `lopd distill` checkpoint \(no state, "):
+        d.load_checkpoint()
+
+
+def test_cli_prints_a_checkpoint_error_without_traceback(monkeypatch, capsys):
+    from flows.cli import main
+    from lopd_core.lopd import stages
+
+    def refuse(*_a, **_k):
+        raise trainer_mod.CheckpointError("data/lopd/checkpoint.pt: unreadable checkpoint (EOFError: ); rerun "
+                                          "with --fresh to start over")
+
+    monkeypatch.setattr(stages, "run_lopd", refuse)
+    assert main(["distill"]) == 1
+    err = capsys.readouterr().err
+    assert "data/lopd/checkpoint.pt" in err and "--fresh" in err and "Traceback" not in err

@@ -18,6 +18,9 @@ a step are in step.py; this module holds the models, the optimizers and the orde
 Everything a step needs is derived from (seed, step): its tasks are a fixed slice of the training stream and
 its sampling generator is seeded by the step, so a run resumed from a checkpoint prints the same numbers as an
 uninterrupted one. A non-finite loss or gradient norm skips that update (counted, never applied).
+
+A checkpoint holds tensors and plain data only and is read with `weights_only=True` (nothing in it is unpickled
+as an object); a damaged one is refused, naming the file.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
+from lopd_core.errors import StateError
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
@@ -58,6 +63,14 @@ DIAGNOSTIC_COLUMNS = [
 ]
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
+
+CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
+START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
+
+
+class CheckpointError(StateError):
+    """A checkpoint that cannot be resumed as it is (unreadable, or not this trainer's). The message names the
+    file and how to go on."""
 
 
 @dataclass
@@ -120,6 +133,46 @@ def _timed(sums: S.StepSums, phase: str):
         yield
     finally:
         sums.seconds[phase] += time.perf_counter() - started
+
+
+def plain_data(value, where: str = "checkpoint"):
+    """`value` as `torch.load(weights_only=True)` reads it back: tensors, str, int, float, bool, None, and lists,
+    tuples and dicts of them; numpy scalars become Python numbers. Anything else is refused, naming where it sits,
+    so a checkpoint that could only be read by unpickling objects is never written."""
+    if value is None or isinstance(value, (torch.Tensor, str, bool, int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain_data(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_data(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"{where}: a {type(value).__name__} cannot go into a checkpoint read with weights_only=True; "
+                    "store it as tensors or plain data (dict, list, str, int, float, bool, None)")
+
+
+def _load_failure(exc: Exception) -> str:
+    """What torch.load found wrong with the file, in one line (without its advice on weights_only)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1].split("Check the documentation", 1)[0]
+    reason = " ".join(text.split())
+    return f"{type(exc).__name__}: {reason[:160]}"
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's contents as tensors and plain data (weights_only: no object is unpickled), or a
+    CheckpointError naming the file when it is truncated, overwritten or not a checkpoint of this trainer."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  damaged bytes fail in torch's zip reader or unpickler with any of
+        # RuntimeError, UnpicklingError, EOFError, IndexError, KeyError, UnicodeDecodeError, struct.error ...
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_load_failure(exc)}); {START_OVER}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: not a `lopd distill` checkpoint (no {', '.join(missing)}); {START_OVER}")
+    return payload
 
 
 class Distiller:
@@ -539,7 +592,7 @@ class Distiller:
             D.barrier()
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
+        payload = plain_data({
             "state": asdict(self.state),
             "trainable": {k: v for k, v in self.trainable.state_dict().items()},
             "composer": self.composer.state_dict(),
@@ -548,7 +601,7 @@ class Distiller:
             "rng_torch": torch.get_rng_state(),
             "data_position": self.state.step * self.cfg.tasks_per_step,
             "ema": self.ema_lm.state_dict() if self.ema_lm is not None else None,  # SDPO's EMA teacher
-        }
+        })
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
@@ -556,10 +609,19 @@ class Distiller:
         return path
 
     def load_checkpoint(self) -> bool:
+        """Resume from the checkpoint when there is one; refuse (CheckpointError) one that is unreadable."""
         path = self.checkpoint_path()
         if not path.exists():
             return False
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = read_checkpoint(path)
+        try:
+            self._restore(payload)
+        except (KeyError, RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: the checkpoint does not fit this run's models ({_load_failure(exc)}); "
+                                  f"{START_OVER}") from None
+        return True
+
+    def _restore(self, payload: dict) -> None:
         self.trainable.load_state_dict(payload["trainable"])
         self.composer.load_state_dict(payload["composer"])
         self.opt_theta.load_state_dict(payload["opt_theta"])
@@ -568,7 +630,6 @@ class Distiller:
             self.ema_lm.load_state_dict(payload["ema"])
         torch.set_rng_state(payload["rng_torch"])
         self.state = DistillState(**payload["state"])
-        return True
 
 
 def _write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
