@@ -280,6 +280,9 @@ class LopdConfig:
     # the teacher then holds a fraction of a student chunk's activations. Needs low_memory: true.
     teacher_micro_batch: int = field(default=0, metadata=non_negative())
     checkpoint_every: int = field(default=10, metadata=positive())
+    # A checkpoint made under other settings (or past lopd.steps) is refused (error) or resumed with a warning
+    # (warn): resuming it would mix two runs' numbers in one set of curves. Changes no output of a run.
+    resume_mismatch: str = field(default="error", metadata=one_of("error", "warn"))
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
 

@@ -167,7 +167,7 @@ def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, 
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
 
 
-# ---- checkpoints: plain data, damage named ------------------------------
+# ---- checkpoints: plain data, the settings they were made under, damage named ------------------------------
 def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
     """Params of a run stopped after `stop_after` steps, its checkpoint on disk."""
     params = _params(tmp_path, **lopd)
@@ -175,12 +175,14 @@ def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
     return params
 
 
-def test_checkpoint_is_read_with_weights_only(tmp_path, tiny_model, tiny_tokenizer,
+def test_checkpoint_is_read_with_weights_only_and_records_its_settings(tmp_path, tiny_model, tiny_tokenizer,
                                                                        monkeypatch):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     path = _distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()
     payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
     assert payload["state"]["step"] == 1
+    assert payload["settings"]["lopd.lr_student"] == params.lopd.lr_student
+    assert payload["settings"]["seed"] == 0 and "lopd.steps" not in payload["settings"]
     calls = []
     real_load = torch.load
     monkeypatch.setattr(trainer_mod.torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
@@ -195,6 +197,56 @@ def test_plain_data_turns_numpy_scalars_into_numbers_and_refuses_objects():
     assert type(trainer_mod.plain_data(np.int64(3))) is int
     with pytest.raises(TypeError, match=r"state\['x'\].*weights_only"):
         trainer_mod.plain_data({"x": object()}, "state")
+
+
+def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    other = copy.deepcopy(params)
+    other.lopd.lr_student, other.lopd.margin, other.seed = 1e-3, 0.1, 1
+    with pytest.raises(trainer_mod.CheckpointError) as info:
+        trainer_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
+    message = str(info.value)
+    assert str(_distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()) in message
+    for line in ("lopd.lr_student: 0.0003 → 0.001", "lopd.margin: 0.05 → 0.1", "seed: 0 → 1"):
+        assert line in message, message
+    assert "--fresh" in message and "lopd.resume_mismatch=warn" in message
+    assert "lopd.tasks_per_step" not in message  # only the keys that differ
+
+
+def test_a_longer_run_and_other_paths_resume_silently(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    longer = copy.deepcopy(params)
+    longer.lopd.steps, longer.lopd.checkpoint_every = 4, 2
+    logged = []
+    d = _distiller(longer, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert trainer_mod.run_distill(d, stop_after=2).step == 2
+    assert not any("warning" in m for m in logged), logged
+
+
+def test_resume_mismatch_warn_resumes_and_says_what_differs(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    other = copy.deepcopy(params)
+    other.lopd.lr_student, other.lopd.resume_mismatch = 1e-3, "warn"
+    logged = []
+    d = _distiller(other, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert d.load_checkpoint() and d.state.step == 1
+    assert any("warning" in m and "lopd.lr_student: 0.0003 → 0.001" in m for m in logged), logged
+
+
+def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=2)
+    shorter = copy.deepcopy(params)
+    shorter.lopd.steps = 1
+    with pytest.raises(trainer_mod.CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
+        trainer_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
+    shorter.lopd.resume_mismatch = "warn"
+    logged = []
+    d = _distiller(shorter, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert trainer_mod.run_distill(d).step == 2
+    assert any("warning" in m and "past the 1 steps" in m for m in logged), logged
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])

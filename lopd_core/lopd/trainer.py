@@ -20,19 +20,23 @@ its sampling generator is seeded by the step, so a run resumed from a checkpoint
 uninterrupted one. A non-finite loss or gradient norm skips that update (counted, never applied).
 
 A checkpoint holds tensors and plain data only and is read with `weights_only=True` (nothing in it is unpickled
-as an object); a damaged one is refused, naming the file.
+as an object). It records the settings it was made under (`resume_settings`), and a resume under other ones is
+refused, each differing key listed, as is one whose checkpoint is past the steps asked for: either would
+silently mix two runs in one set of curves (`lopd.resume_mismatch: warn` resumes anyway, saying so).
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,13 +68,23 @@ DIAGNOSTIC_COLUMNS = [
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
 
+# What a checkpoint must agree with to be resumed: the settings that shape a run's numbers (the distill stage's
+# reads in tasks/stage_params.py, less where things are). Free to change on a resume: lopd.steps (a longer run
+# continues a shorter one; a checkpoint past it is refused apart), where outputs go, how often checkpoints are
+# written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself.
+RESUME_SETTINGS = ("seed", "model.dtype", "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
+                   "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
+                   "bank.min_reward")
+RESUME_FREE = frozenset({"lopd.steps", "lopd.out_dir", "lopd.csv", "lopd.checkpoint_every", "lopd.resume_mismatch",
+                         "lopd.low_memory", "lopd.teacher_micro_batch", "lopd.share_prompt"})
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
+NOT_RECORDED = "(not recorded)"
 
 
 class CheckpointError(StateError):
-    """A checkpoint that cannot be resumed as it is (unreadable, or not this trainer's). The message names the
-    file and how to go on."""
+    """A checkpoint that cannot be resumed as it is: unreadable, made under other settings, or past the steps
+    asked for. The message names the file and how to go on."""
 
 
 @dataclass
@@ -133,6 +147,32 @@ def _timed(sums: S.StepSums, phase: str):
         yield
     finally:
         sums.seconds[phase] += time.perf_counter() - started
+
+
+def resume_settings(params: Params) -> dict[str, Any]:
+    """The settings a checkpoint records, flat: dotted key -> plain value (a list or mapping is one value)."""
+    out: dict[str, Any] = {}
+    for dotted in RESUME_SETTINGS:
+        node = params
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        _flatten_settings(node, dotted, out)
+    return out
+
+
+def _flatten_settings(value, dotted: str, out: dict[str, Any]) -> None:
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _flatten_settings(getattr(value, f.name), f"{dotted}.{f.name}", out)
+    elif dotted not in RESUME_FREE:
+        out[dotted] = plain_data(value, dotted)
+
+
+def settings_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One `key: old → new` line per setting that differs between a checkpoint and this run."""
+    keys = sorted(set(recorded) | set(current))
+    return [f"{k}: {recorded.get(k, NOT_RECORDED)!r} → {current.get(k, NOT_RECORDED)!r}" for k in keys
+            if recorded.get(k, NOT_RECORDED) != current.get(k, NOT_RECORDED)]
 
 
 def plain_data(value, where: str = "checkpoint"):
@@ -594,6 +634,7 @@ class Distiller:
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = plain_data({
             "state": asdict(self.state),
+            "settings": resume_settings(self.params),  # what a resume must agree with (`load_checkpoint`)
             "trainable": {k: v for k, v in self.trainable.state_dict().items()},
             "composer": self.composer.state_dict(),
             "opt_theta": self.opt_theta.state_dict(),
@@ -609,11 +650,21 @@ class Distiller:
         return path
 
     def load_checkpoint(self) -> bool:
-        """Resume from the checkpoint when there is one; refuse (CheckpointError) one that is unreadable."""
+        """Resume from the checkpoint when there is one; refuse (CheckpointError) one that is unreadable or was
+        made under other settings (`lopd.resume_mismatch: warn` resumes the latter anyway, saying so)."""
         path = self.checkpoint_path()
         if not path.exists():
             return False
         payload = read_checkpoint(path)
+        recorded = payload.get("settings")
+        if recorded is None:
+            self._mismatch(f"{path}: the checkpoint records no settings (written before checkpoints recorded "
+                           "them), so a resume under other ones cannot be ruled out")
+        else:
+            differences = settings_differences(recorded, resume_settings(self.params))
+            if differences:
+                self._mismatch(f"{path}: the checkpoint was made under other settings (checkpoint → this run):",
+                               differences)
         try:
             self._restore(payload)
         except (KeyError, RuntimeError, TypeError, ValueError) as exc:
@@ -630,6 +681,21 @@ class Distiller:
             self.ema_lm.load_state_dict(payload["ema"])
         torch.set_rng_state(payload["rng_torch"])
         self.state = DistillState(**payload["state"])
+
+    def check_steps(self, total: int) -> None:
+        """A resumed checkpoint past the `total` steps asked for would pass its student off as a shorter run's."""
+        if self.state.step > total:
+            self._mismatch(f"{self.checkpoint_path()}: the checkpoint is at step {self.state.step}, past the "
+                           f"{total} steps asked for (lopd.steps): set lopd.steps to {self.state.step} or more "
+                           "to keep it,")
+
+    def _mismatch(self, message: str, details: list[str] = ()) -> None:
+        """Refuse a resume that would mix two runs, or (lopd.resume_mismatch: warn) say so and go on."""
+        text = message + "".join(f"\n  {d}" for d in details) + ("\n" if details else " " if message.endswith(",")
+                                                                         else "; ")
+        if self.cfg.resume_mismatch == "error":
+            raise CheckpointError(f"{text}{START_OVER}, or set lopd.resume_mismatch=warn to resume anyway")
+        self.log(f"distill: warning: {text}resuming anyway (lopd.resume_mismatch=warn)")
 
 
 def _write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -670,6 +736,7 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     cfg = distiller.cfg
     total = steps or cfg.steps
     if resume and distiller.load_checkpoint():
+        distiller.check_steps(total)
         distiller.log(f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f})")
     csv_path = Path(cfg.csv)
     diag_path = csv_path.with_name(csv_path.stem + "_diagnostics.csv")
