@@ -360,3 +360,35 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
         assert all(len(d) == params.bank.top_j and set(d) <= texts for d in drawn)
         assert drawn != nearest
         assert method_retriever(method_spec("grpo"), bank, params)(tasks) == [[] for _ in tasks]
+
+
+# --- the source of truth is checked first ----------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_an_unreadable_bank_file_is_named_and_left_as_it_is(tmp_path, filled, damage):
+    from lopd_core.bank import BankFileError
+
+    data = filled.read_bytes()
+    filled.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a parquet file" * 20)
+    with pytest.raises(BankFileError) as info:
+        read_bank(filled)
+    assert str(info.value).startswith(f"{filled}: not a readable parquet file")
+
+
+def test_lopd_bank_checks_the_existing_bank_before_its_rollouts(tmp_path, filled, monkeypatch, capsys):
+    from flows.cli import main
+    from lopd_core.lopd import stages
+
+    bank_dir = tmp_path / "bank"
+    bank_dir.mkdir()
+    parquet = bank_dir / "experience.parquet"
+    parquet.write_bytes(filled.read_bytes()[:200])  # truncated
+    before = parquet.read_bytes()
+
+    def no_rollouts(*_a, **_k):
+        raise AssertionError("the policy was loaded: rollouts were about to be spent on a broken bank")
+
+    monkeypatch.setattr(stages, "load_policy", no_rollouts)
+    assert main(["bank", "--set", f"bank.dir={bank_dir}", "--set", f"bank.index_dir={tmp_path / 'index'}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{parquet}: not a readable parquet file" in err and "Traceback" not in err
+    assert parquet.read_bytes() == before and not (bank_dir / "seed_rollouts.parquet").exists()

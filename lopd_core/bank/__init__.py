@@ -23,7 +23,14 @@ import pandas as pd
 from lopd_core.bank.embed import Embedder, get_embedder
 from lopd_core.bank.index import DEFAULT_COLLECTION, BankIndex, ClientSpec, client_spec, make_client
 from lopd_core.bank.schema import BANK_COLUMNS, BANK_SCHEMA, BankValidationError, row_key, validate_bank
-from lopd_core.bank.store import BankStore, RefreshReport, bank_content_hash, read_bank, write_bank
+from lopd_core.bank.store import (
+    BankFileError,
+    BankStore,
+    RefreshReport,
+    bank_content_hash,
+    read_bank,
+    write_bank,
+)
 from lopd_core.envs import Task
 
 
@@ -197,6 +204,7 @@ class ExperienceBank:
 __all__ = [
     "BANK_COLUMNS",
     "BANK_SCHEMA",
+    "BankFileError",
     "BankHit",
     "BankIndex",
     "BankStore",
