@@ -249,6 +249,16 @@ def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model,
     assert any("warning" in m and "past the 1 steps" in m for m in logged), logged
 
 
+def test_a_checkpoint_without_recorded_settings_is_refused(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    payload = torch.load(d.checkpoint_path(), weights_only=True)
+    del payload["settings"]  # as written before checkpoints recorded them
+    torch.save(payload, d.checkpoint_path())
+    with pytest.raises(trainer_mod.CheckpointError, match=r"records no settings.*--fresh"):
+        d.load_checkpoint()
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_a_damaged_checkpoint_names_itself_and_suggests_fresh(tmp_path, tiny_model, tiny_tokenizer, damage):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)

@@ -686,15 +686,15 @@ class Distiller:
         """A resumed checkpoint past the `total` steps asked for would pass its student off as a shorter run's."""
         if self.state.step > total:
             self._mismatch(f"{self.checkpoint_path()}: the checkpoint is at step {self.state.step}, past the "
-                           f"{total} steps asked for (lopd.steps): set lopd.steps to {self.state.step} or more "
-                           "to keep it,")
+                           f"{total} steps asked for (lopd.steps)",
+                           fix=f"set lopd.steps to {self.state.step} or more to keep it")
 
-    def _mismatch(self, message: str, details: list[str] = ()) -> None:
+    def _mismatch(self, message: str, details: list[str] = (), fix: str = "") -> None:
         """Refuse a resume that would mix two runs, or (lopd.resume_mismatch: warn) say so and go on."""
-        text = message + "".join(f"\n  {d}" for d in details) + ("\n" if details else " " if message.endswith(",")
-                                                                         else "; ")
+        text = message + "".join(f"\n  {d}" for d in details) + ("\n" if details else "; ")
         if self.cfg.resume_mismatch == "error":
-            raise CheckpointError(f"{text}{START_OVER}, or set lopd.resume_mismatch=warn to resume anyway")
+            fixes = [f for f in (fix, START_OVER) if f]
+            raise CheckpointError(f"{text}{', '.join(fixes)}, or set lopd.resume_mismatch=warn to resume anyway")
         self.log(f"distill: warning: {text}resuming anyway (lopd.resume_mismatch=warn)")
 
 
