@@ -28,9 +28,9 @@ from flows.compare_cli import add_compare_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
 from lopd_core.config import ConfigError, Params, load_params
-from lopd_core.locks import FolderLocked
-from lopd_core.errors import NonFiniteWeights, TrainingDiverged
 from lopd_core.distributed import is_main
+from lopd_core.errors import StateError
+from lopd_core.locks import FolderLocked
 
 
 def _log(message: str) -> None:
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(params, args)
-    except (FileNotFoundError, FolderLocked, NonFiniteWeights, TrainingDiverged) as exc:  # no traceback
+    # what is missing, busy or unusable on disk (a model, a checkpoint, a bank, a diverged run): no traceback
+    except (FileNotFoundError, FolderLocked, StateError) as exc:
         print(f"lopd: {exc}", file=sys.stderr)
         return 1
 

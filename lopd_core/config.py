@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.constructor import ConstructorError
 
 # Valid names as plain data (a leaf module): loading the configuration loads nothing else of the library.
 from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
@@ -294,6 +295,9 @@ class LopdConfig:
     # Share of the updates (student and composer counted apart) that may be skipped as non-finite before the
     # stage fails: a run that skips more has diverged, and its model is not worth saving.
     max_skipped_share: float = field(default=0.25, metadata=fraction())
+    # A checkpoint made under other settings (or past lopd.steps) is refused (error) or resumed with a warning
+    # (warn): resuming it would mix two runs' numbers in one set of curves. Changes no output of a run.
+    resume_mismatch: str = field(default="error", metadata=one_of("error", "warn"))
     out_dir: str = "data/lopd"
     csv: str = "plots/distill.csv"
 
@@ -558,15 +562,70 @@ def apply_override(raw: dict, assignment: str) -> None:
         raise ConfigError(f"{dotted}: value {text!r} is not valid YAML ({exc})") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last one, so a
+    setting written twice (a copied section, a merge gone wrong) silently loses one of its values."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` supplies defaults; explicit keys override them by design
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first_line.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it with its position
+            line = key_node.start_mark.line + 1
+            if seen is not None:
+                raise ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen}), a mapping holds each key "
+                    "once", key_node.start_mark)
+            first_line[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    """One line: file:line:column and what is wrong, without PyYAML's multi-line context."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    what = f"{problem} ({context})" if context else problem
+    return ConfigError(f"{where}: not valid YAML: {what}; fix the file or pass another with --params")
+
+
+def read_params_file(path: Path) -> dict:
+    """The raw mapping of a params file, every way it can be unreadable reported as one ConfigError naming it."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a params YAML file (--params)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8), expected a params YAML "
+                          "file (--params)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if "\0" in text:
+        raise ConfigError(f"{path}: not a text file (it holds NUL bytes), expected a params YAML file (--params)")
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: plain data only
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    if loaded is None:
+        raise ConfigError(f"{path}: holds no settings (it is empty, or only comments), expected a mapping of "
+                          "sections (the repository's params.yaml lists them all)")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
     """Read params.yaml (a missing file means all defaults), apply overrides, validate, return typed Params."""
     path = Path(path)
     raw: dict = {}
     if path.exists():
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded).__name__}")
-        raw = loaded or {}
+        raw = read_params_file(path)
     elif path.name != "params.yaml":
         raise ConfigError(f"{path}: no such params file")
     for assignment in overrides:

@@ -7,8 +7,9 @@ one line here (and the same line in dvc.yaml, which the test then asks for).
 
 A params entry is a dotted key of params.yaml; a section (`bank`) or sub-section (`model.warmstart`) stands for
 every key under it. Keys in PATH_FIELDS name where things are, not what is computed: they stay out of the cache
-key (the cycle hashes the content found there instead) but DVC still tracks them. `cycle_params` are read only
-by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input artifact's name, as the
+key (the cycle hashes the content found there instead) but DVC still tracks them. Keys in REACTION_FIELDS say
+how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well.
+`cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input artifact's name, as the
 flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
 """
 
@@ -21,6 +22,9 @@ from typing import Any
 # Where things are, not what is computed.
 PATH_FIELDS = frozenset({"model.name_or_path", "model.base_dir", "model.device", "bank.dir", "bank.index_dir",
                          "bank.chroma_url", "coldstart.out", "lopd.out_dir", "lopd.csv", "eval.out"})
+# How a stage reacts to a checkpoint made under other settings: the outputs of a run that goes on are the same.
+REACTION_FIELDS = frozenset({"lopd.resume_mismatch", "lopd.max_skipped_share"})
+UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS
 
 
 @dataclass(frozen=True)
@@ -68,18 +72,18 @@ def _lookup(tree: dict, dotted: str) -> Any:
 
 
 def without_paths(value: Any, dotted: str) -> Any:
-    """`value` (the plain value at key `dotted`) with the path fields under it removed."""
+    """`value` (the plain value at key `dotted`) with the unkeyed fields (paths, reactions) under it removed."""
     if not isinstance(value, dict):
         return value
-    return {k: without_paths(v, f"{dotted}.{k}") for k, v in value.items() if f"{dotted}.{k}" not in PATH_FIELDS}
+    return {k: without_paths(v, f"{dotted}.{k}") for k, v in value.items() if f"{dotted}.{k}" not in UNKEYED_FIELDS}
 
 
 def stage_sections(params, stage: str) -> dict[str, Any]:
-    """The params part of `stage`'s cache key: each key the table lists, path fields left out."""
+    """The params part of `stage`'s cache key: each key the table lists, unkeyed fields left out."""
     reads = STAGES[stage]
     tree = dataclasses.asdict(params)
     return {dotted: without_paths(_lookup(tree, dotted), dotted)
-            for dotted in (*reads.params, *reads.cycle_params) if dotted not in PATH_FIELDS}
+            for dotted in (*reads.params, *reads.cycle_params) if dotted not in UNKEYED_FIELDS}
 
 
 def dvc_params(stage: str) -> list[str]:

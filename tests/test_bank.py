@@ -360,3 +360,78 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
         assert all(len(d) == params.bank.top_j and set(d) <= texts for d in drawn)
         assert drawn != nearest
         assert method_retriever(method_spec("grpo"), bank, params)(tasks) == [[] for _ in tasks]
+
+
+# --- the source of truth is checked first ----------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_an_unreadable_bank_file_is_named_and_left_as_it_is(tmp_path, filled, damage):
+    from lopd_core.bank import BankFileError
+
+    data = filled.read_bytes()
+    filled.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a parquet file" * 20)
+    with pytest.raises(BankFileError) as info:
+        read_bank(filled)
+    assert str(info.value).startswith(f"{filled}: not a readable parquet file")
+
+
+def test_lopd_bank_checks_the_existing_bank_before_its_rollouts(tmp_path, filled, monkeypatch, capsys):
+    from flows.cli import main
+    from lopd_core.lopd import stages
+
+    bank_dir = tmp_path / "bank"
+    bank_dir.mkdir()
+    parquet = bank_dir / "experience.parquet"
+    parquet.write_bytes(filled.read_bytes()[:200])  # truncated
+    before = parquet.read_bytes()
+
+    def no_rollouts(*_a, **_k):
+        raise AssertionError("the policy was loaded: rollouts were about to be spent on a broken bank")
+
+    monkeypatch.setattr(stages, "load_policy", no_rollouts)
+    assert main(["bank", "--set", f"bank.dir={bank_dir}", "--set", f"bank.index_dir={tmp_path / 'index'}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{parquet}: not a readable parquet file" in err and "Traceback" not in err
+    assert parquet.read_bytes() == before and not (bank_dir / "seed_rollouts.parquet").exists()
+
+
+# --- the index is derived state: it heals -------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_an_unreadable_index_is_rebuilt_from_the_parquet(tmp_path, filled, embedder, solved, damage):
+    index_dir = tmp_path / "index"
+    with ExperienceBank(filled, index_dir=index_dir, embedder=embedder) as bank:
+        bank.ensure_index()
+    sqlite = index_dir / "chroma.sqlite3"
+    data = sqlite.read_bytes()
+    sqlite.write_bytes(os.urandom(8192) if damage == "garbage" else data[: len(data) // 3])
+    with ExperienceBank(filled, index_dir=index_dir, embedder=embedder) as bank:
+        with pytest.warns(RuntimeWarning, match=r"index.*Chroma cannot read it.*rebuilt"):
+            assert bank.ensure_index() is True
+        assert bank.index.count() == len(bank) == 31
+        hits = bank.retrieve([solved[5][0]], j=1)
+        assert hits[0][0].task_id == solved[5][0].task_id  # it answers again
+    with ExperienceBank(filled, index_dir=index_dir, embedder=embedder) as bank:  # and stays healed
+        assert bank.ensure_index() is False
+
+
+def test_a_changed_ef_search_takes_effect_on_an_existing_index(tmp_path, filled, embedder):
+    index_dir = tmp_path / "index"
+    counting = CountingEmbedder(embedder)
+    with ExperienceBank(filled, index_dir=index_dir, embedder=counting, hnsw={"ef_search": 100}) as bank:
+        assert bank.ensure_index() is True
+    counting.calls.clear()
+    with ExperienceBank(filled, index_dir=index_dir, embedder=counting, hnsw={"ef_search": 20}) as bank:
+        assert bank.ensure_index() is True  # built under ef_search 100: rebuilt under 20
+        assert bank.index.collection().configuration_json["hnsw"]["ef_search"] == 20
+        assert counting.calls == []  # same texts, same model: every vector reused
+    with ExperienceBank(filled, index_dir=index_dir, embedder=counting, hnsw={"ef_search": 20}) as bank:
+        assert bank.ensure_index() is False
+
+
+def test_discarding_an_index_folder_leaves_other_files_alone(tmp_path):
+    folder = tmp_path / "index"
+    (folder / "0b6f4a2e-3c1d-4e5f-8a9b-0c1d2e3f4a5b").mkdir(parents=True)
+    (folder / "chroma.sqlite3").write_bytes(b"x")
+    (folder / "notes.txt").write_text("mine")
+    (folder / "keep").mkdir()
+    bank_index.discard_folder(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["keep", "notes.txt"]

@@ -67,6 +67,56 @@ def test_malformed_override_and_missing_file(tmp_path):
         load_params(bad)
 
 
+@pytest.mark.parametrize("content, fragments", [
+    (b"", ["holds no settings"]),
+    (b"# only a comment\n", ["holds no settings"]),
+    (b"lopd:\n  steps: [3\n", ["p.yaml:3:1", "not valid YAML"]),
+    (b"lopd:\n  steps: 3\n lr_student: 1\n", ["p.yaml:3:2", "not valid YAML"]),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", ["not a text file"]),
+    (b"seed: 1\n\x00\x00\n", ["not a text file"]),
+    (b"lopd:\n  steps: 3\n  lr_student: 0.1\n  steps: 4\n", ["p.yaml:4:3", "duplicate key 'steps'", "line 2"]),
+    (b"seed: 1\nlopd: {steps: 3}\nseed: 2\n", ["p.yaml:3:1", "duplicate key 'seed'", "line 1"]),
+], ids=["empty", "comments-only", "unclosed-list", "bad-indent", "binary", "nul-bytes", "duplicate-nested",
+        "duplicate-section"])
+def test_unreadable_params_files_fail_in_one_line_naming_the_file(tmp_path, content, fragments):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_params(path)
+    message = str(info.value)
+    assert message.startswith(str(path)) and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_directory_given_as_params_file_is_named(tmp_path):
+    folder = tmp_path / "params.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_params(folder)
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("lopd:\n  <<: {steps: 3, lr_student: 0.1}\n  steps: 5\n")
+    assert load_params(path).lopd.steps == 5  # the explicit key overrides the merged default
+
+
+def test_cli_prints_a_bad_params_file_without_traceback(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "p.yaml"
+    path.write_text("seed: 1\nseed: 2\n")
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", "--params", str(path)], cwd=root,
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 2  # the exit code of every invalid configuration
+    assert f"{path}:2:1" in res.stderr and "duplicate key 'seed'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_cli_reports_config_error(capsys):
     from flows.cli import main
 

@@ -178,3 +178,130 @@ def test_a_run_that_skips_too_many_updates_fails_before_saving(tmp_path, tiny_mo
     with pytest.raises(trainer_mod.TrainingDiverged, match="max_skipped_share"):
         trainer_mod.run_distill(d)
     assert d.state.step < 4
+
+
+# ---- checkpoints: plain data, the settings they were made under, damage named ------------------------------
+def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
+    """Params of a run stopped after `stop_after` steps, its checkpoint on disk."""
+    params = _params(tmp_path, **lopd)
+    trainer_mod.run_distill(_distiller(params, tiny_model, tiny_tokenizer), stop_after=stop_after)
+    return params
+
+
+def test_checkpoint_is_read_with_weights_only_and_records_its_settings(tmp_path, tiny_model, tiny_tokenizer,
+                                                                       monkeypatch):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    path = _distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
+    assert payload["state"]["step"] == 1
+    assert payload["settings"]["lopd.lr_student"] == params.lopd.lr_student
+    assert payload["settings"]["seed"] == 0 and "lopd.steps" not in payload["settings"]
+    calls = []
+    real_load = torch.load
+    monkeypatch.setattr(trainer_mod.torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
+    assert _distiller(params, tiny_model, tiny_tokenizer).load_checkpoint()
+    assert calls and all(k.get("weights_only") is True for k in calls)
+
+
+def test_plain_data_turns_numpy_scalars_into_numbers_and_refuses_objects():
+    import numpy as np
+
+    assert trainer_mod.plain_data({"a": [np.float32(0.5), (1, None)]}) == {"a": [0.5, (1, None)]}
+    assert type(trainer_mod.plain_data(np.int64(3))) is int
+    with pytest.raises(TypeError, match=r"state\['x'\].*weights_only"):
+        trainer_mod.plain_data({"x": object()}, "state")
+
+
+def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    other = copy.deepcopy(params)
+    other.lopd.lr_student, other.lopd.margin, other.seed = 1e-3, 0.1, 1
+    with pytest.raises(trainer_mod.CheckpointError) as info:
+        trainer_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
+    message = str(info.value)
+    assert str(_distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()) in message
+    for line in ("lopd.lr_student: 0.0003 → 0.001", "lopd.margin: 0.05 → 0.1", "seed: 0 → 1"):
+        assert line in message, message
+    assert "--fresh" in message and "lopd.resume_mismatch=warn" in message
+    assert "lopd.tasks_per_step" not in message  # only the keys that differ
+
+
+def test_a_longer_run_and_other_paths_resume_silently(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    longer = copy.deepcopy(params)
+    longer.lopd.steps, longer.lopd.checkpoint_every = 4, 2
+    logged = []
+    d = _distiller(longer, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert trainer_mod.run_distill(d, stop_after=2).step == 2
+    assert not any("warning" in m for m in logged), logged
+
+
+def test_resume_mismatch_warn_resumes_and_says_what_differs(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    other = copy.deepcopy(params)
+    other.lopd.lr_student, other.lopd.resume_mismatch = 1e-3, "warn"
+    logged = []
+    d = _distiller(other, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert d.load_checkpoint() and d.state.step == 1
+    assert any("warning" in m and "lopd.lr_student: 0.0003 → 0.001" in m for m in logged), logged
+
+
+def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=2)
+    shorter = copy.deepcopy(params)
+    shorter.lopd.steps = 1
+    with pytest.raises(trainer_mod.CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
+        trainer_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
+    shorter.lopd.resume_mismatch = "warn"
+    logged = []
+    d = _distiller(shorter, tiny_model, tiny_tokenizer)
+    d.log = logged.append
+    assert trainer_mod.run_distill(d).step == 2
+    assert any("warning" in m and "past the 1 steps" in m for m in logged), logged
+
+
+def test_a_checkpoint_without_recorded_settings_is_refused(tmp_path, tiny_model, tiny_tokenizer):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    payload = torch.load(d.checkpoint_path(), weights_only=True)
+    del payload["settings"]  # as written before checkpoints recorded them
+    torch.save(payload, d.checkpoint_path())
+    with pytest.raises(trainer_mod.CheckpointError, match=r"records no settings.*--fresh"):
+        d.load_checkpoint()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_checkpoint_names_itself_and_suggests_fresh(tmp_path, tiny_model, tiny_tokenizer, damage):
+    params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    path = d.checkpoint_path()
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage])
+    with pytest.raises(trainer_mod.CheckpointError) as info:
+        d.load_checkpoint()
+    message = str(info.value)
+    assert message.startswith(str(path)) and "unreadable checkpoint" in message and "--fresh" in message
+
+
+def test_a_file_that_is_no_checkpoint_is_named(tmp_path, tiny_model, tiny_tokenizer):
+    d = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer)
+    d.checkpoint_path().parent.mkdir(parents=True)
+    torch.save({"weights": torch.ones(2)}, d.checkpoint_path())
+    with pytest.raises(trainer_mod.CheckpointError, match=r"not a `lopd distill` checkpoint \(no state, "):
+        d.load_checkpoint()
+
+
+def test_cli_prints_a_checkpoint_error_without_traceback(monkeypatch, capsys):
+    from flows.cli import main
+    from lopd_core.lopd import stages
+
+    def refuse(*_a, **_k):
+        raise trainer_mod.CheckpointError("data/lopd/checkpoint.pt: unreadable checkpoint (EOFError: ); rerun "
+                                          "with --fresh to start over")
+
+    monkeypatch.setattr(stages, "run_lopd", refuse)
+    assert main(["distill"]) == 1
+    err = capsys.readouterr().err
+    assert "data/lopd/checkpoint.pt" in err and "--fresh" in err and "Traceback" not in err

@@ -11,7 +11,7 @@ import yaml
 
 from lopd_core.config import Params
 from tasks.caching import stage_key
-from tasks.stage_params import PATH_FIELDS, STAGES, dvc_data_deps, dvc_params
+from tasks.stage_params import STAGES, UNKEYED_FIELDS, dvc_data_deps, dvc_params
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHED_STAGES = ("base", "bank", "coldstart", "distill", "evaluate")  # the cycle's content-keyed stages
@@ -86,8 +86,8 @@ def test_every_listed_key_moves_the_stage_key_and_path_fields_do_not(stage):
     assert listed
     for leaf in listed:
         moved = _key(_changed(params, leaf), stage) != key
-        if leaf in PATH_FIELDS:
-            assert not moved, f"{stage}: path field {leaf} changed the cache key"
+        if leaf in UNKEYED_FIELDS:
+            assert not moved, f"{stage}: unkeyed field {leaf} (a path or a reaction) changed the cache key"
         else:
             assert moved, f"{stage}: {leaf} is read but does not change the cache key"
 
@@ -105,6 +105,7 @@ def test_the_keys_the_review_found_missing_now_move_the_key(stage, leaf):
     ("distill", "bank.dir"), ("distill", "lopd.csv"), ("distill", "lopd.out_dir"), ("distill", "model.base_dir"),
     ("coldstart", "coldstart.out"), ("evaluate", "eval.out"), ("bank", "bank.index_dir"),
     ("distill", "tracking.experiment"), ("distill", "eval.n_per_split"),  # not read by distillation at all
+    ("distill", "lopd.resume_mismatch"),  # refuse or warn on a stale checkpoint: the outputs are the same
 ])
 def test_paths_and_unread_keys_leave_the_key_alone(stage, leaf):
     assert _key(_changed(Params(), leaf), stage) == _key(Params(), stage)
@@ -185,3 +186,15 @@ def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
         assert not torch.allclose(student(ids).logits, tiny_model(ids).logits)
     assert not any(p.requires_grad for p in first_base.parameters())
     assert any(p.requires_grad for p in trainable.parameters())
+
+
+def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
+    """The settings a resume must agree with (trainer.RESUME_SETTINGS) are keys of the distill stage's table, so
+    a setting that moves the stage's cache key cannot be left out of one and kept in the other unnoticed."""
+    from lopd_core.lopd.trainer import resume_settings
+
+    reads = STAGES["distill"].params
+    recorded = resume_settings(Params())
+    assert "lopd.lr_student" in recorded and "lopd.steps" not in recorded
+    for key in recorded:
+        assert key not in UNKEYED_FIELDS and any(key == r or key.startswith(r + ".") for r in reads), key

@@ -5,14 +5,17 @@
     hits = bank.retrieve(tasks, j=3, allow_self_retrieval=True)   # list[list[BankHit]], best first
 
 Parquet (store.py) is the source of truth; the Chroma collection (index.py) is derived from it and rebuilt
-whenever it is missing or its recorded content hash differs from the parquet's. Queries embed each task's
-instruction (which begins with "[world]", so neighbours naturally share the world; no world filter unless
-`same_world=True`) with the packaged MiniLM (embed.py), all tasks of a call in one batch.
+whenever it is missing, its recorded content hash differs from the parquet's, it was built under other HNSW
+settings, or Chroma cannot read it (a damaged folder is deleted and written again, with a warning). Queries
+embed each task's instruction (which begins with "[world]", so neighbours naturally share the world; no world
+filter unless `same_world=True`) with the packaged MiniLM (embed.py), all tasks of a call in one batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +24,23 @@ from typing import Self
 import pandas as pd
 
 from lopd_core.bank.embed import Embedder, get_embedder
-from lopd_core.bank.index import DEFAULT_COLLECTION, BankIndex, ClientSpec, client_spec, make_client
+from lopd_core.bank.index import (
+    DEFAULT_COLLECTION,
+    BankIndex,
+    ClientSpec,
+    client_spec,
+    discard_folder,
+    make_client,
+)
 from lopd_core.bank.schema import BANK_COLUMNS, BANK_SCHEMA, BankValidationError, row_key, validate_bank
-from lopd_core.bank.store import BankStore, RefreshReport, bank_content_hash, read_bank, write_bank
+from lopd_core.bank.store import (
+    BankFileError,
+    BankStore,
+    RefreshReport,
+    bank_content_hash,
+    read_bank,
+    write_bank,
+)
 from lopd_core.envs import Task
 
 
@@ -143,7 +160,31 @@ class ExperienceBank:
 
     # --- index -----------------------------------------------------------------------------------------------
     def ensure_index(self) -> bool:
-        """Rebuild the Chroma collection if it is missing or stale. Returns True when it rebuilt."""
+        """Rebuild the Chroma collection if it is missing, stale or unreadable. Returns True when it rebuilt.
+
+        An embedded folder Chroma cannot read (a damaged chroma.sqlite3) is derived data: it is deleted and built
+        again from the parquet, with a warning. A server's storage is not this process's to delete: its errors
+        are raised."""
+        from chromadb.errors import ChromaError
+
+        try:
+            return self._sync_index()
+        except ChromaError as exc:
+            if self.client_spec.kind != "persistent":
+                raise
+            warnings.warn(f"bank index {self.index_dir}: Chroma cannot read it ({exc}); it is derived from "
+                          f"{self.path}, so it is deleted and rebuilt", RuntimeWarning, stacklevel=2)
+            self._discard_index()
+            return self._sync_index()
+
+    def _discard_index(self) -> None:
+        if self._index is not None:
+            with contextlib.suppress(Exception):  # a client on a damaged folder may fail to close as well
+                self._index.close()
+        self._index, self._synced = None, None
+        discard_folder(self.index_dir)
+
+    def _sync_index(self) -> bool:
         sig = self._signature()
         if self._synced is not None and self._synced[0] == sig and self.index.collection() is not None:
             return False
@@ -197,6 +238,7 @@ class ExperienceBank:
 __all__ = [
     "BANK_COLUMNS",
     "BANK_SCHEMA",
+    "BankFileError",
     "BankHit",
     "BankIndex",
     "BankStore",

@@ -4,19 +4,23 @@ Client: an embedded persistent folder by default; a `chroma_url` (http[s]://host
 `chromadb.HttpClient` instead. Chroma never embeds anything here (`embedding_function=None`): vectors come
 from `lopd_core.bank.embed` and the collection uses cosine space, so similarity = 1 - distance.
 
-Staleness: the collection's metadata records the bank's content hash and the embedding model's id once a build
-has completed (a build interrupted half-way leaves no hash, hence stale). On open, a different hash or model —
-or a missing folder or collection — means rebuild: the collection is dropped and written again from the parquet
+Staleness: the collection's metadata records the bank's content hash, the embedding model's id and the HNSW
+settings it was built with once a build has completed (a build interrupted half-way leaves no hash, hence
+stale). On open, a different hash, model or HNSW settings (a changed `bank.ef_search` must take effect) — or a
+missing folder or collection — means rebuild: the collection is dropped and written again from the parquet
 rows. Vectors of rows whose task text is unchanged are reused from the old collection when the model is the
-same, so appending a few rows to a large bank embeds only the new texts.
+same, so appending a few rows to a large bank embeds only the new texts, and a new ef_search embeds none.
 
 Opening a persistent collection writes to its folder: point `index_dir` at a scratch location (never at a
-DVC-tracked copy); it can always be deleted and rebuilt.
+DVC-tracked copy); it can always be deleted and rebuilt, and is (`discard_folder`) when Chroma cannot read it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,8 @@ DEFAULT_COLLECTION = "experience_bank"
 HASH_KEY = "lopd_bank_content_hash"
 MODEL_KEY = "lopd_embedding_model"
 ROWS_KEY = "lopd_bank_rows"
+HNSW_KEY = "lopd_hnsw"
+SQLITE_NAME = "chroma.sqlite3"
 TEXT_HASH_KEY = "text_hash"
 TIE_MARGIN = 4  # extra neighbours fetched so that ties at the cut are broken by row id
 METADATA_COLUMNS = ("task_id", "env", "split", "template", "world", "policy_version")
@@ -67,6 +73,33 @@ def make_client(spec: ClientSpec):
         return chromadb.HttpClient(host=spec.host, port=spec.port, ssl=spec.ssl, settings=settings)
     Path(spec.path).mkdir(parents=True, exist_ok=True)
     return chromadb.PersistentClient(path=spec.path, settings=settings)
+
+
+def _is_uuid(name: str) -> bool:
+    try:
+        uuid.UUID(name)
+    except ValueError:
+        return False
+    return True
+
+
+def discard_folder(path: str | Path) -> None:
+    """Delete a persistent index that Chroma cannot read: its database and segment folders, nothing else in the
+    folder. Chroma also caches one client per folder, kept even when opening the folder failed, and would hand
+    that broken one back to the next open in this process: it is forgotten too (there is no public call for one
+    folder; `clear_system_cache` would break every other open client)."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    path = Path(path)
+    SharedSystemClient._identifier_to_system.pop(str(path), None)
+    SharedSystemClient._identifier_to_refcount.pop(str(path), None)
+    if not path.is_dir():
+        return
+    for child in path.iterdir():
+        if child.is_file() and child.name.startswith(SQLITE_NAME):  # the database and its -wal / -shm files
+            child.unlink()
+        elif child.is_dir() and _is_uuid(child.name):  # one HNSW segment per collection
+            shutil.rmtree(child)
 
 
 def text_hash(text: str) -> str:
@@ -119,8 +152,15 @@ class BankIndex:
         meta = (col.metadata or {}) if col is not None else {}
         return meta.get(HASH_KEY) or None, meta.get(MODEL_KEY) or None
 
+    def hnsw_record(self) -> str:
+        """The HNSW settings as the collection's metadata records them."""
+        return json.dumps(self.hnsw, sort_keys=True)
+
     def is_current(self, content_hash: str, model_id: str) -> bool:
-        return self.stored_state() == (content_hash, model_id)
+        """Built from this content, with this embedding model and under these HNSW settings."""
+        col = self.collection()
+        built_with = (col.metadata or {}).get(HNSW_KEY) if col is not None else None
+        return self.stored_state() == (content_hash, model_id) and built_with == self.hnsw_record()
 
     def count(self) -> int:
         col = self.collection()
@@ -180,7 +220,8 @@ class BankIndex:
             for lo in range(0, len(ids), step):
                 hi = lo + step
                 col.add(ids=ids[lo:hi], embeddings=matrix[lo:hi], documents=docs[lo:hi], metadatas=metadatas[lo:hi])
-        col.modify(metadata={HASH_KEY: content_hash, MODEL_KEY: model_id, ROWS_KEY: len(frame)})
+        col.modify(metadata={HASH_KEY: content_hash, MODEL_KEY: model_id, ROWS_KEY: len(frame),
+                             HNSW_KEY: self.hnsw_record()})
         self._collection = col
         return len(todo)
 

@@ -19,6 +19,7 @@ import pandera.errors
 import pandera.pandas as pa
 
 from lopd_core.envs import SPLITS
+from lopd_core.errors import StateError
 
 CREATED_AT_DTYPE = pd.DatetimeTZDtype("us", "UTC")
 ROW_ID_HEX = 32
@@ -75,9 +76,10 @@ BANK_SCHEMA = pa.DataFrameSchema(
 BANK_COLUMNS: tuple[str, ...] = tuple(BANK_SCHEMA.columns)
 
 
-class BankValidationError(ValueError):
+class BankValidationError(StateError, ValueError):
     """Rows rejected by the experience bank. `failure_cases` has one row per failure:
-    index (the offending row's label in the input), column, check, failure_case."""
+    index (the offending row's label in the input), column, check, failure_case. A StateError: the command line
+    prints the list as it is, no traceback."""
 
     def __init__(self, failure_cases: pd.DataFrame, what: str = "experience bank rows"):
         cases = failure_cases.reset_index(drop=True).astype(object)

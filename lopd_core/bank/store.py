@@ -31,6 +31,7 @@ from lopd_core.bank.schema import (
     validate_bank,
 )
 from lopd_core.envs import Task
+from lopd_core.errors import StateError
 from lopd_core.experience import experience_text
 from lopd_core.locks import folder_lock
 
@@ -80,12 +81,27 @@ def bank_content_hash(frame: pd.DataFrame) -> str:
     return h.hexdigest()
 
 
+class BankFileError(StateError):
+    """The bank's parquet file exists but cannot be read as a table (truncated, overwritten, not parquet)."""
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+        detail = " ".join(str(exc).split())[:160]
+        raise BankFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {detail}); it is the "
+                            "bank's source of truth and was left as it is: restore it (e.g. `dvc checkout`) or "
+                            "move it aside to start an empty bank") from None
+
+
 def read_bank(path: str | Path) -> pd.DataFrame:
-    """The bank at `path` (validated); an empty bank when the file does not exist."""
+    """The bank at `path` (validated); an empty bank when the file does not exist. An unreadable file raises
+    BankFileError, rows that break the schema BankValidationError: both name the file."""
     path = Path(path)
     if not path.exists():
         return empty_bank_frame()
-    return validate_bank(_normalise_loaded(pd.read_parquet(path)), what=f"rows of {path}")
+    return validate_bank(_normalise_loaded(_read_parquet(path)), what=f"rows of {path}")
 
 
 def _umask() -> int:

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from lopd_core import distributed as D
-from lopd_core.bank import ExperienceBank
+from lopd_core.bank import ExperienceBank, read_bank
 from lopd_core.config import Params, RetrievalSettings
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
@@ -73,7 +73,10 @@ def method_retriever(spec, bank: ExperienceBank | None, params: Params):
 
 def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     """Roll out the current policy on training tasks; keep its successes in the bank (provenance recorded).
-    `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation)."""
+    `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation). An existing
+    bank that cannot be read or breaks the schema fails first, before any rollout is spent or file written."""
+    parquet, seed_path = bank_paths(params)
+    read_bank(parquet)
     model, tokenizer = load_policy(params.model)
     b, ro = params.bank, params.rollout
     tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
@@ -84,7 +87,6 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
                     seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
     frame = trajectories_to_frame(trajs)
-    parquet, seed_path = bank_paths(params)
     write_trajectories(frame, seed_path)
     with open_bank(params) as bank:
         # Only the agent's own samples: no oracle ever reaches a deployment world (coldstart_data.py).

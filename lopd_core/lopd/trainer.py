@@ -18,19 +18,27 @@ a step are in step.py; this module holds the models, the optimizers and the orde
 Everything a step needs is derived from (seed, step): its tasks are a fixed slice of the training stream and
 its sampling generator is seeded by the step, so a run resumed from a checkpoint prints the same numbers as an
 uninterrupted one. A non-finite loss or gradient norm skips that update (counted, never applied).
+
+A checkpoint holds tensors and plain data only and is read with `weights_only=True` (nothing in it is unpickled
+as an object). It records the settings it was made under (`resume_settings`), and a resume under other ones is
+refused, each differing key listed, as is one whose checkpoint is past the steps asked for: either would
+silently mix two runs in one set of curves (`lopd.resume_mismatch: warn` resumes anyway, saying so).
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from lopd_core import distributed as D
@@ -38,6 +46,7 @@ from lopd_core.config import ConfigError, Params
 from lopd_core.errors import TrainingDiverged
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
+from lopd_core.errors import StateError
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
@@ -59,6 +68,25 @@ DIAGNOSTIC_COLUMNS = [
 ]
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
+
+# What a checkpoint must agree with to be resumed: the settings that shape a run's numbers (the distill stage's
+# reads in tasks/stage_params.py, less where things are). Free to change on a resume: lopd.steps (a longer run
+# continues a shorter one; a checkpoint past it is refused apart), where outputs go, how often checkpoints are
+# written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself.
+RESUME_SETTINGS = ("seed", "model.dtype", "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
+                   "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
+                   "bank.min_reward")
+RESUME_FREE = frozenset({"lopd.steps", "lopd.out_dir", "lopd.csv", "lopd.checkpoint_every", "lopd.resume_mismatch",
+                         "lopd.max_skipped_share", "lopd.low_memory", "lopd.teacher_micro_batch",
+                         "lopd.share_prompt"})
+CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
+START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
+NOT_RECORDED = "(not recorded)"
+
+
+class CheckpointError(StateError):
+    """A checkpoint that cannot be resumed as it is: unreadable, made under other settings, or past the steps
+    asked for. The message names the file and how to go on."""
 
 
 @dataclass
@@ -121,6 +149,72 @@ def _timed(sums: S.StepSums, phase: str):
         yield
     finally:
         sums.seconds[phase] += time.perf_counter() - started
+
+
+def resume_settings(params: Params) -> dict[str, Any]:
+    """The settings a checkpoint records, flat: dotted key -> plain value (a list or mapping is one value)."""
+    out: dict[str, Any] = {}
+    for dotted in RESUME_SETTINGS:
+        node = params
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        _flatten_settings(node, dotted, out)
+    return out
+
+
+def _flatten_settings(value, dotted: str, out: dict[str, Any]) -> None:
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _flatten_settings(getattr(value, f.name), f"{dotted}.{f.name}", out)
+    elif dotted not in RESUME_FREE:
+        out[dotted] = plain_data(value, dotted)
+
+
+def settings_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One `key: old → new` line per setting that differs between a checkpoint and this run."""
+    keys = sorted(set(recorded) | set(current))
+    return [f"{k}: {recorded.get(k, NOT_RECORDED)!r} → {current.get(k, NOT_RECORDED)!r}" for k in keys
+            if recorded.get(k, NOT_RECORDED) != current.get(k, NOT_RECORDED)]
+
+
+def plain_data(value, where: str = "checkpoint"):
+    """`value` as `torch.load(weights_only=True)` reads it back: tensors, str, int, float, bool, None, and lists,
+    tuples and dicts of them; numpy scalars become Python numbers. Anything else is refused, naming where it sits,
+    so a checkpoint that could only be read by unpickling objects is never written."""
+    if value is None or isinstance(value, (torch.Tensor, str, bool, int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain_data(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_data(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"{where}: a {type(value).__name__} cannot go into a checkpoint read with weights_only=True; "
+                    "store it as tensors or plain data (dict, list, str, int, float, bool, None)")
+
+
+def _load_failure(exc: Exception) -> str:
+    """What torch.load found wrong with the file, in one line (without its advice on weights_only)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1].split("Check the documentation", 1)[0]
+    reason = " ".join(text.split())
+    return f"{type(exc).__name__}: {reason[:160]}"
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's contents as tensors and plain data (weights_only: no object is unpickled), or a
+    CheckpointError naming the file when it is truncated, overwritten or not a checkpoint of this trainer."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  damaged bytes fail in torch's zip reader or unpickler with any of
+        # RuntimeError, UnpicklingError, EOFError, IndexError, KeyError, UnicodeDecodeError, struct.error ...
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_load_failure(exc)}); {START_OVER}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: not a `lopd distill` checkpoint (no {', '.join(missing)}); {START_OVER}")
+    return payload
 
 
 class Distiller:
@@ -544,8 +638,9 @@ class Distiller:
             D.barrier()
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
+        payload = plain_data({
             "state": asdict(self.state),
+            "settings": resume_settings(self.params),  # what a resume must agree with (`load_checkpoint`)
             "trainable": {k: v for k, v in self.trainable.state_dict().items()},
             "composer": self.composer.state_dict(),
             "opt_theta": self.opt_theta.state_dict(),
@@ -553,7 +648,7 @@ class Distiller:
             "rng_torch": torch.get_rng_state(),
             "data_position": self.state.step * self.cfg.tasks_per_step,
             "ema": self.ema_lm.state_dict() if self.ema_lm is not None else None,  # SDPO's EMA teacher
-        }
+        })
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
@@ -561,10 +656,29 @@ class Distiller:
         return path
 
     def load_checkpoint(self) -> bool:
+        """Resume from the checkpoint when there is one; refuse (CheckpointError) one that is unreadable or was
+        made under other settings (`lopd.resume_mismatch: warn` resumes the latter anyway, saying so)."""
         path = self.checkpoint_path()
         if not path.exists():
             return False
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = read_checkpoint(path)
+        recorded = payload.get("settings")
+        if recorded is None:
+            self._mismatch(f"{path}: the checkpoint records no settings (written before checkpoints recorded "
+                           "them), so a resume under other ones cannot be ruled out")
+        else:
+            differences = settings_differences(recorded, resume_settings(self.params))
+            if differences:
+                self._mismatch(f"{path}: the checkpoint was made under other settings (checkpoint → this run):",
+                               differences)
+        try:
+            self._restore(payload)
+        except (KeyError, RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: the checkpoint does not fit this run's models ({_load_failure(exc)}); "
+                                  f"{START_OVER}") from None
+        return True
+
+    def _restore(self, payload: dict) -> None:
         self.trainable.load_state_dict(payload["trainable"])
         self.composer.load_state_dict(payload["composer"])
         self.opt_theta.load_state_dict(payload["opt_theta"])
@@ -573,7 +687,21 @@ class Distiller:
             self.ema_lm.load_state_dict(payload["ema"])
         torch.set_rng_state(payload["rng_torch"])
         self.state = DistillState(**payload["state"])
-        return True
+
+    def check_steps(self, total: int) -> None:
+        """A resumed checkpoint past the `total` steps asked for would pass its student off as a shorter run's."""
+        if self.state.step > total:
+            self._mismatch(f"{self.checkpoint_path()}: the checkpoint is at step {self.state.step}, past the "
+                           f"{total} steps asked for (lopd.steps)",
+                           fix=f"set lopd.steps to {self.state.step} or more to keep it")
+
+    def _mismatch(self, message: str, details: list[str] = (), fix: str = "") -> None:
+        """Refuse a resume that would mix two runs, or (lopd.resume_mismatch: warn) say so and go on."""
+        text = message + "".join(f"\n  {d}" for d in details) + ("\n" if details else "; ")
+        if self.cfg.resume_mismatch == "error":
+            fixes = [f for f in (fix, START_OVER) if f]
+            raise CheckpointError(f"{text}{', '.join(fixes)}, or set lopd.resume_mismatch=warn to resume anyway")
+        self.log(f"distill: warning: {text}resuming anyway (lopd.resume_mismatch=warn)")
 
 
 def _write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -627,6 +755,7 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     cfg = distiller.cfg
     total = steps or cfg.steps
     if resume and distiller.load_checkpoint():
+        distiller.check_steps(total)
         distiller.log(f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f})")
     csv_path = Path(cfg.csv)
     diag_path = csv_path.with_name(csv_path.stem + "_diagnostics.csv")
