@@ -4,7 +4,7 @@ Why: the runs are the expensive part; when the report's format or its verdict ch
 (and the runs' distill CSVs under compare.work_dir, for δ̄ and β) are enough to write it again — the numbers
 stay those of the original runs, settings included.
 
-    python scripts/rewrite_compare_report.py reports [reports/compare_long ...]
+    python scripts/rewrite_compare_report.py reports [OTHER_REPORT_DIR ...]
 """
 
 from __future__ import annotations
