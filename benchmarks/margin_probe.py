@@ -12,8 +12,8 @@ per trajectory, g(τ) = mean over its action tokens of log p_T(a) − log p_S(a)
 * δ̄ under each advantage (`continuous` 2r − 1, `binary` ±1 on success, `group` r − group mean):
   δ̄ = Σ_τ n_τ A(τ) g(τ) / Σ_τ n_τ, with a 95 % interval from resampling tasks;
 * the mean g on successes and on failures (token-weighted), whose difference is what experience should buy;
-* the same under `centred`, for the centred gap g + KL(p_S ‖ p_T) (`lopd.margin_gap=centred`), which a teacher
-  that is merely different from the student cannot raise.
+* the same under `centred`, for the centred gap g + KL(p_S ‖ p_T), which a teacher that is merely different
+  from the student cannot raise (a probe-only figure: the trainer has no such option).
 
 Why: the method asks the composer to keep δ̄ ≥ m (DESIGN §3, m = 0.05 nats per action token). If no teacher —
 not the base reading the same experiences as text, not the base reading the task's golden solution — reaches m
@@ -55,7 +55,7 @@ PROBE_SEED_OFFSET = 909  # tasks apart from the bank's (seed + 101, + 202) and t
 
 def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], list[float]]:
     """g(τ) and the mean KL(p_S ‖ p_T) over τ's action tokens, for every trajectory under `method`'s teacher at
-    step 0 (learning rates 0: nothing moves). g + KL is the centred gap (`lopd.margin_gap=centred`)."""
+    step 0 (learning rates 0: nothing moves). g + KL is the centred gap (probe only)."""
     p = copy.deepcopy(params)
     p.lopd.method, p.lopd.lr_student, p.lopd.lr_composer = method, 0.0, 0.0
     spec = method_spec(method, p.baselines)

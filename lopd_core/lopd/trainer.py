@@ -778,8 +778,8 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
             distiller.log(f"distill: step {r['step']}: warning: δ̄ {r['delta']:.3f} ≥ m = {distiller.method.margin} only "
                           f"because the teacher moved away from the student (reverse KL {r['kl_phi']:.3f}, over "
                           f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
-                          "is being distilled toward a worse teacher. See README, 'The privileged margin, β and "
-                          "lopd.advantage'; lopd.advantage=group removes this incentive")
+                          "is being distilled toward a worse teacher; lopd.advantage=group removes this incentive "
+                          "(DESIGN §3)")
         check_divergence(distiller, total)
         if distiller.state.step % cfg.checkpoint_every == 0 or distiller.state.step == total:
             distiller.save_checkpoint()
