@@ -101,6 +101,8 @@ def test_bank_coldstart_distill_resume_and_export(built):
     report = json.loads((workdir / "data" / "bank" / "bank_report.json").read_text())
     assert report["rollouts"] == 12  # the agent's own samples only: no oracle episode enters a deployment world's bank
     assert report["bank_rows"] <= report["rollouts"]
+    # probe: the report once said refresh {"added": 0, "total": 0} beside "bank_rows": 8 (two refreshes, one shown)
+    assert report["refresh"]["total"] == report["bank_rows"] == report["refresh"]["added"]
 
     cold = lopd("coldstart", *LOPD_SMALL, cwd=workdir)
     assert cold.returncode == 0, cold.stderr
