@@ -131,9 +131,10 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
                            champion.generation + 1, **common)
         if tracker:
             tracker.set_tags(parent, {"lopd.bank.dvc_md5": bank["dvc_md5"]})
-        phi0 = champion.composer
+        phi0, cold = champion.composer, None  # a promoted champion carries its trained composer on
         if phi0 is None:
-            phi0 = S.coldstart_flow(params, champion.model, bank, **common)["phi0"]
+            cold = S.coldstart_flow(params, champion.model, bank, **common)
+            phi0 = cold["phi0"]
         distilled = S.distill_flow(params, champion.model, bank, phi0, teacher_for(params, champion, base),
                                    **common)
         champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
@@ -164,8 +165,10 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
                                 distilled.get("bank_added", 0)),
             # the m the run trained with (the resolved method's: 0 for lopd_no_margin), not the section's
             "margin": distilled.get("margin", resolve_method(params.lopd, params.baselines).margin),
-            "cached": {k: v["cached"] for k, v in (("bank", bank), ("distill", distilled),
-                                                   ("student_eval", student_eval))},
+            "cached": {k: v["cached"] for k, v in (("bank", bank), ("coldstart", cold), ("distill", distilled),
+                                                   ("champion_eval", champ_eval), ("student_eval", student_eval))
+                       if v is not None},
+            "composer_from": "the champion's" if cold is None else "cold start φ0",
             # the bank the student's own successes grew during distillation, when it grew (growing_bank.py)
             "new_champion": asdict(Champion(model=distilled["student"], bank={**bank, **(distilled.get("grown_bank") or {})},
                                             composer=distilled["composer"],
@@ -256,7 +259,8 @@ def summarize(record: dict, params: Params) -> list[str]:
         f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"),
         (f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
         f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"),
-        f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}",
+        f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
+        f"composer: {record.get('composer_from', 'cold start φ0')}",
         f"  exported student: {record['export']} (registry version {record['version']})",
         f"  report: {record['report']}",
     ]

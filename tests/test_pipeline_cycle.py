@@ -85,7 +85,7 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     out = capsys.readouterr().out
     record2 = json.loads((project / "data/cycles/history.json").read_text())[-1]
     assert all(record2["cached"].values()), record2["cached"]
-    assert "cached stages reused: bank, distill, student_eval" in out
+    assert "cached stages reused: bank, coldstart, distill, champion_eval, student_eval; composer: cold start φ0" in out
     assert record2["student"] == record["student"] and record2["version"] == record["version"]
     # Wall times are printed, not asserted: on a shared 2-core machine they measure the neighbours too.
 
