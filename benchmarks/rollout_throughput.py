@@ -1,13 +1,17 @@
-"""Rollout throughput: the batched token-level engine against a naive per-sample `generate` loop.
+"""Rollout throughput: the batched token-level engine, with and without prompt sharing, against a naive
+per-sample `generate` loop.
 
-Both play the same multi-turn toolworld tasks greedily with the same model, one after the other in this run,
-and count the tokens the policy generated. Prints JSON with tokens/s of each and their ratio.
+For each group size G, the same multi-turn toolworld tasks are played G times each (sampled, one seeded stream
+per trajectory as in training) three ways, one after the other in this run: the engine prefilling each distinct
+context once and forking its KV cache for the G samples (`shared`), the engine prefilling every row
+(`unshared`), and one `generate` call per sample and turn (`naive`). Prints JSON with each one's tokens/s and
+their ratios, and whether shared and unshared played the same ids.
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--tasks 64] [--batch-size 32] [--model data/base]
+    .venv/bin/python benchmarks/rollout_throughput.py [--tasks 16] [--groups 4,8] [--batch-size 32] [--model data/base]
 
 Uses the embedded base at data/base when it exists (build it with `lopd base`), else a randomly initialised
 tiny Qwen3 with a tokenizer fitted on demonstrations (its actions are nonsense, so episodes run to the turn
-limit: still a fair token-for-token comparison).
+limit: still a fair token-for-token comparison). `--device cuda --dtype bfloat16` measures on a GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -26,6 +32,7 @@ import lopd_core  # noqa: F401
 from lopd_core.config import TinyModelConfig
 from lopd_core.envs import make_env, make_tasks
 from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout import engine
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
@@ -45,16 +52,20 @@ def load_or_build(model_dir: str):
 
 
 @torch.no_grad()
-def naive_rollouts(model, codec: ChatCodec, tasks, sampling: Sampling) -> int:
-    """One task at a time, one `generate` call per assistant turn. Returns generated tokens."""
+def naive_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], sampling: Sampling, seed: int) -> int:
+    """One sample at a time, one `generate` call per assistant turn. Returns generated tokens."""
+    device = next(model.parameters()).device
+    torch.manual_seed(seed)
+    sample = ({"do_sample": False} if sampling.temperature == 0 else
+              {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0})
     generated = 0
-    for task in tasks:
-        env = make_env(task)
-        first = env.reset(task)
+    for req in requests:
+        env = make_env(req.task)
+        first = env.reset(req.task)
         ids = codec.start(first.system, first.user).token_ids
         while True:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=sampling.max_new_tokens, do_sample=False,
-                                 eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id)
+            out = model.generate(torch.tensor([ids], device=device), max_new_tokens=sampling.max_new_tokens,
+                                 eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id, **sample)
             new = out[0, len(ids):].tolist()
             generated += len(new)
             ids = ids + new + ([] if new and new[-1] == codec.im_end_id else [codec.im_end_id])
@@ -68,39 +79,87 @@ def naive_rollouts(model, codec: ChatCodec, tasks, sampling: Sampling) -> int:
     return generated
 
 
+def engine_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], sampling: Sampling, batch_size: int,
+                    *, share_prompts: bool):
+    seeds = list(range(len(requests)))
+    turn = partial(engine.generate_turn, share_prompts=share_prompts)
+    with mock.patch.object(engine, "generate_turn", turn):
+        return rollout(model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batch_size: int, device: str,
+            repeats: int) -> dict:
+    """Shared, unshared and naive rollouts of `tasks` × `group` samples, side by side. The engine's two variants
+    alternate `repeats` times and keep their median time (they are short next to the naive loop, so noisier);
+    the naive loop runs once."""
+    requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(group)]
+    seconds: dict[str, list[float]] = {"unshared": [], "shared": [], "naive": []}
+    tokens, played = {}, {}
+    for name in ["unshared", "shared"] * repeats + ["naive"]:
+        _sync(device)
+        started = time.perf_counter()
+        if name == "naive":
+            tokens[name] = naive_rollouts(model, codec, requests, sampling, seed=group)
+        else:
+            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name == "shared")
+            tokens[name] = sum(t.num_action_tokens for t in trajs)
+            played[name] = [t.token_ids for t in trajs]
+        _sync(device)
+        seconds[name].append(time.perf_counter() - started)
+    figures = {}
+    for name, times in seconds.items():
+        median = sorted(times)[len(times) // 2]
+        figures[name] = {"tokens": tokens[name], "seconds": round(median, 3),
+                         "tokens_per_s": round(tokens[name] / median, 1)}
+    tps = {name: f["tokens_per_s"] for name, f in figures.items()}
+    return {
+        "group": group,
+        "trajectories": len(requests),
+        **figures,
+        "shared_over_naive": round(tps["shared"] / tps["naive"], 2),
+        "unshared_over_naive": round(tps["unshared"] / tps["naive"], 2),
+        "shared_over_unshared": round(tps["shared"] / tps["unshared"], 2),
+        "shared_plays_unshared_ids": played["shared"] == played["unshared"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--tasks", type=int, default=16, help="distinct tasks; each is played G times")
+    parser.add_argument("--groups", default="4,8", help="comma-separated group sizes G")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--model", default="data/base")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each engine variant (median kept)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer, source = load_or_build(args.model)
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype))
     codec = ChatCodec(tokenizer)
     tasks = make_tasks("toolworld", "test_id", args.tasks, seed=123)
-    sampling = Sampling(temperature=0.0, max_new_tokens=64, max_context=1024)
-
-    started = time.perf_counter()
-    trajs = rollout(model, codec, [RolloutRequest(t) for t in tasks], sampling=sampling,
-                    batch_size=args.batch_size, seed=0)
-    engine_s = time.perf_counter() - started
-    engine_tokens = sum(t.num_action_tokens for t in trajs)
-
-    started = time.perf_counter()
-    naive_tokens = naive_rollouts(model, codec, tasks, sampling)
-    naive_s = time.perf_counter() - started
-
-    engine_tps, naive_tps = engine_tokens / engine_s, naive_tokens / naive_s
+    sampling = Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_context=1024)
+    engine_rollouts(model, codec, [RolloutRequest(tasks[0])] * 2, sampling, 2, share_prompts=True)  # warm-up
+    groups = [measure(model, codec, tasks, int(g), sampling, args.batch_size, args.device, args.repeats)
+              for g in args.groups.split(",")]
     print(json.dumps({
         "model": source,
+        "device": args.device,
+        "dtype": args.dtype,
         "tasks": len(tasks),
         "batch_size": args.batch_size,
+        "temperature": args.temperature,
         "threads": args.threads,
-        "engine": {"tokens": engine_tokens, "seconds": round(engine_s, 2), "tokens_per_s": round(engine_tps, 1)},
-        "naive_generate": {"tokens": naive_tokens, "seconds": round(naive_s, 2), "tokens_per_s": round(naive_tps, 1)},
-        "throughput_ratio": round(engine_tps / naive_tps, 2),
-        "engine_success_rate": round(sum(t.success for t in trajs) / len(trajs), 3),
+        "repeats": args.repeats,
+        "groups": groups,
     }, indent=2))
 
 

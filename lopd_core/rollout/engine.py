@@ -6,6 +6,12 @@ left-padded and prefilled together, then decoded with a KV cache until every row
 observation is appended as forced ids. Re-prefilling each round keeps the bookkeeping simple (no ragged cache
 surgery between turns); prefill is one batched forward, so it is cheap next to token-by-token decoding.
 
+Rows whose contexts are identical — the G samples of a task in their first turn — are prefilled once: the
+distinct contexts run as one batch and their last logits and KV cache rows are then copied to every row that
+shares them (`share_prompts`). Causal attention makes a row's prefill depend on its own context only, so the
+forked rows are the rows an unshared prefill computes; `share_prompts=False` keeps the unshared path as the
+reference the tests compare against.
+
 What a trajectory records (the contract training relies on):
   * token_ids       — the whole conversation, exactly the ids the policy saw and produced;
   * action_mask     — 1 where the policy sampled the token (its actions and their closing <|im_end|>), 0 for
@@ -106,10 +112,28 @@ def _left_padded(rows: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Te
     return out, attention
 
 
+def _first_with_same_context(contexts: list[list[int]], context_embeds: list[torch.Tensor] | None) -> list[int]:
+    """Per row, the first row whose context equals its own (itself when none before it). With input embeddings,
+    equal ids are not enough: two samples may read different latents, so the embeddings must be equal too."""
+    seen: dict[tuple[int, ...], list[int]] = {}
+    owner = []
+    for row, ids in enumerate(contexts):
+        candidates = seen.setdefault(tuple(ids), [])
+        match = next((c for c in candidates if context_embeds is None
+                      or (context_embeds[c].shape == context_embeds[row].shape
+                          and torch.equal(context_embeds[c], context_embeds[row]))), None)
+        if match is None:
+            candidates.append(row)
+            match = row
+        owner.append(match)
+    return owner
+
+
 @torch.no_grad()
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
                   generator: torch.Generator | list[torch.Generator],
-                  context_embeds: list[torch.Tensor] | None = None) -> list[tuple[list[int], list[float]]]:
+                  context_embeds: list[torch.Tensor] | None = None,
+                  share_prompts: bool = True) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
     ids end with `stop_id` unless the turn ran out of `max_new_tokens`. With one generator per context, a
     context's stream advances only for the tokens it samples, so its turn never depends on its batch mates.
@@ -118,18 +142,27 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
     instead of the context's ids — a latent teacher acting with its latents spliced into the first user turn
     (lopd_core/lopd/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual."""
     device = next(model.parameters()).device
+    owner = _first_with_same_context(contexts, context_embeds) if share_prompts else list(range(len(contexts)))
+    distinct = sorted(set(owner))  # rows that are prefilled; every other row copies one of them
     if context_embeds is None:
-        input_ids, attention = _left_padded([torch.tensor(c, dtype=torch.long, device=device) for c in contexts],
-                                            pad_id)
+        input_ids, attention = _left_padded([torch.tensor(contexts[r], dtype=torch.long, device=device)
+                                             for r in distinct], pad_id)
         prefill = {"input_ids": input_ids}
     else:
-        embeds, attention = _left_padded([e.to(device) for e in context_embeds], 0.0)
+        embeds, attention = _left_padded([context_embeds[r].to(device) for r in distinct], 0.0)
         prefill = {"inputs_embeds": embeds}
     batch = len(contexts)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    cache = {cache_keyword(model): DynamicCache()}  # filled in place by every forward below
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (U, T), U distinct contexts
+    cache = DynamicCache()  # filled in place by every forward below
+    keyword = cache_keyword(model)
     out = model(**prefill, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **cache)
+                **{keyword: cache})
+    logits = out.logits[:, -1, :]  # (U, V)
+    if len(distinct) < batch:  # fork: row r reads the prefill of the distinct context it shares
+        slot = {r: i for i, r in enumerate(distinct)}
+        fork = torch.tensor([slot[o] for o in owner], dtype=torch.long, device=device)  # (B,)
+        cache.reorder_cache(fork)  # every layer's keys and values (U, H, T, d) -> (B, H, T, d)
+        logits, attention, positions = logits[fork], attention[fork], positions[fork]
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     produced: list[list[int]] = [[] for _ in contexts]
@@ -139,10 +172,10 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
             live = (~done).nonzero().flatten().tolist()
             ids = torch.full((batch,), pad_id, dtype=torch.long, device=device)
             lps = torch.zeros(batch, device=device)
-            picked, picked_lp = _pick_tokens(out.logits[live, -1, :], sampling, [generator[r] for r in live])
+            picked, picked_lp = _pick_tokens(logits[live], sampling, [generator[r] for r in live])
             ids[live], lps[live] = picked, picked_lp.to(lps.dtype)
         else:
-            ids, lps = _pick_tokens(out.logits[:, -1, :], sampling, generator)
+            ids, lps = _pick_tokens(logits, sampling, generator)
         ids = ids.masked_fill(done, pad_id)
         for row in (~done).nonzero().flatten().tolist():
             produced[row].append(int(ids[row]))
@@ -152,7 +185,8 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
             break
         attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
         out = model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos, use_cache=True,
-                    **cache)
+                    **{keyword: cache})
+        logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     return list(zip(produced, logps))
 

@@ -1,0 +1,82 @@
+"""Prefilling each distinct context once and forking its KV cache (engine.generate_turn, share_prompts) plays
+exactly what prefilling every row does: same ids and same sampling log-probs, greedy and sampled, with one
+sampling stream for the batch and with one stream per row.
+
+Ids must be equal. Log-probs are compared to 1e-5: the unshared prefill itself gives two identical contexts at
+different rows of one batch logits that differ in the last float bit (the matmul kernels block rows by
+position), and the forked rows copy one of them, so a last-bit difference is the reference's own noise, not
+the fork's."""
+
+from functools import partial, wraps
+from unittest import mock
+
+import pytest
+import torch
+
+from lopd_core.envs import make_env, make_tasks
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout import engine
+from lopd_core.rollout.engine import RolloutRequest, Sampling, generate_turn, rollout
+
+GREEDY = Sampling(temperature=0.0, max_new_tokens=12, max_context=768)
+SAMPLED = Sampling(temperature=1.0, top_p=0.9, max_new_tokens=12, max_context=768)
+
+
+def _requests(tasks: int, samples: int) -> list[RolloutRequest]:
+    return [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", tasks, seed=7)
+            for g in range(samples)]
+
+
+def _play(model, codec, requests, sampling, *, shared: bool, per_row: bool):
+    seeds = [100 + i for i in range(len(requests))] if per_row else None
+    turn = partial(engine.generate_turn, share_prompts=shared)
+    with mock.patch.object(engine, "generate_turn", turn):
+        return rollout(model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("per_row", [False, True], ids=["batch-stream", "row-streams"])
+def test_shared_prefill_plays_what_per_row_prefill_plays(tiny_model, tiny_tokenizer, sampling, per_row):
+    codec = ChatCodec(tiny_tokenizer)
+    requests = _requests(tasks=3, samples=4)  # 3 prompts of different lengths, 4 samples each
+    shared = _play(tiny_model, codec, requests, sampling, shared=True, per_row=per_row)
+    plain = _play(tiny_model, codec, requests, sampling, shared=False, per_row=per_row)
+    assert [t.token_ids for t in shared] == [t.token_ids for t in plain]
+    assert [t.action_mask for t in shared] == [t.action_mask for t in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs),
+                                   atol=1e-5, rtol=0)
+    if sampling.temperature > 0:  # the samples of a task did diverge: the fork gave each row its own cache
+        assert len({tuple(t.token_ids) for t in shared[:4]}) > 1
+
+
+def test_only_identical_contexts_are_prefilled_once(tiny_model, tiny_tokenizer):
+    """Two distinct prompts among five rows: two prefill rows; a row with the same ids but other input
+    embeddings (a teacher reading other latents) is prefilled on its own."""
+    codec = ChatCodec(tiny_tokenizer)
+    tasks = make_tasks("toolworld", "train", 2, seed=7)
+    firsts = [make_env(t).reset(t) for t in tasks]
+    prompts = [codec.start(f.system, f.user).token_ids for f in firsts]
+    contexts = [prompts[0], prompts[1], prompts[0], prompts[1], prompts[0]]
+    batches = []
+    forward = tiny_model.forward
+
+    @wraps(forward)  # keeps the signature the engine inspects for its cache keyword
+    def counting(*args, **kwargs):
+        x = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        if x.shape[1] > 1:
+            batches.append(x.shape[0])
+        return forward(*args, **kwargs)
+
+    with mock.patch.object(tiny_model, "forward", counting):
+        turns = generate_turn(tiny_model, contexts, sampling=GREEDY, stop_id=codec.im_end_id, pad_id=codec.pad_id,
+                              generator=torch.Generator().manual_seed(0))
+    assert batches == [2]
+    assert turns[0] == turns[2] == turns[4] and turns[1] == turns[3]
+
+    embed = tiny_model.get_input_embeddings()
+    with torch.no_grad():
+        same = embed(torch.tensor(prompts[0]))
+    other = same.clone()
+    other[1] += 1.0
+    assert engine._first_with_same_context([prompts[0]] * 3, [same, other, same.clone()]) == [0, 1, 0]
