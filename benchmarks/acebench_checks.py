@@ -3,7 +3,7 @@
 Each answer in possible_answer/ is turned into the prediction a perfect model would make (the first
 alternative's calls, or the sentence ACEBench's prompts ask for) and scored. The one failure is an answer that
 leaves out a parameter its document requires (zh normal_atom_object_short_1). The mutation verdicts are in
-tests/test_acebench_ground_truth.py.
+tests/benchmarks/test_acebench_ground_truth.py.
 
     .venv/bin/python benchmarks/acebench_checks.py [--data-dir ../shared/benchmarks/acebench]
 """

@@ -24,7 +24,6 @@ from yaml.constructor import ConstructorError
 # Valid names as plain data (a leaf module): loading the configuration loads nothing else of the library.
 from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
 
-
 # The named worlds of toolworld (lopd_core/envs/worlds.py WORLDS), the deployment candidates; kept here as
 # plain data so the config imports nothing of the library (a test checks the two agree).
 NAMED_WORLDS = ("aurora", "borealis", "cobalt", "dune")
@@ -100,7 +99,7 @@ class WarmStartConfig:
     # Probability that a demonstration *without* experience follows another world's conventions: the base then
     # knows each world's rules only imperfectly, while demonstrations with experience always follow them.
     # Kept small: more noise made the base worse at reproducing held-out tasks without teaching it the
-    # conventions any better (benchmarks/failure_probe.py measures it).
+    # conventions any better (benchmarks/probes/failure_probe.py measures it).
     convention_noise: float = field(default=0.15, metadata=fraction())
     slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
     epochs: float = field(default=6.0, metadata=positive())  # only when max_steps is 0 (see the docstring)
@@ -240,7 +239,7 @@ class ColdStartConfig:
 
 
 # Methods whose student loss is GRPO's (lopd.student_loss unused), and those of them that add the sampled-token
-# reverse KL to a teacher (Skill-SD): lopd_core/lopd/methods.py is the source, tests/test_training_step.py checks
+# reverse KL to a teacher (Skill-SD): lopd_core/lopd/methods.py is the source, tests/lopd/test_training_step.py checks
 # these agree with it (plain data here: the config imports nothing of the library).
 POLICY_GRADIENT_METHODS = ("grpo", "skill_sd")
 SAMPLED_KL_METHODS = ("skill_sd",)
@@ -378,7 +377,7 @@ def _full_preset() -> ComparePreset:
 
 
 def _smoke_preset() -> ComparePreset:
-    """Every method once on a tiny base built for it, in a couple of minutes (tests/test_compare.py)."""
+    """Every method once on a tiny base built for it, in a couple of minutes (tests/pipeline/test_compare.py)."""
     return ComparePreset(
         seeds=[0], budget=24, lr_grid=[3e-4], tune_n=4, eval_n=4, curve_points=2, curve_n=4,
         overrides=["model.base_dir=data/compare/base_smoke", "model.tiny.vocab_size=600",

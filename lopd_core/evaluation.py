@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks
-from lopd_core.envs.worlds import WorldSplit
+from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.codegen_demos import CodegenExperiencePool
 from lopd_core.model.demos import ExperiencePool

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Iterator
 
 
-
 def lock_path(folder: str | Path) -> Path:
     folder = Path(folder).resolve()
     return folder.parent / f".{folder.name}.lock"

@@ -4,7 +4,7 @@ Why a module of its own: `lopd_core.config` validates these names at load time, 
 importing the trainer or the benchmark loaders to learn a list of strings would make every command that reads
 params.yaml load most of the library, and would let the lower layers (model/, envs/) reach the trainer through
 the configuration. The modules that own these names (lopd/methods.py, benchmarks/bfcl/data.py,
-benchmarks/acebench/data.py) keep defining them; tests/test_config.py checks that the copies here equal theirs,
+benchmarks/acebench/data.py) keep defining them; tests/pipeline/test_config.py checks that the copies here equal theirs,
 so the two cannot drift apart unnoticed.
 
 Imports nothing.

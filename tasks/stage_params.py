@@ -1,7 +1,7 @@
 """What each pipeline stage reads: params.yaml keys and input artifacts, in one table.
 
 Why one table: the stage's Prefect cache key (flows/stages.py) is derived from it, and dvc.yaml's `params:`
-and data `deps:` lists are checked against it (tests/test_stage_params.py). Written out by hand in three places,
+and data `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out by hand in three places,
 the copies disagreed and a changed setting silently reused a cached result. Adding a setting a stage reads is
 one line here (and the same line in dvc.yaml, which the test then asks for).
 

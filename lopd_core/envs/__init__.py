@@ -1,9 +1,9 @@
 """LOPD environments: the shared contract, the built-in ``toolworld`` environment and ``codegen``.
 
-toolworld is a family of small stateful tool domains (bank, calendar, shop, files, msg,
-travel) under four worlds whose conventions differ; tasks come from templates with data
-checks and a scripted oracle. See base.py for the contract every environment implements and
-contract.py for the checker that enforces it.
+base.py is the contract every environment implements and contract.py the checker that enforces it;
+tasks.py draws any environment's task sets; mix.py spreads a run's tasks over the environment mix. The
+environments live in their own packages: toolworld/ (stateful tool domains under worlds with different
+conventions), codegen/ (function-writing tasks graded in sandbox/, the only place model code runs).
 """
 
 from __future__ import annotations
@@ -11,13 +11,20 @@ from __future__ import annotations
 from .base import SPLITS, Environment, FirstObservation, StepResult, Task
 from .codegen import CodegenEnv
 from .contract import check_env_contract
-from .domains import DOMAINS, tool_schemas
-from .oracle import OraclePolicy, oracle_actions, run_oracle
-from .splits import make_tasks
-from .templates import TEMPLATES
-from .tools import format_call, parse_action
-from .toolworld import ToolWorldEnv
-from .worlds import KNOBS, WORLDS
+from .tasks import make_tasks
+from .toolworld import (
+    DOMAINS,
+    KNOBS,
+    TEMPLATES,
+    WORLDS,
+    OraclePolicy,
+    ToolWorldEnv,
+    format_call,
+    oracle_actions,
+    parse_action,
+    run_oracle,
+    tool_schemas,
+)
 
 ENVS = {"toolworld": ToolWorldEnv, "codegen": CodegenEnv}
 

@@ -12,8 +12,8 @@ extended deterministically as `n` grows.
 from __future__ import annotations
 
 from lopd_core.envs.base import Task
-from lopd_core.envs.splits import make_tasks
-from lopd_core.envs.worlds import WorldSplit
+from lopd_core.envs.tasks import make_tasks
+from lopd_core.envs.toolworld.worlds import WorldSplit
 
 
 def mix_counts(mix: dict[str, float], n: int) -> dict[str, int]:

@@ -19,7 +19,7 @@ where it builds the teacher's input and picks the student's loss —
     same rollouts — distillation from experience leads early, the reward signal keeps climbing after the
     bank's coverage is exhausted).
 Text contexts go through the same splice as latents: the embeddings of the text's ids placed in the latent slot
-are exactly the conversation with that text in its first user turn (tests/test_lopd_core.py checks this).
+are exactly the conversation with that text in its first user turn (tests/lopd/test_trainer.py checks this).
 
 The two controls: `sharpened_teacher` (frozen base at `baselines.sharpen_temperature` < 1, no context) and
 `lopd_random_retrieval` (random bank rows instead of the nearest) tell a gain from experience apart from a gain

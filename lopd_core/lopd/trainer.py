@@ -43,10 +43,9 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.config import ConfigError, Params
-from lopd_core.errors import TrainingDiverged
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
-from lopd_core.errors import StateError
+from lopd_core.errors import StateError, TrainingDiverged
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
@@ -579,7 +578,7 @@ class Distiller:
             "student_s": sums.seconds["student"], "composer_s": sums.seconds["composer"],
         }
         # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
-        # (benchmarks/margin_probe.py reads it to price margins and advantages).
+        # (benchmarks/probes/margin_probe.py reads it to price margins and advantages).
         return StepResult(row, diag, per_traj_gap.tolist(), per_traj_kl)
 
     # ---- helpers --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ The codegen counterpart of demos.py (toolworld), with the same two kinds of demo
   relies on.
 
 Clean answers are built without running the reference (every family's reference passes all its tests at
-every level: tests/test_codegen_env.py), which saves a sandbox run per demonstration; flawed attempts always
+every level: tests/envs/test_codegen_env.py), which saves a sandbox run per demonstration; flawed attempts always
 run in the sandbox, because their feedback must be the real one. Model output never reaches this module.
 """
 

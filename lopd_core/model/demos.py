@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from lopd_core.envs import TEMPLATES, WORLDS, Task, make_tasks, run_oracle
-from lopd_core.envs.worlds import conventions_for
+from lopd_core.envs.toolworld.worlds import conventions_for
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import IM_END, ChatCodec, TrajectoryIds, first_turn_text, observation_text
 

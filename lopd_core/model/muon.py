@@ -4,11 +4,11 @@ Why not `torch.optim.Muon` as it is: it orthogonalises one matrix at a time. The
 small layer matrices (128 × 128, 64 × 128, 384 × 128, ...), so on a 2-core CPU its step spends most of its time
 in the overhead of some two hundred tiny products: ≈ 15–20 ms, a quarter of a warm-start step. Stacking the
 matrices that share a shape (after turning tall ones wide) makes that 3–4 batched products per iteration;
-the step then costs about half as much (`benchmarks/warmstart_optimizer.py`).
+the step then costs about half as much (`benchmarks/probes/warmstart_optimizer.py`).
 
 The arithmetic is torch's: Nesterov momentum as a lerp, the same quintic Newton–Schulz iteration, decoupled
 weight decay, and the `match_rms_adamw` learning-rate scale (0.2·sqrt(max(rows, cols))), so the same learning
-rate and weight decay mean the same thing in both (`tests/test_warmstart.py` checks it).
+rate and weight decay mean the same thing in both (`tests/model/test_warmstart.py` checks it).
 
 One difference: on the CPU the iteration runs in float32, where torch runs it in bfloat16. bfloat16 is what an
 accelerator multiplies fastest; the machine the default base was first built on ran it at full speed too; but

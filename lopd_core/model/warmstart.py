@@ -27,7 +27,7 @@ from transformers import GenerationConfig
 
 from lopd_core.config import Params
 from lopd_core.envs.mix import mix_counts
-from lopd_core.envs.worlds import WorldSplit
+from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.codegen_demos import build_codegen_demos
 from lopd_core.model.demos import build_demos, encode_demo
@@ -132,7 +132,7 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
     Why Muon: the build is bound by optimizer steps, not tokens (2,048-token batches at half the steps, or
     512-token batches at twice, both did worse), so what counts is the progress each update makes. Muon's
     orthogonalised momentum updates every direction of a layer's matrix at the same rate, so each step of the
-    embedded base's build teaches more than AdamW's (`benchmarks/warmstart_optimizer.py` compares them).
+    embedded base's build teaches more than AdamW's (`benchmarks/probes/warmstart_optimizer.py` compares them).
     """
     def with_peak(opt: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
         for group in opt.param_groups:

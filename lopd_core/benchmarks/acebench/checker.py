@@ -23,7 +23,7 @@ Special (answers are text):
 The phrases are English in both languages, as ACEBench's prompts ask.
 
 Where we depart from ACEBench's code (each one makes a correct answer pass that ACEBench's code can never
-pass: tests/test_acebench_ground_truth.py plays ACEBench's own ground truth, in both languages, through it):
+pass: tests/benchmarks/test_acebench_ground_truth.py plays ACEBench's own ground truth, in both languages, through it):
   * a function document is looked up by exact name before ACEBench's substring fallback;
   * an answer key `f_2` names the function `f_2` when the document declares it (similar_api has such
     names); only otherwise is `_2` read as "the second call of `f`";

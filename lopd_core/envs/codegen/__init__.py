@@ -4,7 +4,7 @@
 `train`/`test_id`, 7 held out for `test_ood`), each a generator of statement, function name, tests and a
 reference solution at difficulty levels 1..3. Multi-turn: up to `task.max_turns` attempts, each answered
 with the first failing test and its error; reward = fraction of tests passed. Model code runs only in
-lopd_core/envs/sandbox.py.
+lopd_core/envs/sandbox/.
 """
 
 from .env import SYSTEM_PROMPT, CodegenEnv

@@ -19,8 +19,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from lopd_core.envs.sandbox import SandboxLimits, SandboxResult, run_calls
-from lopd_core.envs.sandbox_io import NO_RESULT
+from lopd_core.envs.sandbox import NO_RESULT, SandboxLimits, SandboxResult, run_calls
 
 CODEGEN_LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2.0, memory_mb=256, max_processes=4, max_file_mb=1.0,
                                max_open_files=32, max_output_bytes=4096)

@@ -1,0 +1,272 @@
+"""The orchestration layer, piece by piece and fast: cache keys, the promotion gate, MLflow lineage on a
+temporary SQLite file, export (loads as a plain HF model and answers a task), the offline report, the task
+wrappers through `.fn()`, and the static DVC / Prefect configuration."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from lopd_core.config import Params, load_params
+from tasks.caching import by_stage_key, content_hash, key_payload, stage_key
+
+ROOT = Path(__file__).resolve().parents[2]
+CSV_COLUMNS = ["step", "rollouts", "reward_mean", "success_rate", "distill_loss", "kl_phi", "delta", "beta",
+               "anchor", "student_entropy", "teacher_entropy", "topk_mass", "grad_norm_theta", "grad_norm_phi",
+               "latent_norm_ratio", "step_seconds"]
+
+
+def distill_csv(path: Path, steps: int = 4, margin: float = 0.05) -> Path:
+    """A plausible distill CSV: β follows the dual-ascent rule of DESIGN §5 from δ̄."""
+    rows, beta = [], 0.0
+    for s in range(1, steps + 1):
+        delta = 0.01 * s
+        rows.append({"step": s, "rollouts": 20 + 8 * s, "reward_mean": 0.1 + 0.02 * s, "success_rate": 0.05 * s,
+                     "distill_loss": 1.0 / s, "kl_phi": 0.5 / s, "delta": delta, "beta": beta, "anchor": 0.01,
+                     "student_entropy": 2.0 - 0.1 * s, "teacher_entropy": 1.5, "topk_mass": 0.9,
+                     "grad_norm_theta": 1.0, "grad_norm_phi": 0.5, "latent_norm_ratio": 1.0, "step_seconds": 1.0})
+        beta = max(0.0, beta + 0.5 * (margin - delta))
+    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(path, index=False)
+    return path
+
+
+def eval_json(success: float, reward: float) -> dict:
+    cell = {"success_rate": success, "reward_mean": reward, "n": 10, "ci95": [max(0.0, success - 0.1), success + 0.1]}
+    return {"toolworld": {split: {"greedy": dict(cell), "sampled": dict(cell)} for split in ("test_id", "test_ood")}}
+
+
+# ---- cache keys ---------------------------------------------------------------------------------------------
+def test_content_hash_follows_content_not_names_or_order(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, order in ((a, ["x", "y"]), (b, ["y", "x"])):
+        d.mkdir()
+        for name in order:
+            (d / name).write_text(f"content of {name}")
+    assert content_hash(a) == content_hash(b)
+    (b / "_stage.json").write_text("{}")  # a stage's completion marker is not content
+    assert content_hash(a) == content_hash(b)
+    (b / "x").write_text("changed")
+    assert content_hash(a) != content_hash(b)
+    assert content_hash(tmp_path / "nowhere") == "missing" and content_hash(None) == "none"
+
+
+def test_stage_key_changes_with_params_and_inputs_only(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "w").write_text("weights")
+    params = Params()
+    key = stage_key(key_payload("distill", {"lopd": params.lopd}, {"policy": model}))
+    assert key == stage_key(key_payload("distill", {"lopd": Params().lopd}, {"policy": model}))
+    changed = load_params("params.yaml", ["lopd.margin=0"])
+    assert key != stage_key(key_payload("distill", {"lopd": changed.lopd}, {"policy": model}))
+    (model / "w").write_text("other weights")
+    assert key != stage_key(key_payload("distill", {"lopd": params.lopd}, {"policy": model}))
+    assert by_stage_key(None, {"stage": "distill", "key": key}) == f"distill-{key}"
+
+
+def test_path_params_do_not_enter_stage_keys():
+    from flows.stages import section
+
+    a = load_params("params.yaml")
+    b = load_params("params.yaml", ["bank.dir=elsewhere", "bank.index_dir=elsewhere_index", "lopd.csv=x.csv"])
+    assert section(a, "bank") == section(b, "bank") and section(a, "lopd") == section(b, "lopd")
+    assert section(a, "bank") != section(load_params("params.yaml", ["bank.top_j=2"]), "bank")
+
+
+# ---- the promotion gate -------------------------------------------------------------------------------------
+def test_gate_averages_held_out_splits_and_needs_a_strict_gain():
+    from flows.cycle import gate_score
+
+    params = load_params("params.yaml", ["cycle.gate_metric=success_rate"])
+    champion, student = eval_json(0.10, 0.3), eval_json(0.10, 0.4)
+    student["toolworld"]["test_ood"]["greedy"]["success_rate"] = 0.2
+    assert gate_score(params, champion) == pytest.approx(0.10)
+    assert gate_score(params, student) == pytest.approx(0.15)  # mean of 0.10 and 0.20
+    assert not gate_score(params, champion) > gate_score(params, champion) + params.cycle.min_gain  # a tie
+    reward_gate = load_params("params.yaml", ["cycle.gate_metric=reward_mean", "cycle.gate_splits=[test_id]"])
+    assert gate_score(reward_gate, student) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="gate"):
+        gate_score(params, {"toolworld": {"train": {}}})
+
+
+# ---- MLflow lineage -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory):
+    from lopd_core.config import TrackingConfig
+    from tasks.tracking import Tracker
+
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    return Tracker(TrackingConfig(mlflow_uri=f"sqlite:///{db}", experiment="unit"))
+
+
+def test_environment_overrides_the_tracking_uri(monkeypatch):
+    from lopd_core.config import TrackingConfig
+    from tasks.tracking import tracking_uri
+
+    assert tracking_uri(TrackingConfig()) == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert tracking_uri(TrackingConfig()) == "http://tracking.example:5000"
+
+
+def test_parent_and_child_runs_carry_step_metrics_params_and_tags(tracker, tmp_path):
+    from tasks.tracking import eval_metrics
+
+    parent = tracker.start_run("cycle-1", tags={"lopd.cycle": 1, "git.commit": "abc"})
+    tracker.log_params(parent, Params().to_dict())
+    child = tracker.start_run("distill", parent=parent, tags={"lopd.stage": "distill"})
+    steps = tracker.log_step_metrics(child, distill_csv(tmp_path / "distill.csv", steps=5))
+    tracker.log_metrics(child, eval_metrics(eval_json(0.2, 0.5)))
+    tracker.end(child)
+    tracker.end(parent)
+
+    client = tracker.client
+    run = client.get_run(child)
+    assert steps == 5 and run.data.tags["mlflow.parentRunId"] == parent
+    for name in ("beta", "delta", "reward_mean", "success_rate", "kl_phi", "student_entropy"):
+        assert [m.step for m in client.get_metric_history(child, name)] == [1, 2, 3, 4, 5], name
+    assert run.data.metrics["eval.toolworld.test_id.greedy.success_rate"] == pytest.approx(0.2)
+    top = client.get_run(parent)
+    assert top.data.params["lopd.margin"] == "0.05" and top.data.params["model.tiny.hidden_size"] == "128"
+    assert top.data.tags["git.commit"] == "abc"
+
+
+def test_eval_metric_names_are_valid_for_mlflow():
+    from tasks.tracking import eval_metrics
+
+    names = eval_metrics({"toolworld": {"test_id+experience": {"greedy": eval_json(0.1, 0.2)["toolworld"]["test_id"]["greedy"]}}})
+    assert "eval.toolworld.test_id_experience.greedy.success_rate" in names
+
+
+def test_dvc_hash_matches_what_dvc_records(tmp_path):
+    import hashlib
+
+    from tasks.tracking import dvc_hash
+
+    (tmp_path / "f.bin").write_bytes(b"bank rows")
+    assert dvc_hash(tmp_path / "f.bin") == hashlib.md5(b"bank rows").hexdigest()
+    assert dvc_hash(tmp_path).endswith(".dir")
+
+
+# ---- export: a plain HF checkpoint that answers a task ------------------------------------------------------
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
+    out = tmp_path_factory.mktemp("student") / "student"
+    tiny_model.save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
+    return out
+
+
+def test_export_loads_with_from_pretrained_and_answers_a_task(student_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lopd_core.envs import make_tasks
+    from lopd_core.model.chat import ChatCodec
+    from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+    from tasks.stages import export_task
+
+    params = Params()
+    (tmp_path / "eval.json").write_text(json.dumps(eval_json(0.25, 0.6)))
+    out = export_task.fn(str(student_dir), str(tmp_path / "export"), params, str(tmp_path / "eval.json"), None,
+                         {"cycle": 1, "bank DVC md5": "abc.dir"})
+    card = (Path(out) / "README.md").read_text()
+    assert "25.0 %" in card and "abc.dir" in card and "AutoModelForCausalLM" in card
+    assert json.loads((Path(out) / "lineage.json").read_text())["cycle"] == 1
+    assert json.loads((Path(out) / "generation_config.json").read_text())["max_new_tokens"] == 64
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    task = make_tasks("toolworld", "test_id", 1, 0)[0]
+    (traj,) = rollout(model, ChatCodec(tokenizer), [RolloutRequest(task)],  # no bank, composer or latents
+                      sampling=Sampling(temperature=0.0, max_new_tokens=16, max_context=1024), seed=0)
+    assert sum(traj.action_mask) > 0 and 0.0 <= traj.reward <= 1.0
+
+
+def test_export_merges_a_lora_adapter(student_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lopd_core.export import export_checkpoint
+
+    base = AutoModelForCausalLM.from_pretrained(student_dir)
+    adapter = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(student_dir).save_pretrained(tmp_path / "adapter")
+    out = export_checkpoint(tmp_path / "adapter", tmp_path / "merged", rollout=Params().rollout)
+    assert not (out / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+# ---- the offline report -------------------------------------------------------------------------------------
+def test_report_is_self_contained_with_every_curve(tmp_path):
+    from tasks.stages import report_task
+
+    csvs = [distill_csv(tmp_path / f"c{i}.csv", steps=3 + i) for i in (1, 2)]
+    (tmp_path / "base.json").write_text(json.dumps(eval_json(0.0, 0.2)))
+    (tmp_path / "student.json").write_text(json.dumps(eval_json(0.1, 0.3)))
+    path = report_task.fn([{"label": f"cycle {i}", "csv": str(c), "margin": 0.05} for i, c in enumerate(csvs, 1)],
+                          [{"label": "base", "path": str(tmp_path / "base.json")},
+                           {"label": "student", "path": str(tmp_path / "student.json")}],
+                          str(tmp_path / "report"), "test report", [("promoted", "no")])
+    page = Path(path).read_text()
+    for png in ("reward_success", "delta_margin", "beta", "kl_entropy", "eval"):
+        assert (tmp_path / "report" / f"{png}.png").stat().st_size > 1000
+    assert page.count("data:image/png;base64,") == 5
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # works offline
+    assert "cycle 2" in page and "10.0% [0.0, 20.0]" in page
+    margin = pd.read_csv(tmp_path / "report" / "delta_margin.csv")
+    assert set(margin["margin"]) == {0.05} and len(margin) == 4 + 5
+
+
+# ---- static configuration: DVC and Prefect -----------------------------------------------------------------
+def test_dvc_stages_are_lopd_commands_over_known_params():
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    stages = spec["stages"]
+    assert list(stages) == ["base", "bank", "coldstart", "distill", "evaluate", "export", "report"]
+    known = Params().to_dict()
+    for name, stage in stages.items():
+        cmds = stage["cmd"] if isinstance(stage["cmd"], list) else [stage["cmd"]]
+        assert all(c.startswith("lopd ") for c in cmds), name
+        for dotted in stage.get("params", []):
+            node = known
+            for part in dotted.split("."):
+                assert part in node, f"{name}: params {dotted} not in params.yaml"
+                node = node[part]
+    outs = [o if isinstance(o, str) else next(iter(o)) for s in stages.values() for o in s.get("outs", [])]
+    index_dir = Params().bank.index_dir
+    assert "data/bank" in outs and not any(o == index_dir or index_dir.startswith(o + "/") for o in outs)
+    assert (ROOT / ".dvc" / "config").exists()
+
+
+def test_prefect_deployment_points_at_the_cycle_flow():
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (deployment,) = spec["deployments"]
+    module, func = deployment["entrypoint"].split(":")
+    assert module == "flows/cycle.py" and func == "cycle_flow"
+    assert deployment["work_pool"]["name"] and deployment["schedules"][0]["cron"]
+    from flows import cycle
+
+    assert getattr(cycle, func).name == "lopd-cycle"
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    """The check a person would do: open the page offline in a browser and look (scripts/screenshot_report.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshot_report", ROOT / "scripts" / "screenshot_report.py")
+    shot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shot)
+    if shot.find_browser() is None:
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    from lopd_core.report import EvalColumn, TrainingRun, write_report
+
+    page = write_report([TrainingRun("cycle 1", distill_csv(tmp_path / "d.csv"), 0.05)],
+                        [EvalColumn("base", eval_json(0.0, 0.2))], tmp_path / "report")
+    png = shot.screenshot(page, tmp_path / "shot.png", height=1600)
+    from PIL import Image
+
+    image = Image.open(png).convert("L")
+    assert image.size == (1200, 1600)
+    assert image.getextrema()[0] < 100  # something dark was drawn (text, axes), not a blank page

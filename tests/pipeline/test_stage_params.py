@@ -1,0 +1,200 @@
+"""The table of what each stage reads (tasks/stage_params.py): dvc.yaml agrees with it, every key it lists moves
+the stage's cache key and path-only keys do not, the flows hash exactly the inputs it names, retrievers take the
+retrieval settings whole, and `cycle.refresh_teacher` picks the teacher."""
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lopd_core.config import Params
+from tasks.caching import stage_key
+from tasks.stage_params import STAGES, UNKEYED_FIELDS, dvc_data_deps, dvc_params
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHED_STAGES = ("base", "bank", "coldstart", "distill", "evaluate")  # the cycle's content-keyed stages
+
+
+def _dvc_stages() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
+    stages = _dvc_stages()
+    assert set(stages) == set(STAGES)
+    for name, stage in stages.items():
+        assert sorted(stage.get("params", [])) == sorted(dvc_params(name)), (
+            f"dvc.yaml stage {name}: params should be {dvc_params(name)} (tasks/stage_params.py)")
+        data = sorted(d for d in stage.get("deps", []) if not d.startswith("lopd_core"))
+        assert data == dvc_data_deps(name), f"dvc.yaml stage {name}: data deps should be {dvc_data_deps(name)}"
+
+
+def _leaves(value, prefix: str):
+    """Every leaf key under `prefix` (a nested dataclass is walked; a list or mapping is one leaf)."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _leaves(getattr(value, f.name), f"{prefix}.{f.name}")
+    else:
+        yield prefix
+
+
+def _get(params, dotted: str):
+    node = params
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _changed(params: Params, dotted: str) -> Params:
+    """A copy of params with the leaf at `dotted` set to some other value of its type."""
+    out = copy.deepcopy(params)
+    *parents, last = dotted.split(".")
+    node = out
+    for part in parents:
+        node = getattr(node, part)
+    old = getattr(node, last)
+    if isinstance(old, bool):
+        new = not old
+    elif isinstance(old, (int, float)):
+        new = old * 2 + 1
+    elif isinstance(old, str):
+        new = old + "-other"
+    elif isinstance(old, list):
+        new = old[:-1] if old else ["other"]
+    elif isinstance(old, dict):
+        new = {**old, "other": 1.0}
+    else:
+        raise TypeError(f"{dotted}: no rule to change a {type(old).__name__}")
+    setattr(node, last, new)
+    return out
+
+
+def _key(params: Params, stage: str) -> str:
+    from flows.stages import stage_payload
+
+    return stage_key(stage_payload(params, stage, dict.fromkeys(STAGES[stage].inputs)))
+
+
+@pytest.mark.parametrize("stage", CACHED_STAGES)
+def test_every_listed_key_moves_the_stage_key_and_path_fields_do_not(stage):
+    params = Params()
+    reads = STAGES[stage]
+    key = _key(params, stage)
+    listed = [leaf for dotted in (*reads.params, *reads.cycle_params) for leaf in _leaves(_get(params, dotted), dotted)]
+    assert listed
+    for leaf in listed:
+        moved = _key(_changed(params, leaf), stage) != key
+        if leaf in UNKEYED_FIELDS:
+            assert not moved, f"{stage}: unkeyed field {leaf} (a path or a reaction) changed the cache key"
+        else:
+            assert moved, f"{stage}: {leaf} is read but does not change the cache key"
+
+
+@pytest.mark.parametrize("stage, leaf", [
+    ("distill", "bank.same_world"), ("distill", "baselines.skill_kl"), ("distill", "bank.ef_search"),
+    ("distill", "cycle.refresh_teacher"), ("distill", "envs.mix"), ("coldstart", "envs.pretrain_worlds"),
+    ("coldstart", "bank.ef_search"), ("bank", "bank.min_reward"), ("evaluate", "bench.limit"),
+])
+def test_the_keys_the_review_found_missing_now_move_the_key(stage, leaf):
+    assert _key(_changed(Params(), leaf), stage) != _key(Params(), stage)
+
+
+@pytest.mark.parametrize("stage, leaf", [
+    ("distill", "bank.dir"), ("distill", "lopd.csv"), ("distill", "lopd.out_dir"), ("distill", "model.base_dir"),
+    ("coldstart", "coldstart.out"), ("evaluate", "eval.out"), ("bank", "bank.index_dir"),
+    ("distill", "tracking.experiment"), ("distill", "eval.n_per_split"),  # not read by distillation at all
+    ("distill", "lopd.resume_mismatch"),  # refuse or warn on a stale checkpoint: the outputs are the same
+])
+def test_paths_and_unread_keys_leave_the_key_alone(stage, leaf):
+    assert _key(_changed(Params(), leaf), stage) == _key(Params(), stage)
+
+
+def test_inputs_other_than_the_tables_are_refused():
+    from flows.stages import stage_payload
+
+    with pytest.raises(ValueError, match="tasks/stage_params.py"):
+        stage_payload(Params(), "distill", {"policy": None, "bank": None, "phi0": None})  # no teacher
+
+
+def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path):
+    from flows import stages as S
+
+    teacher = tmp_path / "base"
+    teacher.mkdir()
+    (teacher / "w").write_text("weights")
+    seen = {}
+
+    def fake_run_cached(task, params, stage, inputs, extra=None, **kwargs):
+        seen.update(stage=stage, inputs=inputs, kwargs=kwargs)
+        return {"csv": str(tmp_path / "d.csv")}, False
+
+    monkeypatch.setattr(S, "run_cached", fake_run_cached)
+    S.distill_flow.fn(Params(), "hub/model", {"bank_dir": str(tmp_path), "index_dir": str(tmp_path)}, "phi0.pt",
+                      str(teacher), track=False)
+    assert seen["stage"] == "distill" and seen["inputs"]["teacher"] == str(teacher)
+    assert seen["kwargs"]["teacher"] == str(teacher)
+
+
+def test_refresh_teacher_picks_the_cycles_teacher():
+    from flows.cycle import Champion, teacher_for
+
+    refresh, keep = Params(), Params()
+    keep.cycle.refresh_teacher = False
+    assert refresh.cycle.refresh_teacher is True  # the default: what the cycle always did
+    champion, first = Champion(model="data/cycles/work/distill-x/student", generation=1), Champion(model="data/base")
+    assert teacher_for(refresh, champion, "data/base") is None  # the champion teaches (the student's start)
+    assert teacher_for(keep, champion, "data/base") == "data/base"
+    assert teacher_for(keep, first, "data/base") is None  # the champion is the base: nothing to keep apart
+
+
+def test_make_retriever_reads_the_retrieval_settings_whole():
+    from lopd_core.lopd.stages import make_retriever
+
+    calls = []
+
+    class Hit:
+        experience_text = "a past success"
+
+    class Bank:
+        def retrieve(self, tasks, j, allow_self_retrieval=True, same_world=False):
+            calls.append((j, allow_self_retrieval, same_world))
+            return [[Hit()] * j for _ in tasks]
+
+    params = Params()
+    params.bank.top_j, params.bank.same_world, params.bank.allow_self_retrieval = 2, False, False
+    assert make_retriever(Bank(), params.bank.retrieval)(["task"]) == [["a past success"] * 2]
+    assert calls == [(2, False, False)]
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
+    """cycle.refresh_teacher false: the student starts from the champion, the teacher is other (frozen) weights."""
+    import torch
+
+    from lopd_core.lopd.models import make_student_and_teacher
+
+    champion, first_base = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in champion.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the champion has moved away from the first base
+    trainable, student, teacher = make_student_and_teacher(champion, mode=mode, lora_rank=2, teacher=first_base)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad(), teacher.active() as t:
+        torch.testing.assert_close(t(ids).logits, tiny_model(ids).logits)
+        assert not torch.allclose(student(ids).logits, tiny_model(ids).logits)
+    assert not any(p.requires_grad for p in first_base.parameters())
+    assert any(p.requires_grad for p in trainable.parameters())
+
+
+def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
+    """The settings a resume must agree with (trainer.RESUME_SETTINGS) are keys of the distill stage's table, so
+    a setting that moves the stage's cache key cannot be left out of one and kept in the other unnoticed."""
+    from lopd_core.lopd.trainer import resume_settings
+
+    reads = STAGES["distill"].params
+    recorded = resume_settings(Params())
+    assert "lopd.lr_student" in recorded and "lopd.steps" not in recorded
+    for key in recorded:
+        assert key not in UNKEYED_FIELDS and any(key == r or key.startswith(r + ".") for r in reads), key
