@@ -24,7 +24,7 @@ from yaml.constructor import ConstructorError
 # Valid names as plain data (a leaf module): loading the configuration loads nothing else of the library.
 from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
 
-# The named worlds of toolworld (lopd_core/envs/worlds.py WORLDS), the deployment candidates; kept here as
+# The named worlds of toolworld (lopd_core/envs/toolworld/worlds.py WORLDS), the deployment candidates; kept here as
 # plain data so the config imports nothing of the library (a test checks the two agree).
 NAMED_WORLDS = ("aurora", "borealis", "cobalt", "dune")
 
@@ -141,7 +141,7 @@ class EnvsConfig:
                                                   "a non-empty mapping of known environments (toolworld, codegen) to weights > 0"))
     # Adaptation to a new environment: the warm start and the composer's cold start see only generated
     # pretraining worlds; bank, distillation, evaluation and the cycle run in the deployment worlds, held out
-    # from both (lopd_core/envs/worlds.py).
+    # from both (lopd_core/envs/toolworld/worlds.py).
     pretrain_worlds: int = field(default=64, metadata=positive())
     deploy_worlds: list[str] = field(default_factory=lambda: ["aurora"], metadata=subset_of(*NAMED_WORLDS))
     world_seed: int = 0  # which pretraining worlds are generated

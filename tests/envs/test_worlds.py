@@ -1,5 +1,5 @@
 """Worlds of the adaptation setting: generated pretraining worlds, held-out deployment worlds, and the splits
-and demonstrations drawn from each (lopd_core/envs/worlds.py, splits.py, model/demos.py)."""
+and demonstrations drawn from each (lopd_core/envs/toolworld/worlds.py and tasks.py, model/demos.py)."""
 
 from __future__ import annotations
 
