@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from lopd_core.lopd.teacher import Framing, action_positions, embed_row
+from lopd_core.model.head import head_logits
 from lopd_core.rollout.engine import cache_keyword
 
 
@@ -99,5 +100,5 @@ def score_actions_shared(model, token_ids: list[list[int]], action_masks: list[l
                   position_ids=positions, use_cache=True, **{keyword: shared}).last_hidden_state  # (B, C, D)
     rows_t = torch.tensor(rows_i, dtype=torch.long, device=device)
     cols_t = torch.tensor(cols_i, dtype=torch.long, device=device)
-    logits = model.lm_head(hidden[rows_t, cols_t]).float()
+    logits = head_logits(model, hidden[rows_t, cols_t])  # (N, V), float32 head on a bf16 model
     return ActionScores(logits, torch.tensor(acts, dtype=torch.long, device=device), rows_t, len(prompts))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lopd_core.model.chat import EXP_END, EXP_START, IM_START
+from lopd_core.model.head import head_logits
 
 
 @dataclass(frozen=True)
@@ -114,4 +115,4 @@ def build_batch(model, token_ids: list[list[int]], action_masks: list[list[int]]
 def action_logits(model, batch: ScoringBatch) -> Tensor:
     """(N, V) logits at the positions that predict the batch's action tokens (float32)."""
     hidden = model.model(inputs_embeds=batch.inputs_embeds, attention_mask=batch.attention_mask).last_hidden_state
-    return model.lm_head(hidden[batch.predict_rows, batch.predict_cols]).float()
+    return head_logits(model, hidden[batch.predict_rows, batch.predict_cols])  # float32 head on a bf16 model

@@ -34,6 +34,7 @@ from transformers import DynamicCache
 
 from lopd_core.envs import Task, make_env
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
+from lopd_core.model.head import head_logits, uses_float32_head
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,28 @@ def _first_with_same_context(contexts: list[list[int]], context_embeds: list[tor
     return owner
 
 
+def _last_logits(model, cache: DynamicCache) -> Callable[..., torch.Tensor]:
+    """A forward that extends `cache` and returns each row's (rows, V) float32 logits at its last position.
+
+    A float32 model runs its own head. A bf16 model's head would round the logits to bf16 before the sampling
+    log-softmax, so it runs the body and takes the head's matmul in float32 (lopd_core/model/head.py): the
+    sampling log-probs then match the ones training scores the same tokens with."""
+    if uses_float32_head(model) or not hasattr(model, "model"):  # no separate body to call: its own head
+        keyword = cache_keyword(model)
+
+        def own_head(**inputs) -> torch.Tensor:
+            out = model(**inputs, use_cache=True, logits_to_keep=1, **{keyword: cache})
+            return out.logits[:, -1, :]
+        return own_head
+    body = model.model
+    keyword = cache_keyword(body)
+
+    def float32_head(**inputs) -> torch.Tensor:
+        hidden = body(**inputs, use_cache=True, **{keyword: cache}).last_hidden_state  # (rows, T, D)
+        return head_logits(model, hidden[:, -1, :])
+    return float32_head
+
+
 @torch.no_grad()
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
                   generator: torch.Generator | list[torch.Generator],
@@ -154,10 +177,8 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
     batch = len(contexts)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (U, T), U distinct contexts
     cache = DynamicCache()  # filled in place by every forward below
-    keyword = cache_keyword(model)
-    out = model(**prefill, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **{keyword: cache})
-    logits = out.logits[:, -1, :]  # (U, V)
+    step = _last_logits(model, cache)
+    logits = step(**prefill, attention_mask=attention, position_ids=positions)  # (U, V)
     if len(distinct) < batch:  # fork: row r reads the prefill of the distinct context it shares
         slot = {r: i for i, r in enumerate(distinct)}
         fork = torch.tensor([slot[o] for o in owner], dtype=torch.long, device=device)  # (B,)
@@ -177,16 +198,15 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
         else:
             ids, lps = _pick_tokens(logits, sampling, generator)
         ids = ids.masked_fill(done, pad_id)
+        ids_now, lps_now = ids.tolist(), lps.tolist()  # one device-to-host copy per step, not one per row
         for row in (~done).nonzero().flatten().tolist():
-            produced[row].append(int(ids[row]))
-            logps[row].append(float(lps[row]))
+            produced[row].append(ids_now[row])
+            logps[row].append(lps_now[row])
         done |= ids == stop_id
         if bool(done.all()):
             break
         attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
-        out = model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos, use_cache=True,
-                    **{keyword: cache})
-        logits = out.logits[:, -1, :]
+        logits = step(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos)
         next_pos = next_pos + 1
     return list(zip(produced, logps))
 
