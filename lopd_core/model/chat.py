@@ -15,11 +15,16 @@ Layout (Qwen-style):
     <|im_start|>assistant\n ...
 The experience block sits between framing tokens in the first user turn: that is where the latent teacher
 later splices its latent vectors in place of the text.
+
+That layout is the embedded base's own. A model with its own chat template (Qwen3, Llama 3, ...) talks through
+`TemplateChat` (lopd_core/model/chat_template.py) instead, which renders every forced segment with the model's
+template; both implement `ChatFormat`, and `make_chat` picks one by looking at the tokenizer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -42,9 +47,14 @@ CHAT_TEMPLATE = (
 )
 
 
+def experience_block(experiences: list[str] | None) -> str:
+    """Retrieved experiences as text at the head of the first user turn ("" when there are none)."""
+    return f"{EXP_START}{chr(10).join(experiences)}{EXP_END}\n" if experiences else ""
+
+
 def first_turn_text(system: str, user: str, experiences: list[str] | None = None) -> str:
     """The forced prefix of a conversation up to and including the first assistant header."""
-    exp = f"{EXP_START}{chr(10).join(experiences)}{EXP_END}\n" if experiences else ""
+    exp = experience_block(experiences)
     return f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{exp}{user}{IM_END}\n{IM_START}assistant\n"
 
 
@@ -108,3 +118,42 @@ class ChatCodec:
 
     def observation_ids(self, observation: str) -> list[int]:
         return self.encode(observation_text(observation))
+
+
+class ChatFormat(Protocol):
+    """What the rollout engine, the trainer and the teacher need of a chat format (all of it in token ids)."""
+
+    tokenizer: object
+    im_end_id: int  # the token that closes an assistant turn: generation of one turn stops at it
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def start(self, system: str, user: str, experiences: list[str] | None = None) -> TrajectoryIds:
+        """Forced ids up to and including the first assistant header."""
+
+    def action_ids(self, action_text: str) -> list[int]:
+        """Ids of a demonstration action given in the environment's text, closed with `im_end_id`."""
+
+    def observation_ids(self, observation: str) -> list[int]:
+        """Forced ids after an action's closing token: the tool turn, then the next assistant header."""
+
+    def decode_action(self, ids: list[int]) -> str:
+        """The environment's text for the policy's ids of one turn."""
+
+
+def is_embedded_format(tokenizer) -> bool:
+    """True for the embedded base's tokenizer (its chat template is ours, or it has none)."""
+    return not tokenizer.chat_template or tokenizer.chat_template == CHAT_TEMPLATE
+
+
+def make_chat(tokenizer) -> ChatFormat:
+    """The chat format a tokenizer speaks: the embedded layout above, or its own chat template.
+
+    A foreign tokenizer needs the experience tokens first (`lopd_core.model.loading.add_experience_tokens`,
+    which `load_policy` calls)."""
+    if is_embedded_format(tokenizer):
+        return ChatCodec(tokenizer)
+    from lopd_core.model.chat_template import TemplateChat  # imports this module
+
+    return TemplateChat(tokenizer)

@@ -3,6 +3,9 @@
 Loading is offline-friendly: with HF_HUB_OFFLINE=1 (the package default, see lopd_core/offline.py) a hub id
 that is not in the local cache fails at once with a message saying what to do, instead of retrying the
 network for tens of seconds.
+
+A model with its own chat template gets the experience framing tokens on loading (`add_experience_tokens`), so
+it talks through `TemplateChat` (lopd_core/model/chat_template.py) with an experience slot the teacher can find.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3
 
 from lopd_core.config import ModelConfig, TinyModelConfig
 from lopd_core.errors import NonFiniteWeights
+from lopd_core.model.chat import EXP_END, EXP_START, is_embedded_format
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,6 +55,33 @@ def tiny_qwen3(cfg: TinyModelConfig, tokenizer) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config)
 
 
+def add_experience_tokens(tokenizer, model=None) -> list[int]:
+    """Give a foreign tokenizer `<|exp_start|>` and `<|exp_end|>` (as special tokens, so never split or merged)
+    and `model` an embedding row for each; return the ids added (none when the tokenizer has them already).
+
+    The rows are set to the mean of the existing tokens' rows, in the input embeddings and in an untied output
+    head alike: a new token then starts as an average token, and the model's outputs barely move until training
+    gives it a meaning. The matrices only ever grow (a checkpoint may already carry spare rows past its
+    tokenizer's vocabulary, as Qwen's do: those are reused, not cut).
+    """
+    missing = [t for t in (EXP_START, EXP_END) if t not in tokenizer.get_vocab()]
+    if not missing:
+        return []
+    known = len(tokenizer)
+    tokenizer.add_tokens(missing, special_tokens=True)
+    new_ids = tokenizer.convert_tokens_to_ids(missing)
+    if model is None:
+        return new_ids
+    if max(new_ids) >= model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(max(new_ids) + 1, mean_resizing=False)
+    layers = [model.get_input_embeddings(), model.get_output_embeddings()]
+    with torch.no_grad():
+        for weight in {id(m.weight): m.weight for m in layers if m is not None}.values():
+            mean = weight[:min(known, weight.shape[0])].float().mean(dim=0)
+            weight[new_ids] = mean.to(weight.dtype)
+    return new_ids
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,6 +113,8 @@ def load_policy(cfg: ModelConfig, device: torch.device | None = None):
         )
         raise ModelNotFoundError(f"cannot load model {source!r}{hint}: {exc}") from None
     check_finite_weights(model, source)
+    if not is_embedded_format(tokenizer):
+        add_experience_tokens(tokenizer, model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device or resolve_device(cfg.device)).eval()
