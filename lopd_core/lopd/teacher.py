@@ -3,8 +3,10 @@
 The student's conversation starts `<|im_start|>system\\n…<|im_end|>\\n<|im_start|>user\\n{instruction}…`. The
 teacher sees the same ids with `<|exp_start|> c_1 … c_{J·K} <|exp_end|> \\n` inserted right after
 `<|im_start|>user\\n` — the place where, as text, retrieved experiences sit (lopd_core/model/chat.py), so the
-base's warm start taught it to read that slot. Everything after the splice is the student's ids unchanged, so
-teacher log-probs line up with the student's action tokens by a fixed shift per row; nothing is re-tokenized.
+base's warm start taught it to read that slot. A model speaking its own chat template (`TemplateChat`) has
+its slot at the head of its first user turn's content too; `Framing.user_header` says where that begins in its
+ids. Everything after the splice is the student's ids unchanged, so teacher log-probs
+line up with the student's action tokens by a fixed shift per row; nothing is re-tokenized.
 
 Both models are scored only at action positions: hidden states are gathered at the positions that predict an
 action token before the LM head, so the (T, V) logits of forced tokens are never computed (DESIGN §7).
@@ -18,30 +20,47 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lopd_core.model.chat import EXP_END, EXP_START, IM_START
+from lopd_core.model.chat import EXP_END, EXP_START, IM_START, is_embedded_format
 from lopd_core.model.head import head_logits
 
 
 @dataclass(frozen=True)
 class Framing:
-    """Token ids that frame the latent slot, read once from the tokenizer."""
+    """Token ids that frame the latent slot, read once from the tokenizer.
 
-    im_start: int
+    `user_header` is empty for the embedded format (the slot follows the second `<|im_start|>`'s line); for a
+    model's own chat template it is the id run its first user turn's content follows (`TemplateChat`)."""
+
+    im_start: int | None
     exp_start: int
     exp_end: int
     newline: int
+    user_header: tuple[int, ...] = ()
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> Framing:
         newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
         if len(newline) != 1:
             raise ValueError("the tokenizer must encode '\\n' as one token (see lopd_core/model/tokenizer.py)")
+        if not is_embedded_format(tokenizer):
+            from lopd_core.model.chat_template import TemplateChat
+
+            chat = TemplateChat(tokenizer)
+            return cls(im_start=None, exp_start=chat.exp_start_id, exp_end=chat.exp_end_id, newline=newline[0],
+                       user_header=tuple(chat.user_header))
         ids = tokenizer.convert_tokens_to_ids([IM_START, EXP_START, EXP_END])
         return cls(im_start=ids[0], exp_start=ids[1], exp_end=ids[2], newline=newline[0])
 
 
 def splice_position(token_ids: list[int], framing: Framing) -> int:
-    """Index right after `<|im_start|>user\\n`: the second turn's header ends at its first newline."""
+    """Where the first user turn's content begins: after the first `user_header` run when the framing has one,
+    else right after `<|im_start|>user\\n` (the second turn's header ends at its first newline)."""
+    if framing.user_header:
+        header, n = list(framing.user_header), len(framing.user_header)
+        for i in range(len(token_ids) - n + 1):
+            if token_ids[i:i + n] == header:
+                return i + n
+        raise ValueError("no first user turn header in these ids")
     starts = [i for i, t in enumerate(token_ids) if t == framing.im_start]
     if len(starts) < 2:
         raise ValueError("a trajectory must begin with a system turn and a user turn")
