@@ -22,7 +22,7 @@ from pathlib import Path
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks
 from lopd_core.envs.toolworld.worlds import WorldSplit
-from lopd_core.model.chat import ChatCodec
+from lopd_core.model.chat import make_chat
 from lopd_core.model.codegen_demos import CodegenExperiencePool
 from lopd_core.model.demos import ExperiencePool
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
@@ -115,7 +115,7 @@ def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print
     temperature = 0.0 if shard.mode == "greedy" else ev.temperature
     sampling = Sampling(temperature=temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                         max_context=ro.max_context)
-    trajs = rollout(model, ChatCodec(tokenizer), shard_requests(params, shard), sampling=sampling,
+    trajs = rollout(model, make_chat(tokenizer), shard_requests(params, shard), sampling=sampling,
                     batch_size=ro.batch_size, seed=params.seed)
     summary = summarize(trajs)
     log(f"eval {shard.env}/{shard.variant}/{shard.mode}: success {summary['success_rate']:.3f} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lopd_core.envs.codegen import extract_code
-from lopd_core.model.chat import ChatCodec
+from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import Sampling, generate_turn
 
 SYSTEM_PROMPT = "Complete the Python function. Reply with the code only."
@@ -31,7 +31,7 @@ def generate_completions(model, tokenizer, problems: dict[str, dict], *, samples
                          temperature: float = 0.0, max_new_tokens: int = 384, batch_size: int = 16,
                          seed: int = 0, log=print) -> list[dict]:
     """`samples` completions per problem: [{"task_id", "completion", "reply"}] in problem order."""
-    codec = ChatCodec(tokenizer)
+    codec = make_chat(tokenizer)
     max_positions = int(getattr(model.config, "max_position_embeddings", 4096))
     budget = max(8, max_positions - max_new_tokens)
     sampling = Sampling(temperature=temperature, max_new_tokens=min(max_new_tokens, max_positions - 8))

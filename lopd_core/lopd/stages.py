@@ -29,7 +29,7 @@ from lopd_core.lopd.coldstart_data import (
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
-from lopd_core.model.chat import ChatCodec
+from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy, model_path
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
@@ -83,7 +83,7 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
     sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                         max_context=ro.max_context)
-    trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
+    trajs = rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
                     seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
     frame = trajectories_to_frame(trajs)
@@ -122,7 +122,7 @@ def run_coldstart(params: Params, log=print) -> dict:
     D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
     cs = params.coldstart
-    trajectories, successes = pretraining_successes(params, ChatCodec(tokenizer))
+    trajectories, successes = pretraining_successes(params, make_chat(tokenizer))
     log(f"coldstart: {len(successes)} oracle successes in {params.envs.pretrain_worlds} pretraining worlds")
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)

@@ -15,7 +15,7 @@ from torch import Tensor
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents
 from lopd_core.lopd.models import TeacherView
 from lopd_core.lopd.teacher import Framing, embed_row
-from lopd_core.model.chat import ChatCodec
+from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 
 
@@ -40,5 +40,5 @@ def latent_rollout(model, tokenizer, requests: list[RolloutRequest], latents: li
     def embedder(index: int, token_ids: list[int]) -> Tensor:
         return embed_row(embed, token_ids, latents[index], framing)[0]
 
-    return rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=batch_size, seed=seed,
+    return rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=batch_size, seed=seed,
                    context_embedder=embedder)

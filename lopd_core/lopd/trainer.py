@@ -53,7 +53,7 @@ from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents
 from lopd_core.lopd.models import export_student, make_student_and_teacher
 from lopd_core.lopd.step import StepResult, chunk_group, micro_batches
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
-from lopd_core.model.chat import ChatCodec
+from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 CSV_COLUMNS = [
@@ -241,7 +241,7 @@ class Distiller:
         self.teacher_pass = self.method.needs_teacher_pass
         # Trade compute for peak memory (`lopd.low_memory`, see `_chunk_low_memory`); fixed for the run.
         self._low_memory = self.cfg.low_memory
-        self.codec = ChatCodec(tokenizer)
+        self.codec = make_chat(tokenizer)
         self.tokenizer = tokenizer
         self.framing = Framing.from_tokenizer(tokenizer)
         # `teacher_base`: other frozen teacher weights than the student's start (`lopd cycle` with
