@@ -9,6 +9,7 @@
     lopd export    [--params ...] [--set ...] [--model DIR] [--out DIR]   clean HF checkpoint + model card
     lopd report    [--params ...] [--set ...] [--cycles]   offline HTML dashboard + PNGs -> reports/
     lopd compare   [--params ...] [--set ...] [--no-mlflow]   every method at one rollout budget -> reports/compare.md
+    lopd envs list | check NAME [--n N]   environments that resolve; the contract checker on one of them
 
 Every command takes --params and repeatable --set overrides; a bad key or value stops it before any work, with
 the key, the value and what was expected.
@@ -25,6 +26,7 @@ import time
 import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
 from flows.bench import add_bench_parser
 from flows.compare_cli import add_compare_parser
+from flows.envs_cli import add_envs_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
 from lopd_core.config import ConfigError, Params, load_params
@@ -148,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(stage)
     add_bench_parser(sub, add_common)
     add_sandbox_parser(sub, add_common)
+    add_envs_parser(sub, add_common)
     return parser
 
 

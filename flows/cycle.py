@@ -215,16 +215,17 @@ def write_cycle_report(params: Params, history: list[dict], parent: str | None, 
 
 def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
     """Rows of the bank a cycle ends with, and its successes per tool domain (a cross-domain task counts in
-    each of its domains; codegen rows as `codegen`)."""
+    each of its domains; rows of other environments under the environment's name: `codegen`, a plugin's)."""
     import pandas as pd
 
     from lopd_core.envs import TEMPLATES
 
     path = Path(bank_dir) / "experience.parquet"
-    frame = pd.read_parquet(path, columns=["template"]) if path.exists() else pd.DataFrame({"template": []})
+    frame = (pd.read_parquet(path, columns=["env", "template"]) if path.exists()
+             else pd.DataFrame({"env": [], "template": []}))
     by_domain: dict[str, int] = {}
-    for template, count in frame["template"].value_counts().items():
-        for domain in (TEMPLATES[template].domains if template in TEMPLATES else ("codegen",)):
+    for (env, template), count in frame.value_counts(["env", "template"]).items():
+        for domain in (TEMPLATES[template].domains if env == "toolworld" and template in TEMPLATES else (env,)):
             by_domain[domain] = by_domain.get(domain, 0) + int(count)
     return {"rows": len(frame), "by_domain": by_domain, "added_in_distill": int(added_in_distill)}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,7 +23,14 @@ import yaml
 from yaml.constructor import ConstructorError
 
 # Valid names as plain data (a leaf module): loading the configuration loads nothing else of the library.
-from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES, METHOD_NAMES
+from lopd_core.names import (
+    ACEBENCH_CATEGORIES,
+    ACEBENCH_GROUPS,
+    BFCL_CATEGORIES,
+    BUILTIN_ENVS,
+    ENV_ENTRY_POINT_GROUP,
+    METHOD_NAMES,
+)
 
 # The named worlds of toolworld (lopd_core/envs/toolworld/worlds.py WORLDS), the deployment candidates; kept here as
 # plain data so the config imports nothing of the library (a test checks the two agree).
@@ -133,18 +141,63 @@ class ModelConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 
+def installed_env_plugins() -> dict[str, str]:
+    """Environments installed packages register (entry points of group `lopd.envs`): name -> `module:Class`.
+    Reads package metadata only; nothing is imported until an environment is used."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENV_ENTRY_POINT_GROUP)}
+
+
+_PLUGIN_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
 @dataclass
 class EnvsConfig:
-    # Environment mix for training and evaluation: name -> weight.
+    # Environment mix for training and evaluation: name -> weight. A name is a built-in (toolworld, codegen),
+    # a key of `plugins`, or an environment an installed package registers (entry point group `lopd.envs`).
     mix: dict[str, float] = field(default_factory=lambda: {"toolworld": 1.0},
-                                  metadata=_check(lambda v: v and set(v) <= {"toolworld", "codegen"} and all(w > 0 for w in v.values()),
-                                                  "a non-empty mapping of known environments (toolworld, codegen) to weights > 0"))
+                                  metadata=_check(lambda v: v and all(w > 0 for w in v.values()),
+                                                  "a non-empty mapping of environments to weights > 0"))
     # Adaptation to a new environment: the warm start and the composer's cold start see only generated
     # pretraining worlds; bank, distillation, evaluation and the cycle run in the deployment worlds, held out
-    # from both (lopd_core/envs/toolworld/worlds.py).
+    # from both (lopd_core/envs/worlds.py).
     pretrain_worlds: int = field(default=64, metadata=positive())
     deploy_worlds: list[str] = field(default_factory=lambda: ["aurora"], metadata=subset_of(*NAMED_WORLDS))
     world_seed: int = 0  # which pretraining worlds are generated
+    # Environments of your own by import path, name -> "module:Class" (lopd_core/envs/registry.py); the name must
+    # equal the class's `name`.
+    plugins: dict[str, str] = field(default_factory=dict, metadata=_check(
+        lambda v: all(_PLUGIN_SPEC.match(s) for s in v.values()), 'a mapping of names to "module:Class"'))
+    # Tasks of a plugin environment from a JSON Lines file instead of its own make_tasks, name -> path
+    # (lopd_core/envs/task_files.py gives the format).
+    task_files: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The names across keys: the mix's must be known, plugins must not shadow built-ins, task files must
+        belong to a plugin environment and exist."""
+        clash = sorted(set(self.plugins) & set(BUILTIN_ENVS))
+        if clash:
+            raise ConfigError(f"envs.plugins.{clash[0]}: got {self.plugins[clash[0]]!r}, expected a name that is not "
+                              f"a built-in environment ({', '.join(BUILTIN_ENVS)})")
+        installed = installed_env_plugins()
+        plugin_names = set(self.plugins) | set(installed)
+        known = sorted(BUILTIN_ENVS) + sorted(plugin_names)
+        unknown = sorted(set(self.mix) - set(known))
+        if unknown:
+            raise ConfigError(f"envs.mix: got {unknown[0]!r}, expected one of the known environments: "
+                              f"{', '.join(known)} (built-ins, envs.plugins, and entry points of group "
+                              f"{ENV_ENTRY_POINT_GROUP!r})")
+        for name, path in self.task_files.items():
+            if name not in plugin_names:
+                raise ConfigError(f"envs.task_files.{name}: got {path!r}, expected a plugin environment's name "
+                                  f"(known plugins: {', '.join(sorted(plugin_names)) or 'none'}); built-ins "
+                                  "generate their own tasks")
+            if not Path(path).is_file():
+                raise ConfigError(f"envs.task_files.{name}: got {path!r}, expected an existing JSON Lines file")
 
 
 @dataclass

@@ -6,6 +6,9 @@ how sharp the policy is (any sharper policy raises it), while greedy success mea
 turn (for codegen: same-family reference solutions; reported as `<split>+experience`): that measures whether
 the policy can use experience in context, which the latent teacher depends on.
 
+Plugin environments (lopd_core/envs/registry.py) are evaluated on the splits they have (no `pretrain_test`
+unless they provide one: they have no pretraining worlds) and without `+experience` (it needs an oracle).
+
 Output (DESIGN §5): {env: {split: {mode: {success_rate, reward_mean, n, ci95}}}}; ci95 is the Wilson score
 interval [low, high] of the success rate.
 """
@@ -20,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lopd_core.config import Params
-from lopd_core.envs import make_tasks
+from lopd_core.envs import make_tasks, registry
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import make_chat
 from lopd_core.model.codegen_demos import CodegenExperiencePool
@@ -83,10 +86,14 @@ class EvalShard:
 
 
 def eval_shards(params: Params) -> list[EvalShard]:
-    """Every shard of `params.eval`, in the order the results list them."""
+    """Every shard of `params.eval`, in the order the results list them: a plugin env's only on the splits it
+    has, and never with experience (no oracle successes to show)."""
     ev = params.eval
-    return [EvalShard(env, split, experience, mode) for env in params.envs.mix for split in ev.splits
-            for experience in ((False, True) if ev.with_experience else (False,)) for mode in ev.modes]
+    registry.use_config(params.envs)
+    return [EvalShard(env, split, experience, mode) for env in params.envs.mix
+            for split in ev.splits if split in registry.env_splits(env)
+            for experience in ((False, True) if ev.with_experience and registry.has_pretraining(env) else (False,))
+            for mode in ev.modes]
 
 
 @lru_cache(maxsize=8)
@@ -98,6 +105,7 @@ def _experience_pool(env_name: str, seed: int, worlds_key: str):
 
 
 def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
+    registry.use_config(params.envs)
     worlds = WorldSplit.from_config(params.envs).for_split(shard.split)
     tasks = make_tasks(shard.env, shard.split, params.eval.n_per_split, params.seed + EVAL_SEED_OFFSET, worlds)
     if not shard.experience:

@@ -35,3 +35,8 @@ ACEBENCH_GROUPS = {
     "special": ("special_incomplete", "special_error_param", "special_irrelevant"),
 }
 ACEBENCH_CATEGORIES = ACEBENCH_GROUPS["normal"] + ACEBENCH_GROUPS["special"]
+
+# lopd_core/envs/registry.py: the built-in environments (the ones with pretraining worlds and an oracle) and the
+# entry-point group third-party packages register theirs under.
+BUILTIN_ENVS = ("toolworld", "codegen")
+ENV_ENTRY_POINT_GROUP = "lopd.envs"

@@ -1,9 +1,11 @@
-"""LOPD environments: the shared contract, the built-in ``toolworld`` environment and ``codegen``.
+"""LOPD environments: the shared contract, the built-in ``toolworld`` environment and ``codegen``, and plugins.
 
 base.py is the contract every environment implements and contract.py the checker that enforces it;
-tasks.py draws any environment's task sets; mix.py spreads a run's tasks over the environment mix. The
-environments live in their own packages: toolworld/ (stateful tool domains under worlds with different
-conventions), codegen/ (function-writing tasks graded in sandbox/, the only place model code runs).
+registry.py resolves an environment by name (built-ins, then ``envs.plugins``, then entry points of group
+``lopd.envs``); tasks.py draws any environment's task sets (task_files.py: tasks as JSON Lines); mix.py spreads
+a run's tasks over the environment mix. The environments live in their own packages: toolworld/ (stateful tool
+domains under worlds with different conventions), codegen/ (function-writing tasks graded in sandbox/, the only
+place model code runs), declarative/ (a tool environment built from plain functions and task files, for plugins).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from .base import SPLITS, Environment, FirstObservation, StepResult, Task
 from .codegen import CodegenEnv
 from .contract import check_env_contract
+from .registry import env_class
 from .tasks import make_tasks
 from .toolworld import (
     DOMAINS,
@@ -26,15 +29,13 @@ from .toolworld import (
     tool_schemas,
 )
 
-ENVS = {"toolworld": ToolWorldEnv, "codegen": CodegenEnv}
+ENVS = {"toolworld": ToolWorldEnv, "codegen": CodegenEnv}  # the built-ins; plugins resolve in registry.py
 
 
 def make_env(task_or_env_name: Task | str) -> Environment:
-    """A fresh, single-use environment instance for a task (or an env name)."""
+    """A fresh, single-use environment instance for a task (or an env name): a built-in or a plugin."""
     name = task_or_env_name.env if isinstance(task_or_env_name, Task) else task_or_env_name
-    if name not in ENVS:
-        raise ValueError(f"unknown env {name!r}; known: {sorted(ENVS)}")
-    return ENVS[name]()
+    return env_class(name)()
 
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Task",
     "ToolWorldEnv",
     "check_env_contract",
+    "env_class",
     "format_call",
     "make_env",
     "make_tasks",

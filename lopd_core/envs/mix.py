@@ -7,10 +7,15 @@ the envs' tasks are interleaved evenly rather than concatenated: any slice of th
 takes `tasks_per_step` consecutive tasks) holds the envs in close to the mix's proportions. Each env's own
 tasks come from `make_tasks(env, split, count, seed)`, so they are the same tasks a single-env run draws,
 extended deterministically as `n` grows.
+
+Plugin environments (registry.py) have no pretraining worlds and no oracle, so the pretraining stream (warm
+start, cold start) draws only from the mix's built-ins (`pretraining_mix`), while the deployment stream (bank,
+distillation, evaluation) draws from the whole mix, plugins included.
 """
 
 from __future__ import annotations
 
+from lopd_core.envs import registry
 from lopd_core.envs.base import Task
 from lopd_core.envs.tasks import make_tasks
 from lopd_core.envs.toolworld.worlds import WorldSplit
@@ -46,12 +51,19 @@ def mixed_tasks(mix: dict[str, float], split: str, n: int, seed: int, worlds: di
     return interleave({env: make_tasks(env, split, k, seed, worlds) for env, k in counts.items() if k})
 
 
+def pretraining_mix(mix: dict[str, float]) -> dict[str, float]:
+    """The part of the mix that has pretraining worlds and an oracle (the built-ins), at its own weights; a mix
+    of plugins only pretrains on toolworld, whose tool-call protocol a declarative tool environment shares."""
+    return {e: w for e, w in mix.items() if registry.has_pretraining(e)} or {"toolworld": 1.0}
+
+
 def deployment_tasks(envs, split: str, n: int, seed: int) -> list[Task]:
     """Tasks of `split` in the run's deployment worlds (`pretrain_test`: in its pretraining worlds), from an
     `envs:` config section. Bank, distillation and evaluation draw here, never from the pretraining worlds."""
+    registry.use_config(envs)
     return mixed_tasks(envs.mix, split, n, seed, WorldSplit.from_config(envs).for_split(split))
 
 
 def pretraining_tasks(envs, n: int, seed: int) -> list[Task]:
-    """Training tasks of the run's pretraining worlds (the warm start's and the cold start's)."""
-    return mixed_tasks(envs.mix, "train", n, seed, WorldSplit.from_config(envs).pretrain)
+    """Training tasks of the run's pretraining worlds (the warm start's and the cold start's): built-ins only."""
+    return mixed_tasks(pretraining_mix(envs.mix), "train", n, seed, WorldSplit.from_config(envs).pretrain)

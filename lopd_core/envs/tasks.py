@@ -1,7 +1,9 @@
 """Task sets by environment name: the one door every consumer (warm start, bank, distillation, evaluation)
 draws tasks through, so an environment's tasks are the same wherever they are used.
 
-Instance ``i`` of a split depends only on (env, seed, split, i): a larger ``n`` extends a smaller one.
+Instance ``i`` of a split depends only on (env, seed, split, i): a larger ``n`` extends a smaller one. Plugin
+environments (registry.py) draw from their own ``make_tasks`` or their task file; a task file's held-out splits
+may return fewer than ``n`` (task_files.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from .base import SPLITS, Task
 
 def make_tasks(env: str, split: str, n: int, seed: int, worlds: dict[str, dict] | None = None) -> list[Task]:
     """``n`` tasks of ``split`` for ``env``. ``worlds`` (name -> conventions) is toolworld's: which worlds the
-    split cycles over (default the named worlds); codegen has no worlds and ignores it."""
+    split cycles over (default the named worlds); codegen and plugins have no worlds and ignore it."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if env == "codegen":
@@ -22,4 +24,6 @@ def make_tasks(env: str, split: str, n: int, seed: int, worlds: dict[str, dict] 
         from .toolworld.tasks import make_toolworld_tasks
 
         return make_toolworld_tasks(split, n, seed, worlds)
-    raise ValueError(f"unknown env {env!r}")
+    from .registry import plugin_tasks
+
+    return plugin_tasks(env, split, n, seed)

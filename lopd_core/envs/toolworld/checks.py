@@ -86,6 +86,35 @@ def check_passes(check: dict, state: dict, answer: str | None) -> bool:
     raise ValueError(f"unknown check op: {op}")
 
 
+# What each op reads besides "op" (lists of alternatives are optional keys).
+CHECK_KEYS = {
+    "eq": ("path", "value"), "absent": ("path",), "present": ("path",), "contains": ("path", "value"),
+    "count": ("path", "value"), "has": ("path", "value"), "answer_contains": ("value",), "answer_eq": ("value",),
+}
+_OPTIONAL_KEYS = {"has": ("n", "like")}
+
+
+def check_error(check: Any) -> str | None:
+    """Why ``check`` is not a well-formed check (None when it is): lets task files fail at load, naming the
+    check, instead of in the middle of a rollout."""
+    if not isinstance(check, dict) or check.get("op") not in CHECK_KEYS:
+        op = check.get("op") if isinstance(check, dict) else None
+        return f"unknown check op {op!r}; known: {', '.join(CHECK_KEYS)}"
+    op = check["op"]
+    allowed = {"op", *CHECK_KEYS[op], *_OPTIONAL_KEYS.get(op, ())}
+    missing = [k for k in CHECK_KEYS[op] if k not in check]
+    if missing or set(check) - allowed:
+        return f"check {op!r} needs {', '.join(CHECK_KEYS[op])} (got {', '.join(sorted(check))})"
+    path = check.get("path", [])
+    if not isinstance(path, list) or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in path):
+        return f"check {op!r}: path must be a list of keys (strings) and list indices (integers)"
+    if op == "count" and (not isinstance(check["value"], int) or isinstance(check["value"], bool)):
+        return "check 'count': value must be an integer"
+    if op == "has" and (not isinstance(check["value"], dict) or not isinstance(check.get("like", {}), dict)):
+        return "check 'has': value (and like) must be objects of fields"
+    return None
+
+
 def evaluate(checks: list[dict], state: dict, answer: str | None) -> tuple[int, int]:
     """(passed, total) for a list of checks on the final state and answer."""
     passed = sum(1 for c in checks if check_passes(c, state, answer))

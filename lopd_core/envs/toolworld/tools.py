@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, Literal
@@ -36,6 +37,10 @@ def tool(fn: Callable) -> Callable:
 
 def _json_type(hint: Any) -> dict:
     origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):  # `X | None`: an optional X (the model passes an X or nothing)
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(inner) == 1:
+            return _json_type(inner[0])
     if origin is Literal:
         values = list(typing.get_args(hint))
         base = _json_type(type(values[0]))
@@ -71,15 +76,16 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-def derive_schema(fn: Callable) -> dict:
-    """JSON schema of a tool from its signature and docstring."""
+def derive_schema(fn: Callable, *, skip: tuple[str, ...] = ("self",)) -> dict:
+    """JSON schema of a tool from its signature and docstring. Parameters in ``skip`` are supplied by the
+    environment, not the model (a method's ``self``; a declarative tool's ``state``), so they are not in it."""
     sig = inspect.signature(fn)
     hints = typing.get_type_hints(fn)
     description, param_docs = _parse_docstring(fn.__doc__ or "")
     properties: dict[str, dict] = {}
     required: list[str] = []
     for pname, param in sig.parameters.items():
-        if pname == "self":
+        if pname in skip:
             continue
         if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
             raise TypeError(f"tool {fn.__name__}: *args/**kwargs are not allowed")

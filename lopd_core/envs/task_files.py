@@ -1,0 +1,110 @@
+"""Task files: an environment's tasks as JSON Lines, one JSON object per line.
+
+A line names its split and instruction; every other key is the environment's own (the task's ``spec``):
+
+    {"split": "train", "instruction": "Lend 'Dune' to Ada.", "state": {...}, "checks": [...]}
+
+Optional keys: ``task_id`` (default ``<env>/<split>/<k>``, k = the line's rank among its split's lines),
+``world`` (default the env's name: the bank retrieves within a world), ``template`` (default the env's name:
+a grouping for reports) and ``max_turns`` (default the environment's). Blank lines and lines starting with
+``#`` are skipped. A split is one of ``train``, ``test_id``, ``test_ood``, ``pretrain_test``; a file may hold
+any of them. Lines are parsed as JSON data, nothing in them is ever evaluated.
+
+Drawing ``n`` tasks of a split (``tasks_from_file``): the split's tasks in a seeded order, so instance ``i``
+depends only on (env, seed, split, i) and a larger ``n`` extends a smaller one. ``train`` repeats the file in
+fresh seeded orders when ``n`` is larger than the file (the training stream needs its full length; a repeat is
+the same task instance played again). The held-out splits never repeat: they return at most the file's tasks,
+so an evaluation's ``n`` counts distinct tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+
+from .base import SPLITS, Task
+
+TASK_KEYS = ("task_id", "split", "template", "world", "instruction", "max_turns")
+
+
+class TaskFileError(ValueError):
+    """A task file is missing or one of its lines is not a valid task (the message names file and line)."""
+
+
+@lru_cache(maxsize=32)
+def _read_lines(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, dict], ...]:
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskFileError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise TaskFileError(f"{path}:{lineno}: a task must be a JSON object, got {type(row).__name__}")
+        rows.append((lineno, row))
+    return tuple(rows)
+
+
+def read_task_file(path: str | Path, env: str, *, max_turns: int = 8,
+                   validate_spec: Callable[[dict], str | None] | None = None) -> dict[str, list[Task]]:
+    """Every task of the file, by split in file order. ``validate_spec(spec)`` (the environment's) returns why
+    a spec is unusable, or None; any bad line fails the whole file, naming the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise TaskFileError(f"task file {str(path)!r} of env {env!r} does not exist")
+    stat = p.stat()
+    by_split: dict[str, list[Task]] = {}
+    seen: set[str] = set()
+    for lineno, row in _read_lines(str(p.resolve()), stat.st_mtime_ns, stat.st_size):
+        where = f"{path}:{lineno}"
+        split, instruction = row.get("split"), row.get("instruction")
+        if split not in SPLITS:
+            raise TaskFileError(f"{where}: split {split!r} is not one of {', '.join(SPLITS)}")
+        if not isinstance(instruction, str) or not instruction.strip():
+            raise TaskFileError(f"{where}: instruction must be a non-empty string")
+        turns = row.get("max_turns", max_turns)
+        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+            raise TaskFileError(f"{where}: max_turns must be an integer >= 1, got {turns!r}")
+        for key in ("task_id", "world", "template"):
+            if key in row and (not isinstance(row[key], str) or not row[key].strip()):
+                raise TaskFileError(f"{where}: {key} must be a non-empty string")
+        spec = {k: v for k, v in row.items() if k not in TASK_KEYS}
+        why = validate_spec(spec) if validate_spec else None
+        if why:
+            raise TaskFileError(f"{where}: {why}")
+        tasks = by_split.setdefault(split, [])
+        task_id = row.get("task_id", f"{env}/{split}/{len(tasks):04d}")
+        if task_id in seen:
+            raise TaskFileError(f"{where}: task_id {task_id!r} appears twice")
+        seen.add(task_id)
+        tasks.append(Task(task_id=task_id, env=env, split=split, template=row.get("template", env),
+                          world=row.get("world", env), instruction=instruction, spec=spec, max_turns=turns))
+    if not by_split:
+        raise TaskFileError(f"task file {str(path)!r} of env {env!r} has no tasks")
+    return by_split
+
+
+def file_splits(path: str | Path, env: str, **kwargs) -> tuple[str, ...]:
+    """The splits the file has tasks for, in the order of SPLITS."""
+    by_split = read_task_file(path, env, **kwargs)
+    return tuple(s for s in SPLITS if s in by_split)
+
+
+def tasks_from_file(path: str | Path, env: str, split: str, n: int, seed: int, **kwargs) -> list[Task]:
+    """``n`` tasks of ``split`` (held-out splits: at most the file's), in a seeded order (module docstring)."""
+    pool = read_task_file(path, env, **kwargs).get(split, [])
+    if not pool:
+        raise TaskFileError(f"task file {str(path)!r} has no {split!r} tasks for env {env!r}")
+    if split != "train":
+        n = min(n, len(pool))
+    out: list[Task] = []
+    for rep in range(-(-n // len(pool))):
+        order = list(pool)
+        random.Random(f"{env}|{seed}|{split}|{rep}").shuffle(order)
+        out += order
+    return out[:n]
