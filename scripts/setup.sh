@@ -25,6 +25,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 "${pip[@]}" install -e ".${extra}"
 if [ -n "$extra" ]; then
+  # The example environment plugin (entry point group lopd.envs): its tests and the plugin cycle test use it.
+  "${pip[@]}" install -e examples/lopd-example-env
   # BFCL data, simulated multi-turn APIs and reference checker for the benchmark tests. --no-deps: its declared
   # pins (numpy==1.26.4, every vendor SDK) would break this environment; what its APIs import is already here.
   "${pip[@]}" install --no-deps "bfcl-eval==2026.3.23" \
