@@ -44,7 +44,12 @@ def stage_payload(params: Params, stage: str, inputs: dict, extra: dict | None =
     expected = set(STAGES[stage].inputs)
     if set(inputs) != expected:
         raise ValueError(f"{stage}: inputs {sorted(inputs)} differ from tasks/stage_params.py's {sorted(expected)}")
-    return key_payload(stage, {**stage_sections(params, stage), **(extra or {})}, inputs)
+    extra = dict(extra or {})
+    if "envs" in STAGES[stage].params and params.envs.task_files:
+        # A plugin's task file is read by every stage that draws deployment tasks: an edit in place must re-run
+        # them, so the key holds the files' content, not only their paths.
+        extra["task_files"] = {name: content_hash(str(path)) for name, path in sorted(params.envs.task_files.items())}
+    return key_payload(stage, {**stage_sections(params, stage), **extra}, inputs)
 
 
 def run_cached(task, params: Params, stage: str, inputs: dict, extra: dict | None = None,

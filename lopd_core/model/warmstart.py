@@ -26,7 +26,7 @@ import torch
 from transformers import GenerationConfig
 
 from lopd_core.config import Params
-from lopd_core.envs.mix import mix_counts
+from lopd_core.envs.mix import mix_counts, pretraining_mix
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.codegen_demos import build_codegen_demos
@@ -172,7 +172,9 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     ws, tiny = params.model.warmstart, params.model.tiny
     torch.manual_seed(params.seed)
     rng = random.Random(params.seed)
-    counts = mix_counts(params.envs.mix, ws.demos)  # demonstrations per env, in envs.mix's proportions
+    # Demonstrations per env in the proportions of the mix's pretraining part: a plugin environment has no oracle
+    # or pretraining worlds, so its share goes to the built-ins rather than being dropped.
+    counts = mix_counts(pretraining_mix(params.envs.mix), ws.demos)
     demos = build_demos(n=counts.get("toolworld", 0), experience_fraction=ws.experience_fraction,
                         max_experiences=ws.max_experiences, convention_noise=ws.convention_noise,
                         slip=ws.slip, seed=params.seed, worlds=WorldSplit.from_config(params.envs).pretrain)

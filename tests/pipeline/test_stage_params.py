@@ -198,3 +198,20 @@ def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
     assert "lopd.lr_student" in recorded and "lopd.steps" not in recorded
     for key in recorded:
         assert key not in UNKEYED_FIELDS and any(key == r or key.startswith(r + ".") for r in reads), key
+
+
+def test_a_task_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(tmp_path):
+    """`envs.task_files` holds paths; the stages that draw deployment tasks must key on the files' content."""
+    from lopd_core.config import EnvsConfig
+
+    tasks = tmp_path / "notes.jsonl"
+    tasks.write_text('{"split": "train", "instruction": "Add a.", "state": {"notes": {}}, "checks": []}\n')
+    params = Params()
+    params.envs = EnvsConfig(mix={"toolworld": 1.0, "notes": 0.5}, plugins={"notes": "_plugin_fixture:NotesEnv"},
+                             task_files={"notes": str(tasks)})
+    before = {stage: _key(params, stage) for stage in CACHED_STAGES}
+    tasks.write_text('{"split": "train", "instruction": "Add b, then c.", "state": {"notes": {}}, "checks": []}\n')
+    after = {stage: _key(params, stage) for stage in CACHED_STAGES}
+    moved = {stage for stage in CACHED_STAGES if before[stage] != after[stage]}
+    assert moved == {stage for stage in CACHED_STAGES if "envs" in STAGES[stage].params}
+    assert moved  # bank, distill and evaluate draw deployment tasks
