@@ -51,6 +51,9 @@ class Task:
 class FirstObservation:
     system: str  # compact tool listing for the task's domains
     user: str  # == task.instruction
+    # JSON schemas ({name, description, parameters}) of the tools this episode may call. A chat format whose
+    # template takes `tools=` (a real model's) renders them in its own way; the embedded format reads `system`.
+    tools: tuple[dict, ...] = field(default=(), hash=False, compare=True)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,10 @@ def check_env_contract(
             _fail(task, "empty system text")
         if not (isinstance(first.user, str) and first.user.strip()) or first.user != task.instruction:
             _fail(task, "user text must be the non-empty task instruction")
+        if not isinstance(first.tools, tuple) or not all(
+                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
+                for t in first.tools):
+            _fail(task, "tools must be a tuple of JSON schemas, each with a name (and parameters)")
         try:
             env.reset(task)
         except RuntimeError:

@@ -107,7 +107,9 @@ class ChatCodec:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def start(self, system: str, user: str, experiences: list[str] | None = None) -> TrajectoryIds:
+    def start(self, system: str, user: str, experiences: list[str] | None = None,
+              tools: list[dict] | None = None) -> TrajectoryIds:
+        """The forced first turn; `tools` is ignored: the embedded format lists the tools in `system`."""
         traj = TrajectoryIds()
         traj.add_forced(self.encode(first_turn_text(system, user, experiences)))
         return traj
@@ -129,8 +131,10 @@ class ChatFormat(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def start(self, system: str, user: str, experiences: list[str] | None = None) -> TrajectoryIds:
-        """Forced ids up to and including the first assistant header."""
+    def start(self, system: str, user: str, experiences: list[str] | None = None,
+              tools: list[dict] | None = None) -> TrajectoryIds:
+        """Forced ids up to and including the first assistant header. `tools` (the environment's tool schemas)
+        is for formats whose template renders them; the embedded format lists tools in `system`."""
 
     def action_ids(self, action_text: str) -> list[int]:
         """Ids of a demonstration action given in the environment's text, closed with `im_end_id`."""

@@ -189,9 +189,13 @@ class TemplateChat:
 
     def start(self, system: str, user: str, experiences: list[str] | None = None,
               tools: list[dict] | None = None) -> TrajectoryIds:
-        """The template's first turn. Tools go to the template where it takes them (from `tools`, else from
-        the toolworld listing in `system`); the system text stays as the environment wrote it."""
-        if tools is None and self.tools_in_template:
+        """The template's first turn. Tools go to the template where it takes them: `tools` are the environment's
+        schemas (FirstObservation.tools, what the rollout engine passes); without them, a toolworld listing in
+        `system` is looked up (demonstrations carry only their system text). The system text stays as the
+        environment wrote it."""
+        if tools is not None:
+            tools = [t if t.get("type") == "function" else {"type": "function", "function": t} for t in tools]
+        elif self.tools_in_template:
             tools = toolworld_schemas(system)
         traj = TrajectoryIds()
         traj.add_forced(self.first_turn_ids(system, user, experiences, tools if self.tools_in_template else None))

@@ -300,7 +300,8 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
         for req in chunk:
             env = make_env(req.task)
             first = env.reset(req.task)
-            ids: TrajectoryIds = codec.start(first.system, first.user, list(req.experiences) or None)
+            ids: TrajectoryIds = codec.start(first.system, first.user, list(req.experiences) or None,
+                                             tools=list(first.tools) or None)
             envs.append(env)
             trajs.append(Trajectory(req.task, req.sample_index, req.experiences, ids.token_ids,
                                     ids.action_mask, ids.sample_logprobs, prompt_length=len(ids)))

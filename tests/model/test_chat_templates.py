@@ -85,6 +85,38 @@ def test_a_system_text_without_toolworld_tools_is_rendered_as_is(tokenizer):
     assert toolworld_schemas("tools: bank_get_balance(account) no_such_tool(x)") is None
 
 
+def test_an_environments_own_tool_schemas_reach_the_template(tokenizer):
+    """A declarative environment's tools (not toolworld's) come with its first observation and are rendered by
+    the template's own `tools=` handling, not looked up from the system text."""
+    from lopd_core.envs import Task
+    from lopd_core.envs.declarative import DeclarativeToolEnv
+
+    def shelve(state: dict, title: str, shelf: int) -> dict:
+        """Put a book on a shelf.
+
+        Args:
+            title: the book's title
+            shelf: the shelf's number
+        """
+        state.setdefault("shelves", {})[title] = shelf
+        return {"status": "shelved"}
+
+    class ShelfEnv(DeclarativeToolEnv):
+        name = "shelf"
+        tools = (shelve,)
+
+    task = Task("shelf/train/0000", "shelf", "train", "shelf", "shelf", "Shelve Dune on shelf 3.",
+                {"state": {}, "checks": []}, 3)
+    first = ShelfEnv().reset(task)
+    assert [t["name"] for t in first.tools] == ["shelve"]
+    chat = make_chat(tokenizer)
+    expected = template_ids(tokenizer, [{"role": "system", "content": first.system},
+                                        {"role": "user", "content": first.user}],
+                            tools=[{"type": "function", "function": t} for t in first.tools], generation=True)
+    assert chat.start(first.system, first.user, tools=list(first.tools)).token_ids == expected
+    assert chat.start(first.system, first.user).token_ids != expected  # the listing alone names no known tool
+
+
 # ---- (b) the real rollout engine: the mask selects exactly the sampled tokens -------------------------------
 def test_rollout_masks_exactly_the_sampled_tokens(tokenizer):
     chat = make_chat(tokenizer)
@@ -102,11 +134,12 @@ def test_rollout_masks_exactly_the_sampled_tokens(tokenizer):
     ended_by_policy = ended_by_engine = 0
     for task, traj in zip(tasks, trajs):
         first = make_env(task).reset(task)
-        rebuilt = chat.start(first.system, first.user)
+        rebuilt = chat.start(first.system, first.user, tools=list(first.tools))
         assert traj.token_ids[:traj.prompt_length] == rebuilt.token_ids
+        assert [t["function"] for t in toolworld_schemas(first.system)] == list(first.tools)
         assert traj.token_ids[:traj.prompt_length] == template_ids(
             tokenizer, [{"role": "system", "content": first.system}, {"role": "user", "content": first.user}],
-            tools=toolworld_schemas(first.system), generation=True)
+            tools=[{"type": "function", "function": t} for t in first.tools], generation=True)
         at = traj.prompt_length
         for turn, step in enumerate(traj.episode):
             run = []

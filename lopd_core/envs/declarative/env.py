@@ -100,7 +100,7 @@ class DeclarativeToolEnv:
         self._state = copy.deepcopy(task.spec["state"])  # the task stays untouched by the episode
         listing = "tools: " + " ".join(signature_text(t.schema) for t in self._table.values())
         system = f"{self.system_intro.strip()}\n{listing}" if self.system_intro.strip() else listing
-        return FirstObservation(system=system, user=task.instruction)
+        return FirstObservation(system=system, user=task.instruction, tools=tuple(self.tool_schemas()))
 
     def step(self, action: str) -> StepResult:
         if self._task is None:

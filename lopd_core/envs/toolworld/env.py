@@ -47,7 +47,8 @@ class ToolWorldEnv:
         }
         for dom in self._domains.values():
             self._table.update(dom.tool_table())
-        return FirstObservation(system=system_prompt(spec["domains"]), user=task.instruction)
+        return FirstObservation(system=system_prompt(spec["domains"]), user=task.instruction,
+                                tools=tuple(ALL_SCHEMAS[s["name"]] for d in spec["domains"] for s in DOMAINS[d].schemas()))
 
     def step(self, action: str) -> StepResult:
         if self._task is None:
