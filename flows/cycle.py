@@ -235,8 +235,8 @@ def summarize(record: dict, params: Params) -> list[str]:
     ev = {k: S.read_json(v) for k, v in record["eval"].items()}
     g = params.cycle
 
-    def cell(results, split, mode):
-        c = results["toolworld"][split].get(mode) if results and split in results.get("toolworld", {}) else None
+    def cell(results, env, split, mode):
+        c = (results or {}).get(env, {}).get(split, {}).get(mode)
         if not c:
             return "n/a"
         lo, hi = c.get("ci95", (float("nan"), float("nan")))
@@ -249,19 +249,23 @@ def summarize(record: dict, params: Params) -> list[str]:
         by_domain = ", ".join(f"{d} {n}" for d, n in sorted(bank.get("by_domain", {}).items()))
         lines.append(f"  bank: {bank.get('rows')} rows ({bank.get('added_in_distill', 0)} added by the student "
                      f"during distillation); successes by domain: {by_domain or 'none'}")
-    n = next((c["n"] for c in (ev["student"] or {}).get("toolworld", {}).get("test_id", {}).values()), None)
+    envs = list(params.envs.mix)
+    n = next((c["n"] for c in (ev["student"] or {}).get(envs[0], {}).get("test_id", {}).values()), None)
     lines.append(f"  success, base -> new student (95 % interval, n = {n} per split):")
-    for split in params.eval.splits:
-        for mode in params.eval.modes:
-            lines.append(f"    {split:<14} {mode:<8} {cell(ev['base'], split, mode)} -> "
-                         f"{cell(ev['student'], split, mode)}")
+    for env in envs:  # a plugin environment is evaluated only on the splits it has
+        label = f"{env} " if len(envs) > 1 else ""
+        splits = [s for s in params.eval.splits if s in (ev["student"] or {}).get(env, {}) or len(envs) == 1]
+        for split in splits:
+            for mode in params.eval.modes:
+                lines.append(f"    {label + split:<14} {mode:<8} {cell(ev['base'], env, split, mode)} -> "
+                             f"{cell(ev['student'], env, split, mode)}")
     lines += [
         (f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
         f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"),
         (f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
         f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"),
-        f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
-        f"composer: {record.get('composer_from', 'cold start φ0')}",
+        (f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
+        f"composer: {record.get('composer_from', 'cold start φ0')}"),
         f"  exported student: {record['export']} (registry version {record['version']})",
         f"  report: {record['report']}",
     ]

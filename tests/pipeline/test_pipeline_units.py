@@ -270,3 +270,30 @@ def test_report_renders_in_headless_chromium(tmp_path):
     image = Image.open(png).convert("L")
     assert image.size == (1200, 1600)
     assert image.getextrema()[0] < 100  # something dark was drawn (text, axes), not a blank page
+
+
+def test_cycle_summary_shows_every_environment_of_the_mix(tmp_path):
+    """A plugin environment's success is in the summary, on the splits it has; one env keeps the plain lines."""
+    import json
+
+    from flows.cycle import summarize
+    from lopd_core.config import EnvsConfig, Params
+
+    def cell(rate):
+        return {"success_rate": rate, "reward_mean": rate, "n": 4, "ci95": [0.0, 1.0]}
+
+    results = {"toolworld": {s: {"greedy": cell(0.25)} for s in ("test_id", "test_ood", "pretrain_test")},
+               "library": {s: {"greedy": cell(0.5)} for s in ("test_id", "test_ood")}}
+    for name in ("base", "student"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(results))
+    record = {"cycle": 1, "seconds": 1.0, "eval": {k: str(tmp_path / f"{k}.json") for k in ("base", "student")},
+              "final_beta": 0.1, "final_delta": 0.0, "delta_mean": 0.0, "margin": 0.05, "promoted": False,
+              "gate": {"student": 0.2, "champion": 0.2}, "cached": {}, "export": "x", "version": 1, "report": "r"}
+    params = Params()
+    params.eval.modes = ["greedy"]
+    plain = "\n".join(summarize(record, params))
+    assert "    test_id        greedy   25.0% [0.0, 100.0] -> 25.0%" in plain and "library" not in plain
+    params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 0.5})
+    both = "\n".join(summarize(record, params))
+    assert "toolworld test_id" in both and "library test_ood" in both and "library pretrain_test" not in both
+    assert "library test_id greedy   50.0% [0.0, 100.0] -> 50.0%" in both
