@@ -28,6 +28,10 @@ baseline after loading the model and the batch, sampled every 2 ms), two updates
 then holds a fraction of a student chunk's activations.
 Prints JSON, one entry per micro-batch setting, with the ratios (targets: time ≤ 1.6 on CPU; LoRA memory ≤ 1.15
 of the student alone).
+
+On a GPU (`--device cuda`, optionally `--dtype bfloat16`) the times are taken after a device synchronise, and
+peak memory is CUDA's allocator peak above what is allocated once the setup's model copy exists, during its
+first two updates, in this process (the allocator counts exactly, so no fresh processes are needed).
 """
 
 from __future__ import annotations
@@ -62,11 +66,16 @@ from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
-def load(model_dir: str):
+def load(model_dir: str, device: str = "cpu", dtype: str = "float32"):
     from benchmarks.rollout_throughput import load_or_build
 
     model, tokenizer, source = load_or_build(model_dir)
-    return model.train(), tokenizer, source
+    return model.to(device=device, dtype=getattr(torch, dtype)).train(), tokenizer, source
+
+
+def _sync(model) -> None:
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
 
 
 def make_batch(model, tokenizer, tasks: int, samples: int, top_j: int):
@@ -118,6 +127,7 @@ def distiller(model, tokenizer, mode: str, experiences, samples: int, params) ->
     c = params.composer
     composer = Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
                         num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+    composer.to(next(model.parameters()).device)
     return Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
                      log=lambda m: None)
 
@@ -151,7 +161,7 @@ class PeakSampler:
 
 def memory_probe(args, params) -> None:
     """Child process: build one setup, report peak RSS growth over its baseline during two updates."""
-    model, tokenizer, _ = load(args.model)
+    model, tokenizer, _ = load(args.model, args.device, args.dtype)
     tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
     torch.manual_seed(0)
     gc.collect()
@@ -187,8 +197,10 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
     phases = {m: {} for m in lopd}
     for _ in range(reps):
         for name, fn in fns.items():
+            _sync(model)
             t = time.perf_counter()
             out = fn()
+            _sync(model)
             times[name].append(time.perf_counter() - t)
             if out is not None:
                 for k, v in out.diagnostics.items():
@@ -196,6 +208,34 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
                         phases[name.removeprefix("lopd_")].setdefault(k, []).append(v)
     return {"seconds": {k: round(statistics.median(v), 4) for k, v in times.items()},
             "phases_s": {m: {k: round(statistics.median(v), 4) for k, v in p.items()} for m, p in phases.items()}}
+
+
+def cuda_memory_probe(model, tokenizer, kind: str, tasks, trajs, experiences, samples: int, params) -> float:
+    """Peak CUDA memory (MB) above the setup's own model copy during its first two updates: the device's
+    counterpart of `memory_probe` (optimizer state, gradients, a full-mode teacher copy and activations)."""
+    work = copy.deepcopy(model)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    mb = params.lopd.micro_batch
+    if kind in ("pg", "pg_lora"):
+        student, opt = pg_student(work, kind, params.lopd.lora_rank)
+        for _ in range(2):
+            pg_update(student, opt, trajs, mb, chunk_group(samples, params.lopd.share_prompt))
+        del student, opt
+    else:
+        d = distiller(work, tokenizer, kind, experiences, samples, params)
+        for _ in range(2):
+            d.update(tasks, trajs)
+        del d
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+    del work
+    gc.collect()
+    torch.cuda.empty_cache()
+    return peak
 
 
 def main() -> None:
@@ -214,6 +254,8 @@ def main() -> None:
     parser.add_argument("--low-memory", action="store_true",
                         help="lopd.low_memory=true: s_old from a no-grad student forward, so a chunk's teacher "
                              "and student graphs never coexist (one more student forward per chunk)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda to measure on a GPU")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--probe", choices=["pg", "pg_lora", "lora", "full"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -222,18 +264,23 @@ def main() -> None:
     if args.probe:
         memory_probe(args, params)
         return
-    model, tokenizer, source = load(args.model)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("step_cost.py: --device cuda, but torch sees no CUDA device")
+    model, tokenizer, source = load(args.model, args.device, args.dtype)
     tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
     torch.manual_seed(0)
 
     def probe(kind: str, mb: int) -> float:
         cmd = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--tasks", str(args.tasks),
                "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind,
-               "--micro-batch", str(mb)] + [f"--set={o}" for o in args.overrides] \
+               "--micro-batch", str(mb), "--device", args.device, "--dtype", args.dtype] \
+            + [f"--set={o}" for o in args.overrides] \
             + (["--low-memory"] if args.low_memory else [])
         peaks = []
         for _ in range(args.memory_reps):  # the heap's layout varies from process to process: median of several
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"memory probe {kind} exited {out.returncode}:\n{out.stderr[-3000:]}")
             peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mb"])
         return statistics.median(peaks)
 
@@ -243,7 +290,11 @@ def main() -> None:
         p.lopd.micro_batch = mb
         timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps)
         s = timing["seconds"]
-        mem = {kind: probe(kind, mb) for kind in ("pg", "pg_lora", "lora", "full")}
+        if args.device.startswith("cuda"):
+            mem = {kind: cuda_memory_probe(model, tokenizer, kind, tasks, trajs, experiences, args.samples, p)
+                   for kind in ("pg", "pg_lora", "lora", "full")}
+        else:
+            mem = {kind: probe(kind, mb) for kind in ("pg", "pg_lora", "lora", "full")}
         results.append({
             "micro_batch": mb,
             "seconds": s,
@@ -258,14 +309,17 @@ def main() -> None:
         })
     tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
-        "model": source, "threads": args.threads, "overrides": args.overrides,
+        "model": source, "device": args.device, "dtype": args.dtype, "threads": args.threads,
+        "overrides": args.overrides,
         "low_memory": params.lopd.low_memory,
         "trajectories": len(trajs), "action_tokens": tokens,
         "tokens_per_trajectory_max": max(len(t.token_ids) for t in trajs),
         "latents_per_trajectory": params.bank.top_j * params.composer.num_queries,
         "targets": {"time_ratio": 1.6, "memory_ratio_lora": 1.15},
-        "memory_note": "peak RSS above the loaded model and batch during two updates, each in a fresh process; "
-                       "pg = full-weight student (AdamW state included), pg_lora = LoRA student of LOPD's rank",
+        "memory_note": ("peak CUDA allocation above the setup's model copy during its first two updates"
+                        if args.device.startswith("cuda") else
+                        "peak RSS above the loaded model and batch during two updates, each in a fresh process")
+                       + "; pg = full-weight student (AdamW state included), pg_lora = LoRA student of LOPD's rank",
         "by_micro_batch": results,
     }, indent=2))
 
