@@ -106,10 +106,33 @@ def topk_support_logprobs(logits: Tensor, support_ids: Tensor) -> tuple[Tensor, 
     """
     logp = torch.log_softmax(_f32(logits), dim=-1)  # (N, V)
     support = logp.gather(-1, support_ids)  # (N, K)
-    # a finite fill, not -inf: logsumexp of an all -inf row would have a NaN gradient
-    outside = logp.scatter(-1, support_ids, torch.finfo(logp.dtype).min)  # (N, V)
-    tail = torch.logsumexp(outside, dim=-1).clamp(min=_LOG_TAIL_FLOOR)  # (N,)
-    return support, tail
+    return support, tail_logsumexp(logp, support_ids)
+
+
+class _OutsideLogsumexp(torch.autograd.Function):
+    """logsumexp over each row's entries outside `support_ids`. Autograd's own scatter + logsumexp would keep
+    the (N, V) masked copy for the backward; this keeps only the log-probs, which the log-softmax that made them
+    keeps anyway, and forms the same gradient from them (the same operations, so the same bits)."""
+
+    @staticmethod
+    def forward(ctx, logp: Tensor, support_ids: Tensor) -> Tensor:
+        # a finite fill, not -inf: logsumexp of an all -inf row would have a NaN gradient
+        outside = logp.scatter(-1, support_ids, torch.finfo(logp.dtype).min)  # (N, V), freed on return
+        out = torch.logsumexp(outside, dim=-1)  # (N,)
+        ctx.save_for_backward(logp, support_ids, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logp, support_ids, out = ctx.saved_tensors
+        # logsumexp's backward, grad · exp(x − out), then the scatter's: nothing flows to the support ids
+        return (grad[:, None] * (logp - out[:, None]).exp()).scatter(-1, support_ids, 0.0), None
+
+
+def tail_logsumexp(logprobs: Tensor, support_ids: Tensor) -> Tensor:
+    """Log of the mass outside `support_ids`: (N, V) normalised log-probs, (N, K) ids -> (N,), clamped to
+    log(TAIL_FLOOR) (with K = V the tail is log(1e-8) rather than −inf, and carries no gradient)."""
+    return _OutsideLogsumexp.apply(logprobs, support_ids).clamp(min=_LOG_TAIL_FLOOR)
 
 
 def support_kl(

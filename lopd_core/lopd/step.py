@@ -23,7 +23,6 @@ k top-k, U distinct experience texts, K latents per experience, D width.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
@@ -166,27 +165,50 @@ class StudentTargets:
 
 @dataclass
 class TeacherScores:
-    """The teacher's scores of n action tokens. `logprobs` and `action_logprobs` keep the graph to the latents
-    when the pass ran with one (step 4 back-propagates through them); the top-k is detached."""
+    """The teacher's scores of n action tokens, reduced to what steps 3 and 4 read: (n, k + 1) and (n,) tensors,
+    not its (n, V) log-probs. `support_logprobs`, `tail_logprob` and `action_logprobs` keep the graph to the
+    latents when the pass ran with one (step 4 back-propagates through them); the top-k is detached."""
 
     action_ids: Tensor  # (n,)
     token_traj_index: Tensor  # (n,) row of each token within the scored rows
-    logits: Tensor  # (n, V), divided by the method's teacher temperature
-    logprobs: Tensor  # (n, V)
+    logits: Tensor | None  # (n, V) divided by the teacher temperature; kept only for student_loss = full
+    support_logprobs: Tensor  # (n, k) log-probs at the top-k ids (the values of topk_logprobs, with the graph)
+    tail_logprob: Tensor  # (n,) log of the mass outside the top-k ids
     action_logprobs: Tensor  # (n,)
     topk_logprobs: Tensor  # (n, k)
     topk_ids: Tensor  # (n, k)
+    entropy_sum: float  # Σ over the n tokens of the teacher's entropy
 
     def targets(self, keep_logits: bool) -> StudentTargets:
+        if keep_logits and self.logits is None:
+            raise ValueError("TeacherScores: the logits were not kept (score_teacher(keep_logits=True))")
         return StudentTargets(self.topk_logprobs, self.topk_ids, self.action_logprobs.detach(),
                               self.logits.detach() if keep_logits else None)
 
 
+@dataclass
+class StudentOld:
+    """The pre-update student's detached log-probs where step 4 reads them — at the teacher's top-k ids, outside
+    them, at the sampled token — (n, k + 1) and (n,) in place of its (n, V) log-probs."""
+
+    support_logprobs: Tensor  # (n, k)
+    tail_logprob: Tensor  # (n,)
+    action_logprobs: Tensor  # (n,)
+
+    @staticmethod
+    def of(logprobs: Tensor, support_ids: Tensor, action_ids: Tensor) -> StudentOld:
+        """logprobs (n, V) the student's detached log-softmax; support_ids (n, k); action_ids (n,)."""
+        return StudentOld(logprobs.gather(-1, support_ids), tail_logmass(logprobs, support_ids),
+                          logprobs.gather(-1, action_ids[:, None]).squeeze(-1))
+
+
 def score_teacher(lm, token_ids: list[list[int]], action_masks: list[list[int]], context: list[Tensor] | None,
                   context_keys: list[Hashable] | None, *, framing: Framing, share_prompt: bool, top_k: int,
-                  temperature: float = 1.0) -> TeacherScores:
+                  temperature: float = 1.0, keep_logits: bool = False) -> TeacherScores:
     """Step 2 on some rows: the teacher reads each row's context (latents or text embeddings, or nothing) in its
-    latent slot and scores the row's action tokens. One log-softmax serves the top-k, the composer's KL and δ.
+    latent slot and scores the row's action tokens. One log-softmax serves the top-k, the composer's KL and δ;
+    only its (n, k + 1) and (n,) reductions leave this function (the graph keeps the log-softmax itself for the
+    backward), and the logits only with `keep_logits` (the full-vocabulary student loss reads them).
     The graph follows the caller's grad mode: run under torch.no_grad() when nothing back-propagates."""
     if share_prompt:  # each task's prompt and latents once for its samples (prefix.py)
         scored = score_actions_shared(lm, token_ids, action_masks, context, framing, context_keys)
@@ -200,7 +222,9 @@ def score_teacher(lm, token_ids: list[list[int]], action_masks: list[list[int]],
     detached = logprobs.detach()
     top_lp, top_ids = detached.topk(min(top_k, detached.shape[-1]), dim=-1)  # (n, k)
     action_lp = logprobs.gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
-    return TeacherScores(action_ids, rows, logits, logprobs, action_lp, top_lp, top_ids)
+    entropy_sum = float(-(detached.exp() * detached).sum())
+    return TeacherScores(action_ids, rows, logits if keep_logits else None, logprobs.gather(-1, top_ids),
+                         tail_logmass(logprobs, top_ids), action_lp, top_lp, top_ids, entropy_sum)
 
 
 # ---- step 3: the student ------------------------------------------------------------------------------------
@@ -279,8 +303,7 @@ def tail_logmass(logprobs: Tensor, support_ids: Tensor) -> Tensor:
     log-softmax of both models' logits and reuses it (one (n, V) pass per model instead of three). Same guards:
     a finite fill rather than −inf for the support, the clamp at log(TAIL_FLOOR).
     """
-    outside = logprobs.scatter(-1, support_ids, torch.finfo(logprobs.dtype).min)  # (n, V)
-    return torch.logsumexp(outside, dim=-1).clamp(min=math.log(L.TAIL_FLOOR))
+    return L.tail_logsumexp(logprobs, support_ids)
 
 
 @dataclass
@@ -292,16 +315,14 @@ class ComposerTerms:
     gap: Tensor  # (n,) detached log p_T,φ(a) − log p_S,old(a) of the sampled tokens
 
 
-def composer_terms(scores: TeacherScores, student_old_logprobs: Tensor, advantage: Tensor) -> ComposerTerms:
-    """student_old_logprobs (n, V): the pre-update student's detached log-probs at the same tokens; advantage
-    (c,) A(τ) of the scored rows."""
-    s_action_old = student_old_logprobs.gather(-1, scores.action_ids[:, None]).squeeze(-1)  # (n,)
-    ids = scores.topk_ids
-    kl_tokens = L.support_kl(student_old_logprobs.gather(-1, ids), tail_logmass(student_old_logprobs, ids),
-                             scores.logprobs.gather(-1, ids), tail_logmass(scores.logprobs, ids))  # (n,)
-    delta = L.privileged_margin_delta(scores.action_logprobs, s_action_old, advantage, scores.token_traj_index,
-                                      advantage.shape[0])  # (c,)
-    return ComposerTerms(kl_tokens, delta, scores.action_logprobs.detach() - s_action_old)
+def composer_terms(scores: TeacherScores, student_old: StudentOld, advantage: Tensor) -> ComposerTerms:
+    """student_old: the pre-update student's detached log-probs at the same tokens, on the teacher's top-k ids;
+    advantage (c,) A(τ) of the scored rows."""
+    kl_tokens = L.support_kl(student_old.support_logprobs, student_old.tail_logprob,
+                             scores.support_logprobs, scores.tail_logprob)  # (n,)
+    delta = L.privileged_margin_delta(scores.action_logprobs, student_old.action_logprobs, advantage,
+                                      scores.token_traj_index, advantage.shape[0])  # (c,)
+    return ComposerTerms(kl_tokens, delta, scores.action_logprobs.detach() - student_old.action_logprobs)
 
 
 # ---- sums and the step's row ------------------------------------------------------------------------------
@@ -323,8 +344,7 @@ class StepSums:
         return cls(torch.zeros(n_traj, device=device), torch.zeros(n_traj, device=device))
 
     def add_teacher(self, scores: TeacherScores) -> None:
-        lp = scores.logprobs.detach()
-        self.shares["teacher_entropy"] += float(-(lp.exp() * lp).sum())
+        self.shares["teacher_entropy"] += scores.entropy_sum
         self.shares["topk_mass"] += float(scores.topk_logprobs.exp().sum())
 
     def add_student_entropy(self, student_logprobs: Tensor) -> None:

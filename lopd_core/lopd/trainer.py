@@ -363,8 +363,7 @@ class Distiller:
         graph = self.method.needs_composer and self.method.composer_trainable and train_composer
         if not self.teacher_pass:  # GRPO without a reference KL: the student alone
             with _timed(sums, "student"):
-                s_lp_old = self._student_backward(batch, context, chunk, sbatch, None, sums, keep_old=True)
-                sums.add_student_entropy(s_lp_old)
+                self._student_backward(batch, context, chunk, sbatch, None, sums, keep_old=True)
         elif self.low_memory:
             self._chunk_low_memory(batch, context, chunk, sbatch, sums, beta=beta, scale=scale, graph=graph)
         else:
@@ -372,9 +371,9 @@ class Distiller:
                 scores = self._score_teacher(batch, context, chunk, sums, graph=graph)
             with _timed(sums, "student"):
                 targets = scores.targets(keep_logits=self.student_loss.reads_teacher_logits)
-                s_lp_old = self._student_backward(batch, context, chunk, sbatch, targets, sums, keep_old=True)
+                s_old = self._student_backward(batch, context, chunk, sbatch, targets, sums, keep_old=True)
             with _timed(sums, "composer"):
-                self._composer_backward(batch, chunk, scores, s_lp_old, sums, beta=beta, scale=scale)
+                self._composer_backward(batch, chunk, scores, s_old, sums, beta=beta, scale=scale)
 
     def _chunk_low_memory(self, batch, context, chunk, sbatch, sums, *, beta, scale, graph) -> None:
         """The low-memory order (`lopd.low_memory`): s_old from a no-grad student forward first, so each teacher
@@ -393,8 +392,10 @@ class Distiller:
                 scores = self._score_teacher(batch, context, part, sums, graph=graph)
             n = scores.action_ids.shape[0]
             with _timed(sums, "composer"):
-                self._composer_backward(batch, part, scores, s_lp_old[offset:offset + n], sums, beta=beta,
-                                        scale=scale)
+                part_lp_old = s_lp_old[offset:offset + n]  # (n, V) this pass's tokens
+                sums.add_student_entropy(part_lp_old)
+                s_old = S.StudentOld.of(part_lp_old, scores.topk_ids, scores.action_ids)
+                self._composer_backward(batch, part, scores, s_old, sums, beta=beta, scale=scale)
             offset += n
             targets.append(scores.targets(keep_logits=self.student_loss.reads_teacher_logits))
             del scores  # its graph is consumed: not alive through the next pass
@@ -421,15 +422,17 @@ class Distiller:
                 ctx = keys = None
             scores = S.score_teacher(lm, ids, masks, ctx, keys, framing=self.framing,
                                      share_prompt=self.cfg.share_prompt, top_k=self.cfg.top_k,
-                                     temperature=self.method.teacher_temperature)
+                                     temperature=self.method.teacher_temperature,
+                                     keep_logits=self.student_loss.reads_teacher_logits)
         sums.add_teacher(scores)
         return scores
 
     def _student_backward(self, batch: S.RolloutBatch, context: TeacherContext, chunk: list[int], sbatch,
                           targets: S.StudentTargets | None, sums: S.StepSums, *, keep_old: bool):
-        """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. Returns the
-        pre-update student's detached log-probs (n, V) for the composer's loss when `keep_old` (the low-memory
-        order took them earlier)."""
+        """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. With `keep_old` (the
+        low-memory order took them earlier), adds the pre-update student's entropy to the sums and returns its
+        detached log-probs where the composer's loss reads them (on the teacher's top-k ids; None without a
+        teacher), so no (n, V) tensor outlives this call."""
         device = sbatch.action_ids.device
         s_logits = action_logits(self.student, sbatch)  # (n, V)
         rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
@@ -443,20 +446,23 @@ class Distiller:
         share = per_token.sum() / context.n_signal
         share.backward()
         sums.shares["distill"] += float(share.detach())
-        return torch.log_softmax(s_logits.detach(), dim=-1) if keep_old else None
+        if not keep_old:
+            return None
+        s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V), freed on return
+        sums.add_student_entropy(s_lp_old)
+        return None if targets is None else S.StudentOld.of(s_lp_old, targets.topk_ids, sbatch.action_ids)
 
     def _composer_backward(self, batch: S.RolloutBatch, rows: list[int], scores: S.TeacherScores,
-                           s_lp_old: torch.Tensor, sums: S.StepSums, *, beta: float, scale: S.ComposerScale) -> None:
+                           s_old: S.StudentOld, sums: S.StepSums, *, beta: float, scale: S.ComposerScale) -> None:
         """Step 4 on the rows of one teacher pass: KL(sg[p_S,old] ‖ p_T,φ) and −β·δ̄ (their shares of the batch's
         means), backward through the frozen teacher to the latent leaf; the teacher's graph is gone afterwards.
         Only passes that kept a graph (chunks picked for the composer) back-propagate, rescaled to the batch."""
         rows_t = torch.tensor(rows, dtype=torch.long, device=scores.action_ids.device)
-        terms = S.composer_terms(scores, s_lp_old, batch.advantage[rows_t])
+        terms = S.composer_terms(scores, s_old, batch.advantage[rows_t])
         kl_share = terms.kl_tokens.sum() / batch.n_tokens
         delta_share = terms.delta.sum() / batch.n_scored  # δ̄ = Σ_τ δ(τ) / trajectories
         if kl_share.requires_grad:  # (the β·m constant has no gradient)
             (scale.kl * kl_share - beta * scale.delta * delta_share).backward()
-        sums.add_student_entropy(s_lp_old)
         sums.add_composer(terms, rows_t[scores.token_traj_index], float(kl_share.detach()), float(delta_share.detach()))
 
     # ---- step 2a, 3, 4 and the row --------------------------------------------------------------------
