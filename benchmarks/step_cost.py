@@ -23,6 +23,10 @@ baseline after loading the model and the batch, sampled every 2 ms), two updates
     .venv/bin/python benchmarks/step_cost.py [--model data/base] [--tasks 8] [--samples 4] \\
         [--micro-batch 0 8] [--low-memory] [--set lopd.teacher_micro_batch=4 ...]
 
+`--vocab N` grows the model's vocabulary to N rows after the batch is rolled out (zero rows: no token of the batch
+is one of them), so the update's (n, V) tensors have a real model's width while the rest of the model stays
+tiny — the regime where those tensors, not the weights, decide the update's memory.
+
 `--low-memory` (the same as `--set lopd.low_memory=true`) measures the low-memory order; add
 `--set lopd.teacher_micro_batch=N` (N > 0) for teacher passes of N trajectories inside each chunk: the teacher
 then holds a fraction of a student chunk's activations.
@@ -90,6 +94,18 @@ def make_batch(model, tokenizer, tasks: int, samples: int, top_j: int):
         texts.append(format_experience(t.instruction, env.episode))
     experiences = [texts[top_j * i:top_j * (i + 1)] for i in range(tasks)]  # J per task, distinct
     return task_list, trajs, experiences
+
+
+def pad_vocabulary(model, size: int) -> None:
+    """Grow the embedding and LM head to `size` rows of zeros (only for an update on a batch already rolled out:
+    the new ids never occur in it, they only widen every (n, V) tensor)."""
+    old = model.get_input_embeddings().weight.shape[0]
+    if size <= old:
+        return
+    model.resize_token_embeddings(size, mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[old:] = 0.0
+        model.get_output_embeddings().weight[old:] = 0.0
 
 
 def pg_update(student, optimizer, trajs, micro_batch: int, group: int = 1) -> None:
@@ -163,6 +179,7 @@ def memory_probe(args, params) -> None:
     """Child process: build one setup, report peak RSS growth over its baseline during two updates."""
     model, tokenizer, _ = load(args.model, args.device, args.dtype)
     tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
+    pad_vocabulary(model, args.vocab)
     torch.manual_seed(0)
     gc.collect()
     mb = args.micro_batch[0]
@@ -254,6 +271,8 @@ def main() -> None:
     parser.add_argument("--low-memory", action="store_true",
                         help="lopd.low_memory=true: s_old from a no-grad student forward, so a chunk's teacher "
                              "and student graphs never coexist (one more student forward per chunk)")
+    parser.add_argument("--vocab", type=int, default=0,
+                        help="grow the vocabulary to this many rows for the update (0: the model's own)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to measure on a GPU")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--probe", choices=["pg", "pg_lora", "lora", "full"], default=None, help=argparse.SUPPRESS)
@@ -268,12 +287,13 @@ def main() -> None:
         raise SystemExit("step_cost.py: --device cuda, but torch sees no CUDA device")
     model, tokenizer, source = load(args.model, args.device, args.dtype)
     tasks, trajs, experiences = make_batch(model, tokenizer, args.tasks, args.samples, params.bank.top_j)
+    pad_vocabulary(model, args.vocab)
     torch.manual_seed(0)
 
     def probe(kind: str, mb: int) -> float:
         cmd = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--tasks", str(args.tasks),
                "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind,
-               "--micro-batch", str(mb), "--device", args.device, "--dtype", args.dtype] \
+               "--micro-batch", str(mb), "--device", args.device, "--dtype", args.dtype, "--vocab", str(args.vocab)] \
             + [f"--set={o}" for o in args.overrides] \
             + (["--low-memory"] if args.low_memory else [])
         peaks = []
@@ -309,7 +329,7 @@ def main() -> None:
         })
     tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
-        "model": source, "device": args.device, "dtype": args.dtype, "threads": args.threads,
+        "model": source, "vocab": model.get_output_embeddings().weight.shape[0], "device": args.device, "dtype": args.dtype, "threads": args.threads,
         "overrides": args.overrides,
         "low_memory": params.lopd.low_memory,
         "trajectories": len(trajs), "action_tokens": tokens,
