@@ -2,11 +2,10 @@
 per-sample `generate` loop.
 
 For each group size G, the same multi-turn toolworld tasks are played G times each (sampled, one seeded stream
-per trajectory as in training) four ways, one after the other in this run: the engine prefilling each task's
-prompt once and forking its KV cache for the G samples in every turn (`shared`), the same in the first turn
-only (`shared_first_turn`: identical contexts forked whole, later turns prefilled per row), the engine
-prefilling every row (`unshared`), and one `generate` call per sample and turn (`naive`). Prints JSON with each
-one's tokens/s and their ratios, and whether the engine's variants played the same ids.
+per trajectory as in training) three ways, one after the other in this run: the engine prefilling each distinct
+context once and forking its KV cache for the G samples (`shared`: a task's first turn), the engine prefilling
+every row (`unshared`), and one `generate` call per sample and turn (`naive`). Prints JSON with each one's
+tokens/s and their ratios, and whether shared and unshared played the same ids.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--tasks 16] [--groups 4,8] [--batch-size 32] [--model data/base]
 
@@ -81,18 +80,11 @@ def naive_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], samp
 
 
 def engine_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], sampling: Sampling, batch_size: int,
-                    *, share_prompts: bool, later_turns: bool = True):
+                    *, share_prompts: bool):
     seeds = list(range(len(requests)))
     turn = partial(engine.generate_turn, share_prompts=share_prompts)
-    if not later_turns:  # without prompt lengths only identical contexts (first turns) are shared
-        turn = partial(_without_prompt_lengths, turn)
     with mock.patch.object(engine, "generate_turn", turn):
         return rollout(model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds)
-
-
-def _without_prompt_lengths(turn, *args, **kwargs):
-    kwargs["prompt_lengths"] = None
-    return turn(*args, **kwargs)
 
 
 def _sync(device: str) -> None:
@@ -106,16 +98,15 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
     alternate `repeats` times and keep their median time (they are short next to the naive loop, so noisier);
     the naive loop runs once."""
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(group)]
-    seconds: dict[str, list[float]] = {"unshared": [], "shared_first_turn": [], "shared": [], "naive": []}
+    seconds: dict[str, list[float]] = {"unshared": [], "shared": [], "naive": []}
     tokens, played = {}, {}
-    for name in ["unshared", "shared_first_turn", "shared"] * repeats + ["naive"]:
+    for name in ["unshared", "shared"] * repeats + ["naive"]:
         _sync(device)
         started = time.perf_counter()
         if name == "naive":
             tokens[name] = naive_rollouts(model, codec, requests, sampling, seed=group)
         else:
-            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name != "unshared",
-                                    later_turns=name == "shared")
+            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name == "shared")
             tokens[name] = sum(t.num_action_tokens for t in trajs)
             played[name] = [t.token_ids for t in trajs]
         _sync(device)
@@ -133,8 +124,7 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
         "shared_over_naive": round(tps["shared"] / tps["naive"], 2),
         "unshared_over_naive": round(tps["unshared"] / tps["naive"], 2),
         "shared_over_unshared": round(tps["shared"] / tps["unshared"], 2),
-        "shared_first_turn_over_unshared": round(tps["shared_first_turn"] / tps["unshared"], 2),
-        "shared_plays_unshared_ids": played["shared"] == played["shared_first_turn"] == played["unshared"],
+        "shared_plays_unshared_ids": played["shared"] == played["unshared"],
     }
 
 

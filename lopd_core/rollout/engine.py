@@ -6,14 +6,13 @@ left-padded and prefilled together, then decoded with a KV cache until every row
 observation is appended as forced ids. Re-prefilling each round keeps the bookkeeping simple (no ragged cache
 surgery between turns); prefill is one batched forward, so it is cheap next to token-by-token decoding.
 
-The G samples of a task share their prompt (system and first user turn), and `share_prompts` prefills it once.
-In the first turn their contexts are identical: the distinct contexts run as one batch, and their last logits
-and KV cache rows are copied to every row that shares them. In later turns the contexts part after the prompt:
-the distinct prompts run first, their cache rows are copied to the rows that share them, and then each row's
-own continuation (its earlier actions and observations) runs on top. Causal attention makes a position's
-states depend only on what precedes it, so the forked rows hold what an unshared prefill computes, up to float
-summation order in later turns; `share_prompts=False` keeps the unshared path as the reference the tests
-compare against.
+The G samples of a task share their prompt (system and first user turn), and in their first turn their whole
+contexts: `share_prompts` prefills each distinct context once, as one batch, and copies its last logits and KV
+cache rows to every row that shares it. Causal attention makes a row's prefill depend on its own context only,
+so the forked rows hold what an unshared prefill computes; `share_prompts=False` keeps the unshared path as the
+reference the tests compare against. Later turns are prefilled per row: a two-part prefill there (the shared
+prompt once, then each row's continuation on its forked cache) was tried and, on the embedded base, cost more
+in its extra forward than it saved.
 
 What a trajectory records (the contract training relies on):
   * token_ids       — the whole conversation, exactly the ids the policy saw and produced;
@@ -159,28 +158,18 @@ def _last_logits(model, cache: DynamicCache) -> Callable[..., torch.Tensor]:
 def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
                   generator: torch.Generator | list[torch.Generator],
                   context_embeds: list[torch.Tensor] | None = None,
-                  share_prompts: bool = True,
-                  prompt_lengths: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
+                  share_prompts: bool = True) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
     ids end with `stop_id` unless the turn ran out of `max_new_tokens`. With one generator per context, a
     context's stream advances only for the tokens it samples, so its turn never depends on its batch mates.
 
     `context_embeds`, when given, holds one (T_i', D) input-embedding tensor per context that the prefill reads
     instead of the context's ids — a latent teacher acting with its latents spliced into the first user turn
-    (lopd_core/lopd/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual.
-
-    `prompt_lengths`, per context, is how many of its first ids it may share with other contexts (its task's
-    prompt): with `share_prompts`, rows with equal prompts run them once even when the rest differs."""
+    (lopd_core/lopd/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual."""
     device = next(model.parameters()).device
     batch = len(contexts)
     cache = DynamicCache()  # filled in place by every forward below
     step = _last_logits(model, cache)
-    shared = (_split_at_shared_prompts(contexts, prompt_lengths)
-              if share_prompts and context_embeds is None and prompt_lengths is not None else None)
-    if shared is not None:
-        logits, attention, positions = _prefill_shared_prompts(step, cache, contexts, *shared, pad_id, device)
-        return _decode(step, logits, attention, positions, batch, sampling=sampling, stop_id=stop_id,
-                       pad_id=pad_id, generator=generator)
     owner = _first_with_same_context(contexts, context_embeds) if share_prompts else list(range(len(contexts)))
     distinct = sorted(set(owner))  # rows that are prefilled; every other row copies one of them
     if context_embeds is None:
@@ -204,35 +193,6 @@ def _fork_index(owner: list[int], distinct: list[int], device) -> torch.Tensor:
     """(B,) index into the distinct rows: which one each row copies."""
     slot = {r: i for i, r in enumerate(distinct)}
     return torch.tensor([slot[o] for o in owner], dtype=torch.long, device=device)
-
-
-def _split_at_shared_prompts(contexts: list[list[int]], prompt_lengths: list[int]):
-    """(ids each row runs in the shared part, owner row of each row's prompt), or None where a two-part prefill
-    saves nothing: identical contexts (forked whole, in one part) or no prompt shared by two rows."""
-    if all(len(c) <= n for c, n in zip(contexts, prompt_lengths)):
-        return None
-    shared = [min(n, len(c) - 1) for c, n in zip(contexts, prompt_lengths)]  # every row keeps ≥ 1 id of its own
-    owner = _first_with_same_context([c[:n] for c, n in zip(contexts, shared)], None)
-    return None if len(set(owner)) == len(contexts) else (shared, owner)
-
-
-def _prefill_shared_prompts(step, cache: DynamicCache, contexts: list[list[int]], shared: list[int],
-                            owner: list[int], pad_id: int, device):
-    """Prefill in two parts: each distinct prompt once, forked to its rows, then every row's continuation.
-    Returns the (B, V) last logits, the (B, P + C) attention mask over the cache and the (B, C) positions."""
-    distinct = sorted(set(owner))
-    prompt_ids, prompt_mask = _left_padded([torch.tensor(contexts[r][:shared[r]], dtype=torch.long, device=device)
-                                            for r in distinct], pad_id)  # (U, P)
-    step(input_ids=prompt_ids, attention_mask=prompt_mask,
-         position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0))  # fills the cache; its logits are not needed
-    fork = _fork_index(owner, distinct, device)  # (B,)
-    cache.reorder_cache(fork)  # (U, H, P, d) -> (B, H, P, d) per layer
-    rest_ids, rest_mask = _left_padded([torch.tensor(c[n:], dtype=torch.long, device=device)
-                                        for c, n in zip(contexts, shared)], pad_id)  # (B, C)
-    attention = torch.cat([prompt_mask[fork], rest_mask], dim=1)  # padding between prompt and continuation
-    positions = torch.tensor(shared, device=device)[:, None] + (rest_mask.cumsum(-1) - 1).clamp(min=0)  # (B, C)
-    logits = step(input_ids=rest_ids, attention_mask=attention, position_ids=positions)  # (B, V)
-    return logits, attention, positions
 
 
 def _decode(step, logits: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, batch: int, *,
@@ -312,7 +272,7 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
             turns = generate_turn(model, [trajs[i].token_ids for i in active], sampling=sampling,
                                   stop_id=codec.im_end_id, pad_id=codec.pad_id,
                                   generator=generator if streams is None else [streams[start + i] for i in active],
-                                  context_embeds=embeds, prompt_lengths=[trajs[i].prompt_length for i in active])
+                                  context_embeds=embeds)
             still = []
             for i, (ids, lps) in zip(active, turns):
                 traj, env = trajs[i], envs[i]
