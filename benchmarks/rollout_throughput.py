@@ -2,10 +2,12 @@
 per-sample `generate` loop.
 
 For each group size G, the same multi-turn toolworld tasks are played G times each (sampled, one seeded stream
-per trajectory as in training) three ways, one after the other in this run: the engine prefilling each distinct
-context once and forking its KV cache for the G samples (`shared`: a task's first turn), the engine prefilling
-every row (`unshared`), and one `generate` call per sample and turn (`naive`). Prints JSON with each one's
-tokens/s and their ratios, and whether shared and unshared played the same ids.
+per trajectory as in training) four ways, one after the other in this run: the engine keeping each trajectory's
+KV cache across turns, so a later turn prefills only its new tokens (`kept`, the default), the engine
+re-prefilling every conversation each turn with each distinct context prefilled once and its KV cache forked
+for the G samples (`shared`: a task's first turn), the same prefilling every row (`unshared`), and one
+`generate` call per sample and turn (`naive`). Prints JSON with each one's tokens/s and their ratios, and
+whether the engine's variants played the same ids.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--tasks 16] [--groups 4,8] [--batch-size 32] [--model data/base]
 
@@ -80,11 +82,12 @@ def naive_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], samp
 
 
 def engine_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], sampling: Sampling, batch_size: int,
-                    *, share_prompts: bool):
+                    *, share_prompts: bool, keep_cache: bool = False):
     seeds = list(range(len(requests)))
     turn = partial(engine.generate_turn, share_prompts=share_prompts)
     with mock.patch.object(engine, "generate_turn", turn):
-        return rollout(model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds)
+        return rollout(model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds,
+                       keep_cache=keep_cache)
 
 
 def _sync(device: str) -> None:
@@ -98,15 +101,16 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
     alternate `repeats` times and keep their median time (they are short next to the naive loop, so noisier);
     the naive loop runs once."""
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(group)]
-    seconds: dict[str, list[float]] = {"unshared": [], "shared": [], "naive": []}
+    seconds: dict[str, list[float]] = {"unshared": [], "shared": [], "kept": [], "naive": []}
     tokens, played = {}, {}
-    for name in ["unshared", "shared"] * repeats + ["naive"]:
+    for name in ["unshared", "shared", "kept"] * repeats + ["naive"]:
         _sync(device)
         started = time.perf_counter()
         if name == "naive":
             tokens[name] = naive_rollouts(model, codec, requests, sampling, seed=group)
         else:
-            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name == "shared")
+            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name != "unshared",
+                                    keep_cache=name == "kept")
             tokens[name] = sum(t.num_action_tokens for t in trajs)
             played[name] = [t.token_ids for t in trajs]
         _sync(device)
@@ -121,10 +125,13 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
         "group": group,
         "trajectories": len(requests),
         **figures,
+        "kept_over_naive": round(tps["kept"] / tps["naive"], 2),
         "shared_over_naive": round(tps["shared"] / tps["naive"], 2),
         "unshared_over_naive": round(tps["unshared"] / tps["naive"], 2),
         "shared_over_unshared": round(tps["shared"] / tps["unshared"], 2),
+        "kept_over_shared": round(tps["kept"] / tps["shared"], 2),
         "shared_plays_unshared_ids": played["shared"] == played["unshared"],
+        "kept_plays_shared_ids": played["kept"] == played["shared"],
     }
 
 
@@ -147,7 +154,9 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     tasks = make_tasks("toolworld", "test_id", args.tasks, seed=123)
     sampling = Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_context=1024)
-    engine_rollouts(model, codec, [RolloutRequest(tasks[0])] * 2, sampling, 2, share_prompts=True)  # warm-up
+    for keep_cache in (False, True):  # warm-up
+        engine_rollouts(model, codec, [RolloutRequest(tasks[0])] * 2, sampling, 2, share_prompts=True,
+                        keep_cache=keep_cache)
     groups = [measure(model, codec, tasks, int(g), sampling, args.batch_size, args.device, args.repeats)
               for g in args.groups.split(",")]
     print(json.dumps({

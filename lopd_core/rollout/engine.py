@@ -1,18 +1,21 @@
 """Batched multi-turn rollouts, token in and token out.
 
-Each round generates one assistant turn for every unfinished trajectory of the batch: the contexts are
-left-padded and prefilled together, then decoded with a KV cache until every row has closed its turn with
-<|im_end|> (or hit `max_new_tokens`). The decoded action goes to that trajectory's environment, and the tool
-observation is appended as forced ids. Re-prefilling each round keeps the bookkeeping simple (no ragged cache
-surgery between turns); prefill is one batched forward, so it is cheap next to token-by-token decoding.
+Each round generates one assistant turn for every unfinished trajectory of the batch, decoded with a KV cache
+until every row has closed its turn with <|im_end|> (or hit `max_new_tokens`). The decoded action goes to that
+trajectory's environment, and the tool observation is appended as forced ids. The batch's cache is kept from
+round to round (`_KeptCache`): a later round prefills only each row's new tokens (the closing token the engine
+added, the observation, the next assistant header), left-padded inside the rows, and finished rows are dropped
+from the cache. `rollout(keep_cache=False)` instead left-pads and prefills every whole conversation each round
+(`generate_turn`): simpler, and the reference the kept cache is tested against (tests/rollout/test_kept_cache.py).
 
 The G samples of a task share their prompt (system and first user turn), and in their first turn their whole
 contexts: `share_prompts` prefills each distinct context once, as one batch, and copies its last logits and KV
 cache rows to every row that shares it. Causal attention makes a row's prefill depend on its own context only,
 so the forked rows hold what an unshared prefill computes; `share_prompts=False` keeps the unshared path as the
-reference the tests compare against. Later turns are prefilled per row: a two-part prefill there (the shared
-prompt once, then each row's continuation on its forked cache) was tried and, on the embedded base, cost more
-in its extra forward than it saved.
+reference the tests compare against. With the re-prefill path, later turns are prefilled per row: a two-part
+prefill there (the shared prompt once, then each row's continuation on its forked cache) was tried and, on the
+embedded base, cost more in its extra forward than it saved. The kept cache needs neither: the forked prompt
+rows stay in the cache for every later turn.
 
 What a trajectory records (the contract training relies on):
   * token_ids       — the whole conversation, exactly the ids the policy saw and produced;
@@ -166,10 +169,20 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
     `context_embeds`, when given, holds one (T_i', D) input-embedding tensor per context that the prefill reads
     instead of the context's ids — a latent teacher acting with its latents spliced into the first user turn
     (lopd_core/lopd/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual."""
-    device = next(model.parameters()).device
-    batch = len(contexts)
     cache = DynamicCache()  # filled in place by every forward below
     step = _last_logits(model, cache)
+    logits, attention, positions = _prefill(step, cache, contexts, context_embeds, share_prompts=share_prompts,
+                                            pad_id=pad_id, device=next(model.parameters()).device)
+    turns, _, _ = _decode(step, logits, attention, positions, len(contexts), sampling=sampling, stop_id=stop_id,
+                          pad_id=pad_id, generator=generator)
+    return turns
+
+
+def _prefill(step, cache: DynamicCache, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None, *,
+             share_prompts: bool, pad_id: int, device):
+    """Prefill every context into the empty `cache` (each distinct one once when `share_prompts`, its rows then
+    forked). Returns the (B, V) last logits and the (B, T) attention mask and position ids of the cache."""
+    batch = len(contexts)
     owner = _first_with_same_context(contexts, context_embeds) if share_prompts else list(range(len(contexts)))
     distinct = sorted(set(owner))  # rows that are prefilled; every other row copies one of them
     if context_embeds is None:
@@ -185,8 +198,7 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
         fork = _fork_index(owner, distinct, device)  # (B,)
         cache.reorder_cache(fork)  # every layer's keys and values (U, H, T, d) -> (B, H, T, d)
         logits, attention, positions = logits[fork], attention[fork], positions[fork]
-    return _decode(step, logits, attention, positions, batch, sampling=sampling, stop_id=stop_id, pad_id=pad_id,
-                   generator=generator)
+    return logits, attention, positions
 
 
 def _fork_index(owner: list[int], distinct: list[int], device) -> torch.Tensor:
@@ -197,10 +209,15 @@ def _fork_index(owner: list[int], distinct: list[int], device) -> torch.Tensor:
 
 def _decode(step, logits: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, batch: int, *,
             sampling: Sampling, stop_id: int, pad_id: int, generator: torch.Generator | list[torch.Generator]):
-    """Sample from the prefill's (B, V) last logits, then token by token with the cache until every row stops."""
+    """Sample from the prefill's (B, V) last logits, then token by token with the cache until every row stops.
+
+    Returns the (ids, logprobs) per row, the cache's (B, T) attention mask and (B,) how many of its produced
+    tokens each row fed into the cache. A row that has stopped feeds pad tokens while its batch mates go on;
+    their slots are masked out, so a cache kept for the next turn holds each row's own tokens only."""
     device = logits.device
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
+    fed = torch.zeros(batch, dtype=torch.long, device=device)
     produced: list[list[int]] = [[] for _ in range(batch)]
     logps: list[list[float]] = [[] for _ in range(batch)]
     for _ in range(sampling.max_new_tokens):
@@ -217,13 +234,101 @@ def _decode(step, logits: torch.Tensor, attention: torch.Tensor, positions: torc
         for row in (~done).nonzero().flatten().tolist():
             produced[row].append(ids_now[row])
             logps[row].append(lps_now[row])
+        real = (~done).long()  # (B,) rows whose token this step is their own, stop token included
         done |= ids == stop_id
         if bool(done.all()):
             break
-        attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
+        attention = torch.cat([attention, real[:, None]], dim=1)
+        fed += real
         logits = step(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos)
         next_pos = next_pos + 1
-    return list(zip(produced, logps))
+    return list(zip(produced, logps)), attention, fed
+
+
+class _KeptCache:
+    """The KV cache of a batch's unfinished trajectories, kept from one turn to the next.
+
+    Rows have different lengths: every turn appends one block to all rows, each row's new tokens at the block's
+    right end and pad slots before them, masked out by the 2D attention mask; position ids continue each row's
+    own count. So a turn prefills only what arrived since the last one (the closing token the engine added, the
+    observation, the next assistant header) instead of the whole conversation.
+
+    With input embeddings (a latent teacher), a later turn reads the tail of the embedder's output for the whole
+    context: the splice sits in the first user turn, so the embeddings of a longer context extend those of the
+    shorter one, and the tail holds the new tokens' own embeddings."""
+
+    def __init__(self, model, pad_id: int):
+        self.cache = DynamicCache()
+        self.step = _last_logits(model, self.cache)
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.attention: torch.Tensor | None = None  # (B, W) 1 where the cache slot holds a row's own token
+        self.next_pos: list[int] = []  # per row, the position its next token takes
+        self.consumed: list[int] = []  # per row, how many of its context ids the cache holds
+        self.embedded: list[int] = []  # per row, how many input positions its context's embeddings had
+
+    def first_turn(self, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None, *,
+                   share_prompts: bool):
+        logits, attention, positions = _prefill(self.step, self.cache, contexts, context_embeds,
+                                                share_prompts=share_prompts, pad_id=self.pad_id, device=self.device)
+        self.attention = attention
+        self.next_pos = (positions[:, -1] + 1).tolist()
+        self.consumed = [len(c) for c in contexts]
+        self.embedded = [len(c) if context_embeds is None else e.shape[0] for c, e in
+                         zip(contexts, context_embeds or contexts)]
+        return logits, attention, positions
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every row not in `rows` (indices into the current rows), and the masked slots.
+
+        Each round leaves masked slots in every row (the block's padding, the steps a row decoded nothing), and
+        every later decoding step would attend over them; so the kept rows' own slots are moved to the right,
+        in order, and the width shrinks to the longest row, as a fresh left-padded prefill would lay them out.
+        The keys already carry their rotary positions, so moving a slot changes nothing it computes."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        attention = self.attention[index]  # (B', W)
+        width = int(attention.sum(-1).max())
+        # A stable sort puts each row's masked slots first and its own slots after them, in their order.
+        slots = torch.sort(attention, dim=1, stable=True).indices[:, -width:]  # (B', W') columns to keep
+        for layer in self.cache.layers:  # keys and values (B, H, W, d) -> (B', H, W', d)
+            pick = slots[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys[index].gather(2, pick)
+            layer.values = layer.values[index].gather(2, pick)
+        self.attention = attention.gather(1, slots)
+        self.next_pos = [self.next_pos[r] for r in rows]
+        self.consumed = [self.consumed[r] for r in rows]
+        self.embedded = [self.embedded[r] for r in rows]
+
+    def next_turn(self, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None):
+        """Feed each row's ids beyond what its cache holds; returns what `_decode` starts from."""
+        if context_embeds is None:
+            rows = [torch.tensor(c[n:], dtype=torch.long, device=self.device) for c, n in zip(contexts, self.consumed)]
+            block, fresh = _left_padded(rows, self.pad_id)
+            inputs = {"input_ids": block}
+        else:
+            rows = []
+            for c, e, n, m in zip(contexts, context_embeds, self.consumed, self.embedded):
+                if e.shape[0] - m != len(c) - n:
+                    raise ValueError("context_embedder: a longer context's embeddings must extend the shorter one's")
+                rows.append(e[m:].to(self.device))
+            block, fresh = _left_padded(rows, 0.0)
+            inputs = {"inputs_embeds": block}
+        start = torch.tensor(self.next_pos, dtype=torch.long, device=self.device)[:, None]
+        positions = start + (fresh.cumsum(-1) - 1).clamp(min=0)  # (B, W_new): each row continues its own count
+        self.attention = torch.cat([self.attention, fresh], dim=1)
+        logits = self.step(**inputs, attention_mask=self.attention, position_ids=positions)
+        self.next_pos = (positions[:, -1] + 1).tolist()
+        self.consumed = [len(c) for c in contexts]
+        self.embedded = [m + r.shape[0] for m, r in zip(self.embedded, rows)]
+        return logits, self.attention, positions
+
+    def after_decode(self, attention: torch.Tensor, fed: torch.Tensor) -> None:
+        """Account for the produced tokens each row fed into the cache while decoding."""
+        self.attention = attention
+        fed_now = fed.tolist()
+        self.next_pos = [p + f for p, f in zip(self.next_pos, fed_now)]
+        self.consumed = [n + f for n, f in zip(self.consumed, fed_now)]
+        self.embedded = [m + f for m, f in zip(self.embedded, fed_now)]
 
 
 def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> None:
@@ -236,7 +341,8 @@ def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> No
 @torch.no_grad()
 def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling: Sampling,
             batch_size: int = 32, seed: int = 0, seeds: list[int] | None = None, progress=None,
-            context_embedder: Callable[[int, list[int]], torch.Tensor] | None = None) -> list[Trajectory]:
+            context_embedder: Callable[[int, list[int]], torch.Tensor] | None = None,
+            keep_cache: bool = True) -> list[Trajectory]:
     """Play every request to the end; deterministic for a given seed, model and request order.
 
     `context_embedder(request_index, token_ids)`, when given, returns the input embeddings each prefill reads for
@@ -246,7 +352,11 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
     `seeds` (one per request) gives each trajectory its own CPU sampling stream instead of one stream for the
     batch: a trajectory then depends only on its own seed, not on which requests share its batch — what lets
     ranks of a distributed run, each rolling out its shard, sample exactly what one process would (up to
-    float noise in batched logits)."""
+    float noise in batched logits).
+
+    `keep_cache` keeps each trajectory's KV cache from one turn to the next, so a turn prefills only its new
+    tokens (`_KeptCache`); `keep_cache=False` re-prefills every conversation each turn (`generate_turn`), the
+    reference it is tested against. The two differ only by float noise in the logits."""
     was_training = model.training
     model.eval()
     if seeds is not None and len(seeds) != len(requests):
@@ -266,15 +376,24 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
             trajs.append(Trajectory(req.task, req.sample_index, req.experiences, ids.token_ids,
                                     ids.action_mask, ids.sample_logprobs, prompt_length=len(ids)))
         active = list(range(len(chunk)))
+        kept = _KeptCache(model, codec.pad_id) if keep_cache else None
         while active:
             embeds = (None if context_embedder is None
                       else [context_embedder(start + i, trajs[i].token_ids) for i in active])
-            turns = generate_turn(model, [trajs[i].token_ids for i in active], sampling=sampling,
-                                  stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                                  generator=generator if streams is None else [streams[start + i] for i in active],
-                                  context_embeds=embeds)
-            still = []
-            for i, (ids, lps) in zip(active, turns):
+            contexts = [trajs[i].token_ids for i in active]
+            turn_generator = generator if streams is None else [streams[start + i] for i in active]
+            if kept is None:
+                turns = generate_turn(model, contexts, sampling=sampling, stop_id=codec.im_end_id,
+                                      pad_id=codec.pad_id, generator=turn_generator, context_embeds=embeds)
+            else:
+                logits, attention, positions = (kept.first_turn(contexts, embeds, share_prompts=True)
+                                                if kept.attention is None else kept.next_turn(contexts, embeds))
+                turns, attention, fed = _decode(kept.step, logits, attention, positions, len(active),
+                                                sampling=sampling, stop_id=codec.im_end_id, pad_id=codec.pad_id,
+                                                generator=turn_generator)
+                kept.after_decode(attention, fed)
+            still, still_rows = [], []  # trajectories that play on, and their rows in this round's batch
+            for row, (i, (ids, lps)) in enumerate(zip(active, turns)):
                 traj, env = trajs[i], envs[i]
                 grow = TrajectoryIds(traj.token_ids, traj.action_mask, traj.sample_logprobs)
                 grow.add_action(ids, lps)
@@ -290,6 +409,9 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
                     _finish(traj, env, env.step(""), stop_reason="context_limit")  # empty answer closes it
                     continue
                 still.append(i)
+                still_rows.append(row)
+            if kept is not None and still:
+                kept.keep_rows(still_rows)
             active = still
         trajectories.extend(trajs)
         if progress is not None:

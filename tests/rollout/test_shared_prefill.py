@@ -31,7 +31,8 @@ def _play(model, codec, requests, sampling, *, shared: bool, per_row: bool):
     seeds = [100 + i for i in range(len(requests))] if per_row else None
     turn = partial(engine.generate_turn, share_prompts=shared)
     with mock.patch.object(engine, "generate_turn", turn):
-        return rollout(model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds)
+        return rollout(model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds,
+                       keep_cache=False)  # the path that calls generate_turn every turn
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
