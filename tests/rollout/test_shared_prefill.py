@@ -73,7 +73,11 @@ def test_only_identical_contexts_are_prefilled_once(tiny_model, tiny_tokenizer):
         turns = generate_turn(tiny_model, contexts, sampling=GREEDY, stop_id=codec.im_end_id, pad_id=codec.pad_id,
                               generator=torch.Generator().manual_seed(0))
     assert batches == [2]
-    assert turns[0] == turns[2] == turns[4] and turns[1] == turns[3]
+    # Rows that share a prompt decode the same ids; their log-probs agree to float noise, since identical rows
+    # at different places of one batched matmul may differ in the last bit (how much depends on the thread count).
+    for a, b in ((0, 2), (0, 4), (1, 3)):
+        assert turns[a][0] == turns[b][0]
+        torch.testing.assert_close(torch.tensor(turns[a][1]), torch.tensor(turns[b][1]), atol=1e-5, rtol=0)
 
     embed = tiny_model.get_input_embeddings()
     with torch.no_grad():
