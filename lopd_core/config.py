@@ -302,7 +302,7 @@ SAMPLED_KL_METHODS = ("skill_sd",)
 class LopdConfig:
     # Which method the loop trains (lopd_core/lopd/methods.py): LOPD, a baseline or an ablation.
     method: str = field(default="lopd", metadata=one_of(*METHOD_NAMES))
-    steps: int = field(default=24, metadata=positive())  # sized so `lopd cycle` fits 15 min on 2 cores
+    steps: int = field(default=64, metadata=positive())  # sized so `lopd cycle` fits 15 min on 2 cores
     tasks_per_step: int = field(default=8, metadata=positive())  # B
     samples_per_task: int = field(default=4, metadata=positive())  # G
     temperature: float = field(default=1.0, metadata=positive())  # rollout sampling temperature
