@@ -132,14 +132,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.compare:
-        a, b = (torch.load(f, weights_only=False) for f in args.compare)
+        a, b = (torch.load(f, weights_only=True) for f in args.compare)  # plain data: nothing is unpickled
         diffs = {name: largest_difference(a[name], b.get(name)) if name in b else None for name in a}
         print(json.dumps({"largest_difference": diffs, "same_bits": all(v == 0.0 for v in diffs.values())}, indent=2))
         return
     if not args.out:
         parser.error("give a file to save the fingerprint to, or --compare A B")
     with tempfile.TemporaryDirectory(prefix="lopd-fingerprint-") as tmp:
-        torch.save(fingerprint(tmp), args.out)
+        torch.save(trainer_mod.plain_data(fingerprint(tmp), "fingerprint"), args.out)
 
 
 if __name__ == "__main__":
