@@ -45,7 +45,14 @@ def use_config(envs) -> None:
 
 def installed() -> dict[str, str]:
     """Entry points of group ``lopd.envs``: name -> ``module:Class``."""
-    return {ep.name: ep.value for ep in entry_points(group=ENV_ENTRY_POINT_GROUP)}
+    return dict(_installed())
+
+
+@lru_cache(maxsize=1)
+def _installed() -> tuple[tuple[str, str], ...]:
+    # Read once a process: scanning package metadata costs milliseconds, and `make_env` resolves a plugin's
+    # name for every episode the rollout engine plays.
+    return tuple((ep.name, ep.value) for ep in entry_points(group=ENV_ENTRY_POINT_GROUP))
 
 
 def known_envs() -> dict[str, str]:
