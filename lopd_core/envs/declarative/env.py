@@ -8,13 +8,14 @@ Subclass it with a name, the tools and (usually) a task file; that is a complete
         task_file = Path(__file__).with_name("tasks.jsonl")
 
 A task's spec is ``{"state": {...}, "checks": [...]}`` (a task file line: task_files.py). The episode plays as
-toolworld's does, with the same text protocol (toolworld/tools.py ``parse_action``: one ``<tool_call>{"name",
-"arguments"}</tool_call>`` per turn, a message without a call is the final answer): a call is looked up in the
-class's explicit tool table, its arguments are validated against the tool's schema, and the function runs on the
-episode's own copy of the state; a malformed or failing call becomes an ``{"error": ...}`` observation and uses
-the turn. When the agent answers (or runs out of turns) the checks are evaluated on the final state and answer
-with toolworld's check language (toolworld/checks.py: paths into the state, eq / contains / count / has /
-present / absent, answer_contains / answer_eq; checks are data, never code), and the reward is the share passed.
+toolworld's does (toolworld/episode.py), with the same text protocol (toolworld/tools.py ``parse_action``: one
+``<tool_call>{"name", "arguments"}</tool_call>`` per turn, a message without a call is the final answer): a
+call is looked up in the class's explicit tool table, its arguments are validated against the tool's schema,
+and the function runs on the episode's own copy of the state; a malformed or failing call becomes an
+``{"error": ...}`` observation and uses the turn. When the agent answers (or runs out of turns) the checks are
+evaluated on the final state and answer with toolworld's check language (toolworld/checks.py: paths into the
+state, eq / contains / count / has / present / absent, answer_contains / answer_eq; checks are data, never
+code), and the reward is the share passed.
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
-from ..base import FirstObservation, StepResult, Task
+from ..base import FirstObservation, Task
 from ..task_files import file_splits, tasks_from_file
-from ..toolworld.checks import check_error, evaluate
-from ..toolworld.tools import ToolError, observation_text, parse_action, signature_text, validate_arguments
+from ..toolworld.checks import check_error
+from ..toolworld.episode import ToolEpisode
+from ..toolworld.tools import ToolError, signature_text, validate_arguments
 from .tools import Tool, tool_table
 
 SPEC_KEYS = ("state", "checks")
 
 
-class DeclarativeToolEnv:
+class DeclarativeToolEnv(ToolEpisode):
     name: ClassVar[str] = ""
     tools: ClassVar[tuple] = ()
     task_file: ClassVar[str | Path | None] = None  # JSON Lines; envs.task_files overrides it
@@ -84,44 +86,15 @@ class DeclarativeToolEnv:
 
     # ------------------------------------------------------------------ contract
     def __init__(self) -> None:
-        self._task: Task | None = None
+        super().__init__()
         self._state: dict = {}
-        self._turns = 0
-        self._done = False
-        self._episode: list[dict] = []
-        self.internal_errors: list[str] = []  # tool bugs caught in _dispatch
 
     def reset(self, task: Task) -> FirstObservation:
-        if self._task is not None:
-            raise RuntimeError(f"{type(self).__name__} is single-use: create a new instance per episode")
-        if task.env != self.name:
-            raise ValueError(f"task {task.task_id} is for env {task.env!r}, not {self.name!r}")
-        self._task = task
+        self._begin(task)
         self._state = copy.deepcopy(task.spec["state"])  # the task stays untouched by the episode
         listing = "tools: " + " ".join(signature_text(t.schema) for t in self._table.values())
         system = f"{self.system_intro.strip()}\n{listing}" if self.system_intro.strip() else listing
         return FirstObservation(system=system, user=task.instruction, tools=tuple(self.tool_schemas()))
-
-    def step(self, action: str) -> StepResult:
-        if self._task is None:
-            raise RuntimeError("step() before reset()")
-        if self._done:
-            raise RuntimeError("episode is over: step() after done")
-        self._turns += 1
-        kind, a, b = parse_action(action)
-        if kind == "answer":
-            return self._finish(action, None, "", None, "answer", answer=a)
-        call = {"name": a, "arguments": b} if kind == "call" else None
-        payload = {"error": a} if kind == "error" else self._dispatch(a, b)
-        observation, error = observation_text(payload), payload.get("error")
-        if self._turns >= self._task.max_turns:
-            return self._finish(action, call, observation, error, "turn_limit", answer=None)
-        self._record(action, call, observation, error)
-        return StepResult(observation=observation, reward=0.0, done=False, info={"error": error, "call": call})
-
-    @property
-    def episode(self) -> list[dict]:
-        return [dict(e) for e in self._episode]
 
     # ------------------------------------------------------------------ helpers
     def state(self) -> dict:
@@ -144,14 +117,3 @@ class DeclarativeToolEnv:
             self.internal_errors.append(f"{name}: {exc!r}")
             return {"error": "failed"}
         return {"result": result}
-
-    def _record(self, action, call, observation, error) -> None:
-        self._episode.append({"action": action, "call": call, "observation": observation, "error": error})
-
-    def _finish(self, action, call, observation, error, stop_reason, answer) -> StepResult:
-        self._record(action, call, observation, error)
-        self._done = True
-        passed, total = evaluate(self._task.spec["checks"], self._state, answer)
-        info = {"success": total > 0 and passed == total, "stop_reason": stop_reason, "checks_passed": passed,
-                "checks_total": total, "error": error, "call": call}
-        return StepResult(observation=observation, reward=passed / total if total else 0.0, done=True, info=info)
