@@ -126,8 +126,9 @@ def env_splits(name: str) -> tuple[str, ...]:
 def plugin_tasks(name: str, split: str, n: int, seed: int) -> list[Task]:
     """``n`` tasks of ``split`` for a plugin env, from its task file or its own ``make_tasks``."""
     cls = env_class(name)
-    if split not in env_splits(name):
-        raise ValueError(f"env {name!r} has no {split!r} tasks; its splits: {', '.join(env_splits(name))}")
+    splits = env_splits(name)
+    if split not in splits:
+        raise ValueError(f"env {name!r} has no {split!r} tasks; its splits: {', '.join(splits)}")
     if name in _task_files:
         return tasks_from_file(_task_files[name], name, split, n, seed, **_file_kwargs(cls))
     make = getattr(cls, "make_tasks", None)
