@@ -198,7 +198,7 @@ class StudentOld:
     @staticmethod
     def of(logprobs: Tensor, support_ids: Tensor, action_ids: Tensor) -> StudentOld:
         """logprobs (n, V) the student's detached log-softmax; support_ids (n, k); action_ids (n,)."""
-        return StudentOld(logprobs.gather(-1, support_ids), tail_logmass(logprobs, support_ids),
+        return StudentOld(logprobs.gather(-1, support_ids), L.tail_logsumexp(logprobs, support_ids),
                           logprobs.gather(-1, action_ids[:, None]).squeeze(-1))
 
 
@@ -224,7 +224,7 @@ def score_teacher(lm, token_ids: list[list[int]], action_masks: list[list[int]],
     action_lp = logprobs.gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
     entropy_sum = float(-(detached.exp() * detached).sum())
     return TeacherScores(action_ids, rows, logits if keep_logits else None, logprobs.gather(-1, top_ids),
-                         tail_logmass(logprobs, top_ids), action_lp, top_lp, top_ids, entropy_sum)
+                         L.tail_logsumexp(logprobs, top_ids), action_lp, top_lp, top_ids, entropy_sum)
 
 
 # ---- step 3: the student ------------------------------------------------------------------------------------
@@ -294,16 +294,6 @@ def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: Stud
 
 
 # ---- step 4: the composer -----------------------------------------------------------------------------------
-
-
-def tail_logmass(logprobs: Tensor, support_ids: Tensor) -> Tensor:
-    """Log of the mass outside `support_ids`, (n, V) normalised log-probs -> (n,).
-
-    The tail half of L.topk_support_logprobs minus its log-softmax, because the step already holds the
-    log-softmax of both models' logits and reuses it (one (n, V) pass per model instead of three). Same guards:
-    a finite fill rather than −inf for the support, the clamp at log(TAIL_FLOOR).
-    """
-    return L.tail_logsumexp(logprobs, support_ids)
 
 
 @dataclass

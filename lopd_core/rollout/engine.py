@@ -267,10 +267,10 @@ class _KeptCache:
         self.consumed: list[int] = []  # per row, how many of its context ids the cache holds
         self.embedded: list[int] = []  # per row, how many input positions its context's embeddings had
 
-    def first_turn(self, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None, *,
-                   share_prompts: bool):
+    def first_turn(self, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None):
+        """Prefill the whole contexts (each distinct one once, then forked); returns what `_decode` starts from."""
         logits, attention, positions = _prefill(self.step, self.cache, contexts, context_embeds,
-                                                share_prompts=share_prompts, pad_id=self.pad_id, device=self.device)
+                                                share_prompts=True, pad_id=self.pad_id, device=self.device)
         self.attention = attention
         self.next_pos = (positions[:, -1] + 1).tolist()
         self.consumed = [len(c) for c in contexts]
@@ -386,7 +386,7 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
                 turns = generate_turn(model, contexts, sampling=sampling, stop_id=codec.im_end_id,
                                       pad_id=codec.pad_id, generator=turn_generator, context_embeds=embeds)
             else:
-                logits, attention, positions = (kept.first_turn(contexts, embeds, share_prompts=True)
+                logits, attention, positions = (kept.first_turn(contexts, embeds)
                                                 if kept.attention is None else kept.next_turn(contexts, embeds))
                 turns, attention, fed = _decode(kept.step, logits, attention, positions, len(active),
                                                 sampling=sampling, stop_id=codec.im_end_id, pad_id=codec.pad_id,

@@ -90,14 +90,14 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
         assert out_b["diagnostics"][k] == pytest.approx(out_a["diagnostics"][k], rel=1e-5, abs=1e-6), k
 
 
-def test_tail_logmass_is_the_tail_of_topk_support_logprobs():
+def test_tail_logsumexp_is_the_tail_of_topk_support_logprobs():
     torch.manual_seed(0)
     logits = torch.randn(5, 40) * 3
     ids = logits.topk(6, dim=-1).indices
     support, tail = L.topk_support_logprobs(logits, ids)
     lp = torch.log_softmax(logits, -1)
     torch.testing.assert_close(lp.gather(-1, ids), support)
-    torch.testing.assert_close(step_mod.tail_logmass(lp, ids), tail)
+    torch.testing.assert_close(L.tail_logsumexp(lp, ids), tail)
 
 
 def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whole(tiny_model, tiny_tokenizer,

@@ -111,7 +111,7 @@ def test_composer_terms_from_reductions_equal_the_terms_from_full_log_probs():
         x = teacher_logits.clone().requires_grad_(True)
         t_lp = torch.log_softmax(x, -1)
         if reduced:
-            scores = S.TeacherScores(action_ids, rows, None, t_lp.gather(-1, top_ids), S.tail_logmass(t_lp, top_ids),
+            scores = S.TeacherScores(action_ids, rows, None, t_lp.gather(-1, top_ids), L.tail_logsumexp(t_lp, top_ids),
                                      t_lp.gather(-1, action_ids[:, None]).squeeze(-1), t_lp.detach().gather(-1, top_ids),
                                      top_ids, 0.0)
             terms = S.composer_terms(scores, S.StudentOld.of(s_lp, top_ids, action_ids), advantage)
