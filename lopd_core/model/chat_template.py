@@ -35,6 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from lopd_core.envs.toolworld.tools import parse_action
 from lopd_core.model.chat import EXP_END, EXP_START, TOOL_CALL, TOOL_CALL_END, TrajectoryIds, experience_block
 
 PROBE_SYSTEM = "tools: probe_tool(probe_arg)"
@@ -57,7 +58,7 @@ def toolworld_schemas(system: str) -> list[dict] | None:
     hands the rollout only its system text, so this is where the schemas behind it are found again."""
     if not system.startswith("tools: "):
         return None
-    from lopd_core.envs import DOMAINS, tool_schemas  # the model layer reads the envs only here
+    from lopd_core.envs import DOMAINS, tool_schemas
 
     known = {s["name"]: s for domain in DOMAINS for s in tool_schemas(domain)}
     names = [signature.split("(", 1)[0] for signature in system[len("tools: "):].split()]
@@ -70,21 +71,6 @@ def tool_call_message(name: str, arguments: dict) -> dict:
     """An assistant message carrying one tool call, in the structured form chat templates read."""
     return {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
-
-
-def parse_canonical_call(text: str) -> tuple[str, dict] | None:
-    """(name, arguments) of an action in the environment's syntax; None for an answer or a malformed call."""
-    start, end = text.find(TOOL_CALL), text.find(TOOL_CALL_END)
-    if start < 0 or end < start:
-        return None
-    try:
-        payload = json.loads(text[start + len(TOOL_CALL):end])
-    except ValueError:
-        return None
-    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return None
-    arguments = payload.get("arguments", {})
-    return (payload["name"], arguments) if isinstance(arguments, dict) else None
 
 
 @dataclass(frozen=True)
@@ -204,8 +190,8 @@ class TemplateChat:
     def action_ids(self, action_text: str) -> list[int]:
         """Ids of a demonstration action in the model's syntax, closed with the end token (warm start and
         tests, not rollouts): what the template renders for that assistant message."""
-        call = parse_canonical_call(action_text) if self.renders_tool_calls else None
-        message = (tool_call_message(*call) if call is not None
+        kind, name, arguments = parse_action(action_text) if self.renders_tool_calls else ("answer", None, None)
+        message = (tool_call_message(name, arguments) if kind == "call"
                    else {"role": "assistant", "content": action_text})
         ids = self._render(self._probe_messages() + [message])
         if ids[:len(self._probe_prompt)] != self._probe_prompt:
