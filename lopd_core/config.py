@@ -11,6 +11,7 @@ so `true`, `3`, `[a, b]` keep their types).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -144,9 +145,16 @@ class ModelConfig:
 def installed_env_plugins() -> dict[str, str]:
     """Environments installed packages register (entry points of group `lopd.envs`): name -> `module:Class`.
     Reads package metadata only; nothing is imported until an environment is used."""
+    return dict(_installed_env_plugins())
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_env_plugins() -> tuple[tuple[str, str], ...]:
+    # Read once a process: scanning package metadata costs milliseconds, and the environment registry resolves
+    # a plugin's name for every episode the rollout engine plays.
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=ENV_ENTRY_POINT_GROUP)}
+    return tuple((ep.name, ep.value) for ep in entry_points(group=ENV_ENTRY_POINT_GROUP))
 
 
 _PLUGIN_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import importlib
 from functools import lru_cache
-from importlib.metadata import entry_points
 
+from lopd_core.config import installed_env_plugins
 from lopd_core.names import BUILTIN_ENVS, ENV_ENTRY_POINT_GROUP
 
 from .base import SPLITS, Task
@@ -44,15 +44,8 @@ def use_config(envs) -> None:
 
 
 def installed() -> dict[str, str]:
-    """Entry points of group ``lopd.envs``: name -> ``module:Class``."""
-    return dict(_installed())
-
-
-@lru_cache(maxsize=1)
-def _installed() -> tuple[tuple[str, str], ...]:
-    # Read once a process: scanning package metadata costs milliseconds, and `make_env` resolves a plugin's
-    # name for every episode the rollout engine plays.
-    return tuple((ep.name, ep.value) for ep in entry_points(group=ENV_ENTRY_POINT_GROUP))
+    """Entry points of group ``lopd.envs``: name -> ``module:Class`` (read once a process)."""
+    return installed_env_plugins()
 
 
 def known_envs() -> dict[str, str]:
