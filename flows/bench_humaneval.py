@@ -12,9 +12,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from flows.bench import Benchmark, register
+from lopd_core.outputs import write_file
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -72,8 +72,7 @@ def _score_and_write(params, args, problems, predictions, source: str) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     out = merge_metrics(args.out or params.eval.out, "humaneval", summary)
     if args.details:
-        Path(args.details).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.details).write_text("".join(json.dumps(d) + "\n" for d in details))
+        write_file(args.details, "".join(json.dumps(d) + "\n" for d in details))
     print(json.dumps({"humaneval": summary, "metrics": str(out)}, indent=2))
     return 0
 
@@ -104,9 +103,7 @@ def run_cmd(params, args) -> int:
     temperature = args.temperature if args.temperature is not None else (0.0 if args.samples == 1 else 0.8)
     rows = generate_completions(model, tokenizer, problems, samples=args.samples, temperature=temperature,
                                 max_new_tokens=args.max_new_tokens, seed=params.seed)
-    out = Path(args.predictions_out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_file(args.predictions_out, "".join(json.dumps(r) + "\n" for r in rows))
     return _score_and_write(params, args, problems, rows, f"model:{args.model or model_cfg.name_or_path or model_cfg.base_dir}")
 
 

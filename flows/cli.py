@@ -83,6 +83,9 @@ def cmd_evaluate(params: Params, args) -> int:
     from lopd_core.evaluation import evaluate, write_metrics
     from lopd_core.model.loading import load_policy
 
+    from lopd_core.outputs import file_target
+
+    file_target(args.out or params.eval.out)  # a folder, FIFO or device is refused before minutes of evaluation
     started = time.perf_counter()
     if args.task_runner:  # the shards as mapped Prefect tasks (flows/evaluate_sharded.py); same eval.json
         from flows.evaluate_sharded import run_sharded

@@ -146,9 +146,8 @@ def evaluate(model, tokenizer, params: Params, log=print) -> dict:
 
 
 def write_metrics(results: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=True))
-    tmp.replace(path)
-    return path
+    """Write eval.json atomically; only a regular file or a missing path is written (lopd_core/outputs.py)."""
+    from lopd_core.outputs import write_file
+
+    write_file(path, json.dumps(results, indent=2, sort_keys=True))
+    return Path(path)

@@ -10,10 +10,13 @@ lineage as `lineage.json` for machines.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from lopd_core.config import RolloutConfig
+from lopd_core.outputs import publish_folder
+
+# Left in every export: a later `lopd export` may replace a folder holding it, and no other non-empty folder.
+EXPORT_MARKER = ".lopd-export"
 
 
 def _load_merged(source: Path):
@@ -102,24 +105,27 @@ def model_card(name: str, student_eval: dict | None, base_eval: dict | None, lin
 def export_checkpoint(source: str | Path, out_dir: str | Path, *, rollout: RolloutConfig,
                       student_eval: dict | None = None, base_eval: dict | None = None,
                       lineage: dict | None = None, name: str = "lopd-student") -> Path:
-    """Write the clean checkpoint of `source` to `out_dir` (replaced as a whole: no stale files survive)."""
+    """Write the clean checkpoint of `source` to `out_dir`, replaced as a whole so that no stale file survives.
+
+    `out_dir` must be missing, empty or a previous export (outputs.publish_folder): a folder of anything else is
+    refused before any work, never emptied."""
     from transformers import AutoTokenizer
+
+    from lopd_core.outputs import check_folder
 
     source, out = Path(source), Path(out_dir)
     if not (source / "config.json").exists() and not (source / "adapter_config.json").exists():
         raise FileNotFoundError(f"no model to export at {source}: run `lopd distill` first (or pass --model)")
+    check_folder(out, EXPORT_MARKER, "an export")  # before loading the model: a refusal costs nothing
     model = _load_merged(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    staging = out.with_name(out.name + ".staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    model.generation_config = _generation_config(model, tokenizer, rollout)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
     lineage = dict(lineage or {})
-    (staging / "lineage.json").write_text(json.dumps(lineage, indent=2, default=str))
-    (staging / "README.md").write_text(model_card(name, student_eval, base_eval, lineage))
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
-    return out
+
+    def fill(staging: Path) -> None:
+        model.generation_config = _generation_config(model, tokenizer, rollout)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "lineage.json").write_text(json.dumps(lineage, indent=2, default=str))
+        (staging / "README.md").write_text(model_card(name, student_eval, base_eval, lineage))
+
+    return publish_folder(out, EXPORT_MARKER, "an export", fill)

@@ -17,6 +17,13 @@ from pathlib import Path
 import pandas as pd
 
 from lopd_core.export import eval_rows
+from lopd_core.outputs import OutputPathError, check_folder, mark_folder, write_file
+
+# Left in every report folder: a later report may write into a folder holding it, and no other non-empty folder.
+REPORT_MARKER = ".lopd-report"
+# What write_report itself writes: a folder holding only these (from before the marker existed) is ours too.
+REPORT_FILES = {"index.html", "reward_success.png", "delta_margin.png", "beta.png", "kl_entropy.png",
+                "delta_margin.csv", "eval.png", REPORT_MARKER}
 
 
 @dataclass(frozen=True)
@@ -186,9 +193,16 @@ th{background:#f3f3f3}figure{margin:10px 0}img{max-width:100%}figcaption{font-si
 
 def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str | Path, *,
                  title: str = "LOPD report", summary: list[tuple[str, str]] = ()) -> Path:
-    """Write out_dir/index.html and its PNGs; return the HTML path. Missing CSVs are skipped, not fatal."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write out_dir/index.html and its PNGs; return the HTML path. Missing CSVs are skipped, not fatal.
+
+    `out_dir` must be missing, empty or a report folder of ours (outputs.check_folder): `--out /` or a folder of
+    the user's is refused before anything is written into it."""
+    out = check_folder(out_dir, REPORT_MARKER, "a report", REPORT_FILES)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot create the report folder {out_dir}: {exc.strerror}") from exc
+    mark_folder(out, REPORT_MARKER)
     data = _read(runs)
     sections = [f"<h1>{html.escape(title)}</h1>"]
     if summary:
@@ -216,6 +230,4 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
     page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(sections)}"
             "<p class=\"note\">Self-contained: images are inlined; no network access needed.</p></body></html>")
-    path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_file(out / "index.html", page)

@@ -51,9 +51,11 @@ def merge_metrics(path: str | Path, benchmark: str, scores: dict, *, under: str 
                   finish=None) -> Path:
     """Read-modify-write metrics/eval.json: each key of `scores` replaces the same key of the benchmark's
     section (of `section[under]` when given, e.g. a language); `finish(section)` may then add summaries."""
+    from lopd_core.outputs import file_target, write_file
+
     path = Path(path)
     current: dict = {}
-    if path.exists():
+    if file_target(path).exists():
         text = path.read_text()
         current = json.loads(text) if text.strip() else {}
         if not isinstance(current, dict):
@@ -67,10 +69,7 @@ def merge_metrics(path: str | Path, benchmark: str, scores: dict, *, under: str 
     if finish is not None:
         finish(target)
     current[benchmark] = section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(current, indent=2, sort_keys=True, ensure_ascii=False))
-    tmp.replace(path)
+    write_file(path, json.dumps(current, indent=2, sort_keys=True, ensure_ascii=False))
     return path
 
 

@@ -35,6 +35,14 @@ from lopd_core.model.drills import build_drills, encode_drill
 from lopd_core.model.loading import tiny_qwen3
 from lopd_core.model.muon import StackedMuon
 from lopd_core.model.tokenizer import train_tokenizer
+from lopd_core.outputs import check_folder, publish_folder
+
+# Left in every built base: a later `lopd base` may replace a folder holding it, and no other non-empty folder.
+BASE_MARKER = ".lopd-base"
+# What a base folder holds: one holding only these (built before the marker existed) is an earlier base too.
+BASE_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+              "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "build_report.json",
+              BASE_MARKER}
 
 
 @dataclass
@@ -168,6 +176,9 @@ def train_step(model, optimizers: list[torch.optim.Optimizer], batch: list[Traje
 
 
 def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
+    """Build the embedded base into `out_dir`, swapped in whole once saved (lopd_core/outputs.py): a missing or
+    empty folder or an earlier base is replaced; any other folder is refused before the minutes of training."""
+    check_folder(out_dir, BASE_MARKER, "a base", BASE_FILES)
     t0 = time.perf_counter()
     ws, tiny = params.model.warmstart, params.model.tiny
     torch.manual_seed(params.seed)
@@ -237,19 +248,21 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
             break
     seconds_train = time.perf_counter() - t_train
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     model.eval()
     model.generation_config = GenerationConfig(
         eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id, do_sample=False, max_new_tokens=64
     )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     report = BaseBuildReport(
         demos=n_demos, drills=len(drills), demo_tokens=demo_tokens, action_tokens=action_tokens, parameters=n_params,
         steps=step, epochs_done=round(step / len(batches), 3), final_loss=round(loss_ema, 4),
         seconds_demos=round(t_demos, 1), seconds_train=round(seconds_train, 1),
-        seconds_total=round(time.perf_counter() - t0, 1), out_dir=str(out),
+        seconds_total=round(time.perf_counter() - t0, 1), out_dir=str(out_dir),
     )
-    (out / "build_report.json").write_text(json.dumps(asdict(report), indent=2))
+
+    def fill(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "build_report.json").write_text(json.dumps(asdict(report), indent=2))
+
+    publish_folder(out_dir, BASE_MARKER, "a base", fill, BASE_FILES)
     return report
