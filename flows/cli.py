@@ -73,16 +73,16 @@ def cmd_distill(params: Params, args) -> int:
 
     summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=_log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
-        _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}, "
+        _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}"
+             f"{' (beta_unbounded: kept growing)' if summary.get('beta_unbounded') else ''}, margin m "
+             f"{'unpriced' if summary['margin'] is None else format(summary['margin'], '.4g')}, "
              f"{summary['skipped_updates']} skipped updates; student at {summary['student']}")
     return 0
 
 
 def cmd_evaluate(params: Params, args) -> int:
-    from lopd_core.benchmarks.suite import run_benchmarks
-    from lopd_core.evaluation import evaluate, write_metrics
+    from lopd_core.evaluation import evaluate_stage, write_metrics
     from lopd_core.model.loading import load_policy
-
     from lopd_core.outputs import file_target
 
     file_target(args.out or params.eval.out)  # a folder, FIFO or device is refused before minutes of evaluation
@@ -97,8 +97,7 @@ def cmd_evaluate(params: Params, args) -> int:
         path = args.out or params.eval.out
     else:
         model, tokenizer = load_policy(params.model)
-        results = evaluate(model, tokenizer, params, log=_log)
-        results.update(run_benchmarks(model, tokenizer, params, log=_log))  # eval.benchmarks; none by default
+        results = evaluate_stage(model, tokenizer, params, log=_log)  # eval.benchmarks too; none by default
         path = write_metrics(results, args.out or params.eval.out)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(json.dumps(results, indent=2, sort_keys=True))

@@ -8,7 +8,9 @@ The recipe:
   3. learning rates: with more than one value in the preset's grid, every method is tuned on the same grid, on
      `tune_seed` in `tune_world` and validation tasks (train split, never test), at `tune_budget_fraction` of
      the budget;
-  4. one run per (method, world, seed) at the tuned rate, mapped over a Prefect task;
+  4. one run per (method, world, seed) at the tuned rate, mapped over a Prefect task: the cycle's distill stage
+     function (`run_lopd`: the growing bank in a copy per run, checkpoints, the exported student) and the cycle's
+     evaluation of that student on every environment of `envs.mix` (lopd_core/compare/run.py);
   5. reports/compare.md, compare.png, compare.json (lopd_core/compare/report.py).
 MLflow: one parent run, a child run per (method, seed) (and per tuning run) with the distill CSV's columns as
 step metrics, the held-out curve as metrics stepped by rollouts, and the final evaluation.
@@ -79,7 +81,8 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
     bank = banks.get(pair) if spec.uses_bank else None
     phi0 = phi0s.get(pair) if spec.needs_composer else None
     sections = {"seed": seed, "world": world, "method": method, "lr": lr, "budget": budget,
-                "lopd": S.section(p, "lopd"), "envs": p.envs,
+                "lopd": S.section(p, "lopd"), "envs": p.envs, "eval": S.section(p, "eval"),
+                "bench": S.section(p, "bench"),
                 "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer, "bank": S.section(p, "bank"),
                 "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]}
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
@@ -122,8 +125,9 @@ def _log_child(tracker: Tracker, parent: str, job: dict, summary: dict) -> None:
     for point in summary["curve"]:
         tracker.log_metrics(run, {f"curve.test_id.{k}": v for k, v in point.items()
                                   if k not in ("step", "rollouts")}, step=int(point["rollouts"]))
-    tracker.log_metrics(run, {**eval_metrics({"toolworld": summary["final"]}),
+    tracker.log_metrics(run, {**eval_metrics(json.loads(Path(summary["eval"]).read_text())),
                               "compare.rollouts": summary["rollouts"], "compare.steps": summary["steps"],
+                              "compare.bank_added": summary["bank"]["added"],
                               "compare.train_seconds": summary["train_seconds"],
                               "compare.eval_seconds": summary["eval_seconds"]})
     tracker.log_artifact(run, summary["csv"])
@@ -188,6 +192,9 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
         bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per replicate, charged to the methods "
                      f"that read the bank (its own successes only; the composer's cold start read "
                      f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)" if banks else "not used")
+        if banks and params.bank.refresh_every > 0:
+            bank_note += (f"; grown during each run by the student's successes every {params.bank.refresh_every} "
+                          "steps, in the run's own copy (the methods that retrieve the nearest, as in the cycle)")
         settings = [("command", f"`{command}`"), ("preset", params.compare.preset),
                     ("methods", ", ".join(preset.methods)),
                     ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),

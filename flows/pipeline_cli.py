@@ -80,7 +80,8 @@ def cmd_report(params: Params, args) -> int:
     from lopd_core.lopd.methods import resolve_method
     from lopd_core.report import EvalColumn, TrainingRun, write_report
 
-    trained_margin = resolve_method(params.lopd, params.baselines).margin  # the method's m, as the run used it
+    # the method's m, as the run used it; None under `lopd.margin: auto` (the report reads the CSV's margin column)
+    trained_margin = resolve_method(params.lopd, params.baselines).margin
     read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
     history_path = Path(params.cycle.dir) / "history.json"
     if args.cycles:

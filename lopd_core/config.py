@@ -73,6 +73,16 @@ def one_of(*choices):
     return _check(lambda v: v in choices, "one of " + ", ".join(map(repr, choices)))
 
 
+MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/lopd/margin.py)
+
+
+def margin_value():
+    """`auto`, or a number in [0, 10] (nats per action token: a huge one is a typo, not a choice)."""
+    return _check(lambda v: v == MARGIN_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 and 0.0 <= v <= 10.0),
+                  f"{MARGIN_AUTO!r} or a number in [0, 10]")
+
+
 def subset_of(*choices):
     return _check(lambda v: len(v) > 0 and set(v) <= set(choices), "a non-empty list of " + ", ".join(choices))
 
@@ -128,6 +138,9 @@ class WarmStartConfig:
     # Share of the forced positions that loss is estimated on each step (random): most of its cost is the output
     # head over the vocabulary at every position.
     context_loss_fraction: float = field(default=0.33, metadata=fraction())
+    # Loss weight of an action token that copies a value (word or number) already in the context, against 1 for
+    # the call syntax around it: the copies decide a task, the syntax is learned early (warmstart.py).
+    copy_weight: float = field(default=1.0, metadata=positive())
 
 
 @dataclass
@@ -304,6 +317,10 @@ class ColdStartConfig:
 # these agree with it (plain data here: the config imports nothing of the library).
 POLICY_GRADIENT_METHODS = ("grpo", "skill_sd")
 SAMPLED_KL_METHODS = ("skill_sd",)
+# Methods whose own w of the top-k loss (1 − w)·reverse + w·forward KL is above 0 (lopd.kl_mix), and of them the
+# one whose w is fixed at 1 (the pure forward KL): plain data as above, checked against methods.py the same way.
+KL_MIX_METHODS = ("lopd_forward_kl", "lopd_mixed_kl")
+FORWARD_KL_METHODS = ("lopd_forward_kl",)
 
 
 @dataclass
@@ -320,12 +337,21 @@ class LopdConfig:
     lr_composer: float = field(default=1e-4, metadata=in_range(0.0, 1.0, open_low=True))
     student_loss: str = field(default="topk", metadata=one_of("topk", "full", "sampled"))
     top_k: int = field(default=20, metadata=positive())
+    # w of the top-k student loss (1 − w)·KL(p_S ‖ p_T) + w·KL(p_T ‖ p_S): 0 = the pure reverse KL (the paper's).
+    # Left at 0, lopd_mixed_kl takes 0.5 and lopd_forward_kl 1 (lopd_core/lopd/methods.py kl_mix_of).
+    kl_mix: float = field(default=0.0, metadata=fraction())
     # Truncated importance weight min(p_S(a) / p_sample(a), importance_cap) on the sampled-token reverse KL
     # (student_loss: sampled; Skill-SD's KL term), for rollouts drawn at temperature != 1 or top-p < 1. Only
     # that estimator depends on the sampled token: with topk / full it is rejected (check below).
     importance_weight: bool = False
     importance_cap: float = field(default=2.0, metadata=positive())
-    margin: float = field(default=0.05, metadata=in_range(-10.0, 10.0))  # m, in nats per token
+    # m of the constraint δ̄ ≥ m, in nats per action token of the teacher's advantage on the student's own tokens;
+    # or `auto`: priced before the first step as margin_fraction × the gap the initial teacher (φ0's latents)
+    # shows on the bank's successes, 0 where it shows none (lopd_core/lopd/margin.py). Kept in the checkpoint: a
+    # resumed run does not re-price. A method's own margin still wins (lopd_no_margin: 0).
+    margin: float | str = field(default=0.05, metadata=margin_value())
+    # With margin: auto, the share of that gap m asks the composer to hold (1: all that privilege shows at φ0).
+    margin_fraction: float = field(default=0.5, metadata=in_range(0.0, 1.0, open_low=True))
     anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
     beta_lr: float = field(default=0.5, metadata=non_negative())  # η_β
     beta_init: float = field(default=0.0, metadata=non_negative())  # β_0
@@ -377,10 +403,28 @@ class LopdConfig:
             raise ConfigError(f"lopd.importance_weight: got true with lopd.method={self.method!r} and "
                               f"lopd.student_loss={self.student_loss!r}, expected false: the weight applies to the "
                               f"sampled-token reverse KL only (lopd.student_loss=sampled), and {why}")
+        ok, expected = margin_value()["check"]
+        if not ok(self.margin):  # (checked at load too; here also for a section built by hand)
+            raise ConfigError(f"lopd.margin: got {self.margin!r}, expected {expected}")
+        self._check_kl_mix()
         if self.teacher_micro_batch > 0 and not self.low_memory:
             raise ConfigError(f"lopd.teacher_micro_batch: got {self.teacher_micro_batch} with lopd.low_memory=false, "
                               "expected 0: teacher passes inside a chunk are part of the low-memory order "
                               "(set lopd.low_memory=true)")
+
+    def _check_kl_mix(self) -> None:
+        """lopd.kl_mix weighs the top-k distillation loss: meaningless with GRPO's loss or another student loss."""
+        mixes = self.kl_mix > 0 or self.method in KL_MIX_METHODS
+        if mixes and self.method in POLICY_GRADIENT_METHODS:
+            raise ConfigError(f"lopd.kl_mix: got {self.kl_mix:g} with lopd.method={self.method!r}, expected 0: the "
+                              "forward/reverse mix weighs a distillation loss, and this method's loss is GRPO's")
+        if mixes and self.student_loss != "topk":
+            raise ConfigError(f"lopd.student_loss: got {self.student_loss!r} with lopd.method={self.method!r} and "
+                              f"lopd.kl_mix={self.kl_mix:g}, expected 'topk': the forward KL is taken on the "
+                              "teacher's top-k + tail buckets (the sampled-token estimator has no forward form)")
+        if self.method in FORWARD_KL_METHODS and 0 < self.kl_mix < 1:
+            raise ConfigError(f"lopd.kl_mix: got {self.kl_mix:g} with lopd.method={self.method!r}, expected 0 or 1: "
+                              "that method is the pure forward KL; for a mix use lopd.method=lopd_mixed_kl")
 
 
 @dataclass
@@ -396,6 +440,15 @@ class BaselinesConfig:
     ema_decay: float = field(default=0.9, metadata=fraction())  # EMA teacher: θ_ema ← d·θ_ema + (1 − d)·θ
     sharpen_temperature: float = field(default=0.5, metadata=positive())  # the sharpened-teacher control
     rl_weight: float = field(default=1.0, metadata=non_negative())  # lopd_rl: weight of the GRPO term
+    # lopd_then_grpo: the share of lopd.steps trained as LOPD before the same student goes on with GRPO.
+    switch_fraction: float = field(default=0.5, metadata=fraction())
+    # lopd_gated_refresh: every refresh_check_every steps, student and teacher base play refresh_check_n train-split
+    # tasks of the deployment worlds greedily without experience (the same tasks at every check, their own seed
+    # stream); θ̄ ← student only where the student's refresh_metric beats the teacher base's by > refresh_min_gain.
+    refresh_check_every: int = field(default=16, metadata=positive())
+    refresh_check_n: int = field(default=16, metadata=positive())
+    refresh_min_gain: float = field(default=0.0, metadata=in_range(0.0, 1.0))
+    refresh_metric: str = field(default="success", metadata=one_of("success", "reward"))
 
 
 @dataclass
@@ -563,8 +616,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _coerce(value, inner, key)
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        errors = []
+        for candidate in inner:  # the first type that takes the value (`float | str`: a number before a word)
+            try:
+                return _coerce(value, candidate, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]  # what the first type expected (e.g. a finite number), naming the key and the value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as a string

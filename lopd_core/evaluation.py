@@ -145,6 +145,17 @@ def evaluate(model, tokenizer, params: Params, log=print) -> dict:
     return assemble(shards, [evaluate_shard(model, tokenizer, params, s, log=log) for s in shards])
 
 
+def evaluate_stage(model, tokenizer, params: Params, log=print) -> dict:
+    """The evaluate stage's results, as eval.json holds them: every environment of the mix (`evaluate`) and a
+    section per benchmark of `eval.benchmarks` (none by default). `lopd evaluate`, the cycle's evaluate stage
+    and `lopd compare`'s final evaluation call this one function."""
+    from lopd_core.benchmarks.suite import run_benchmarks
+
+    results = evaluate(model, tokenizer, params, log=log)
+    results.update(run_benchmarks(model, tokenizer, params, log=log))
+    return results
+
+
 def write_metrics(results: dict, path: str | Path) -> Path:
     """Write eval.json atomically; only a regular file or a missing path is written (lopd_core/outputs.py)."""
     from lopd_core.outputs import write_file

@@ -13,7 +13,8 @@ Imports nothing.
 # lopd_core/lopd/methods.py: METHOD_NAMES (the order is the order reports list them in)
 METHOD_NAMES = (
     "lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience", "lopd_frozen_composer", "lopd_no_margin",
-    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval", "lopd_rl",
+    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval", "lopd_rl", "lopd_then_grpo",
+    "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl",
 )
 
 # lopd_core/benchmarks/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)

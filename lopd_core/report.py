@@ -28,11 +28,13 @@ REPORT_FILES = {"index.html", "reward_success.png", "delta_margin.png", "beta.pn
 
 @dataclass(frozen=True)
 class TrainingRun:
-    """One distillation run: a label ("cycle 2"), its per-step CSV and the margin m it was trained with."""
+    """One distillation run: a label ("cycle 2"), its per-step CSV and the margin m it was trained with (None:
+    `lopd.margin: auto`, priced by the run). The CSV's `margin` column, where it has one, is the m in force at
+    each step and is what the report draws; `margin` is for CSVs written before the column existed."""
 
     label: str
     csv: Path
-    margin: float
+    margin: float | None
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,35 @@ def plot_reward_success(data, path: Path) -> Path:
     return _save(fig, path)
 
 
+def margins(run: TrainingRun, frame: pd.DataFrame) -> pd.Series:
+    """The m in force at each step: the CSV's `margin` column where it has one (a priced margin is only known
+    there), else the run's margin (NaN where neither says)."""
+    if "margin" in frame and frame["margin"].notna().any():
+        return frame["margin"].astype(float)
+    return pd.Series(float("nan") if run.margin is None else float(run.margin), index=frame.index)
+
+
+def _margin_label(m: pd.Series) -> str:
+    values = m.dropna().unique()
+    if len(values) == 0:
+        return "–"
+    return f"{values[0]:g}" if len(values) == 1 else f"{values.min():g}…{values.max():g}"
+
+
 def plot_delta_margin(data, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6))
     for run, frame in data:
         line = ax.plot(frame["step"], frame["delta"], marker=".", label=f"δ̄ {run.label}")[0]
-        ax.axhline(run.margin, linestyle="--", color=line.get_color(), alpha=0.7, label=f"margin m = {run.margin:g}")
+        m = margins(run, frame)
+        if m.notna().any():  # per step: the margin in force (priced once under `lopd.margin: auto`)
+            ax.plot(frame["step"], m, linestyle="--", drawstyle="steps-post", color=line.get_color(), alpha=0.7,
+                    label=f"margin m = {_margin_label(m)}")
+        for part, style, what in (("delta_success", (0, (1, 1)), "successes"),
+                                  ("delta_failure", (0, (4, 2, 1, 2)), "failures")):
+            if part in frame and frame[part].notna().any():  # δ̄'s parts (NaN: no such trajectory that step)
+                ax.plot(frame["step"], frame[part], linestyle=style, color=line.get_color(), alpha=0.5,
+                        label=f"δ on {what} {run.label}")
     ax.set(title="privileged margin δ̄ against the margin line m (β rises while δ̄ < m)", xlabel="step",
            ylabel="δ̄")
     ax.grid(alpha=0.3)
@@ -180,7 +205,7 @@ def _final_rows(data) -> list[list[str]]:
         last = frame.iloc[-1]
         rows.append([run.label, str(int(last["step"])), str(int(last["rollouts"])), f"{last['reward_mean']:.3f}",
                      f"{last['success_rate']:.3f}", f"{last['beta']:.4f}", f"{frame['delta'].mean():+.4f}",
-                     f"{run.margin:g}"])
+                     _margin_label(margins(run, frame))])
     return rows
 
 
@@ -218,7 +243,8 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
         ]
         sections.append("<h2>Training curves</h2>" + "".join(_img(p, alt) for p, alt in figures))
         margin_rows = [pd.DataFrame({"run": run.label, "step": frame["step"], "rollouts": frame["rollouts"],
-                                     "delta": frame["delta"], "margin": run.margin}) for run, frame in data]
+                                     "delta": frame["delta"], "margin": margins(run, frame)})
+                       for run, frame in data]
         pd.concat(margin_rows).to_csv(out / "delta_margin.csv", index=False)
     else:
         sections.append('<p class="note">No training curves yet (no distill CSV found).</p>')

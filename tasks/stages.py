@@ -115,16 +115,14 @@ def distill_task(stage: str, key: str, work: str, params: Params, policy: str, b
 @task(name="evaluate", **CACHED)
 def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -> dict:
     """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout)."""
-    from lopd_core.benchmarks.suite import run_benchmarks
-    from lopd_core.evaluation import evaluate, write_metrics
+    from lopd_core.evaluation import evaluate_stage, write_metrics
     from lopd_core.model.loading import load_policy
 
     out = _fresh(work)
     p = with_paths(params, model__name_or_path=model)
     policy, tokenizer = load_policy(p.model)
     log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
-    results = evaluate(policy, tokenizer, p, log=log)
-    results.update(run_benchmarks(policy, tokenizer, p, log=log))  # eval.benchmarks; none by default
+    results = evaluate_stage(policy, tokenizer, p, log=log)  # the mix's envs and eval.benchmarks (none by default)
     path = write_metrics(results, out / "eval.json")
     return mark_complete(out, {"eval": str(path), "model": model, "results": results})
 
@@ -148,7 +146,8 @@ def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str,
     """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}."""
     from lopd_core.report import EvalColumn, TrainingRun, write_report
 
-    training = [TrainingRun(r["label"], Path(r["csv"]), float(r["margin"])) for r in runs]
+    training = [TrainingRun(r["label"], Path(r["csv"]), None if r["margin"] is None else float(r["margin"]))
+                for r in runs]  # (None: a priced margin, read from the CSV's `margin` column)
     columns = [EvalColumn(e["label"], json.loads(Path(e["path"]).read_text()))
                for e in evals if e.get("path") and Path(e["path"]).exists()]
     path = write_report(training, columns, out_dir, title=title, summary=summary)

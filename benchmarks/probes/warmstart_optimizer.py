@@ -68,7 +68,7 @@ def held_out_nll(model, held_out, codec) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for idx in pack_batches(held_out, 4096, random.Random(0)):
-            ids, attention, labels = collate([held_out[i] for i in idx], codec.pad_id)
+            ids, attention, labels, _ = collate([held_out[i] for i in idx], codec.pad_id)
             logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
             targets = labels[:, 1:]
             where = targets != -100

@@ -1,7 +1,9 @@
 """reports/compare.md, compare.png and compare.json from the runs of `lopd compare`.
 
 The replicates are (deployment world, seed) pairs. The table is mean ± std over replicates (population std,
-0 with one) of held-out success per split and mode; the per-domain table pools the replicates' tasks.
+0 with one) of held-out success per split and mode, read from each run's eval.json (the cycle's evaluation, every
+environment of `envs.mix`): with several environments their tasks are pooled there (a run's `final`) and a second
+table gives each environment's own (`by_env`); the per-domain table pools the replicates' tasks.
 "Reaches GRPO" compares curves evaluated on the same test_id tasks (same world and seed, same `curve_n` tasks): GRPO's
 target is the mean over replicates of its last curve point; a method reaches it at the first curve point where its
 own mean over replicates is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
@@ -125,15 +127,20 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
     lines = [f"# {title}", ""]
     lines += [f"- **{k}**: {v}" for k, v in settings]
     n_eval = runs[0]["final"]["test_id"]["greedy"]["n"] if runs else 0
-    lines += ["", f"## Held-out success (mean ± std over replicates; n = {n_eval} tasks per split and replicate)",
-              ""]
+    envs = sorted({e for r in runs for e in r.get("by_env", {})})
+    pooled = f"; the tasks of {', '.join(envs)} pooled" if len(envs) > 1 else ""
+    heading = f"## Held-out success (mean ± std over replicates; n = {n_eval} tasks per split and replicate{pooled})"
+    lines += ["", heading, ""]
     lines += _md_table(header, rows)
+    if len(envs) > 1:
+        lines += ["", "## Held-out success per environment (mean ± std over replicates)", ""]
+        lines += _env_table(by_method, envs)
     lines += ["", "## Rollouts to reach GRPO's final test_id success (curves on the same tasks)", ""]
     lines += _md_table(["method", "greedy", "sampled"],
                        [[m, reach(by_method, m, "greedy"), reach(by_method, m, "sampled")]
                         for m in by_method if m != "grpo"])
-    lines += ["", "## test_id success by tool domain (greedy; tasks pooled over replicates, a cross-domain task "
-              "in each of its domains)", ""]
+    lines += ["", ("## test_id success by tool domain (greedy; tasks pooled over replicates, a cross-domain task "
+                   "in each of its domains)"), ""]
     lines += _domain_table(by_method)
     verdict = _verdict(by_method)
     if verdict:
@@ -155,6 +162,17 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
     js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2,
                              default=str))
     return {"md": md, "png": png, "json": js}
+
+
+def _env_table(by_method: dict[str, list[dict]], envs: list[str]) -> list[str]:
+    """One row per (method, environment): success per split and mode from the runs' `by_env`."""
+    def rates(rs, env, split, mode):
+        return [r["by_env"][env][split][mode]["success_rate"] for r in rs
+                if mode in r.get("by_env", {}).get(env, {}).get(split, {})]
+
+    rows = [[method, env, *[_pct(rates(rs, env, s, m)) for s, m in CELLS]]
+            for method, rs in by_method.items() for env in envs]
+    return _md_table(["method", "environment", *[f"{s} {m} %" for s, m in CELLS]], rows)
 
 
 def _domain_table(by_method: dict[str, list[dict]], split: str = "test_id", mode: str = "greedy") -> list[str]:

@@ -1,4 +1,11 @@
-"""One run of `lopd compare`: train one method with one seed to a rollout budget, evaluating along the way.
+"""One run of `lopd compare`: the cycle's distillation stage for one method and seed, to a rollout budget, and
+the cycle's evaluation of the student it exports.
+
+Training is `lopd_core.lopd.stages.run_lopd`, the function `lopd distill` and the cycle's distill stage call, in
+the run's own folder: checkpoints, distill.csv, the exported student, and — with `bank.refresh_every` > 0 — its own
+copy of the seed bank, which the student's successes grow every N steps (one run's additions never reach
+another run). The evaluation is `lopd_core.evaluation.evaluate_stage`, the cycle's evaluate stage, on the exported
+student: every environment of `envs.mix`, eval.json shaped {env: {split: {mode: cell}}}.
 
 The budget is counted in sampled trajectories, and a method that reads the experience bank starts with the
 bank's seed rollouts already spent (they were sampled to fill it); GRPO and the other bank-free methods spend
@@ -6,36 +13,30 @@ the whole budget on training steps. The bank holds only sampled successes of the
 composer's cold start reads oracle episodes of the pretraining worlds only, and OPSD's golden solutions (ground
 truth by definition) are not sampled and not counted; compare.md says so.
 
-Along the run, the student is evaluated on the held-out `test_id` tasks (`curve_n`, greedy and sampled) at
-`curve_points` evenly spaced steps and at the start, which gives success against rollouts; at the end on
-`test_id` and `test_ood` with `eval_n` tasks per split (or, for learning-rate tuning, on validation tasks from
-the train split, never on test).
+Along the run, a hook of run_lopd evaluates the student on the held-out `test_id` tasks (`curve_n` per
+environment of the mix, greedy and sampled) at `curve_points` evenly spaced steps, and the starting policy before
+training: success against rollouts, the mix's environments pooled. At the end the exported student is evaluated
+under the `eval` section with `eval_n` tasks per split (the report's splits `test_id`, `test_ood` and both modes
+added where the section lacks them); a learning-rate tuning run (`validation_n` > 0) instead on that many
+validation tasks from the train split, never on test.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
-import random
 import time
 from pathlib import Path
 
-import torch
-
 from lopd_core.config import Params
-from lopd_core.evaluation import evaluate
-from lopd_core.lopd.composer import mean_embedding_norm
+from lopd_core.evaluation import evaluate, evaluate_stage, wilson_interval, write_metrics
 from lopd_core.lopd.methods import method_spec
-from lopd_core.lopd.stages import method_retriever, new_composer, open_bank
-from lopd_core.lopd.trainer import Distiller, load_composer, run_distill
+from lopd_core.lopd.stages import run_lopd
 from lopd_core.model.loading import load_policy
 
-
-def _evaluate(model, tokenizer, params: Params, splits: list[str], n: int, log) -> dict:
-    p = copy.deepcopy(params)
-    p.eval.splits, p.eval.n_per_split, p.eval.with_experience = splits, n, False
-    p.eval.modes = ["greedy", "sampled"]
-    return evaluate(model, tokenizer, p, log=log)["toolworld"]
+REPORT_SPLITS = ("test_id", "test_ood")
+REPORT_MODES = ("greedy", "sampled")
 
 
 def plan_steps(params: Params, method: str, budget: int, bank_rollouts: int) -> tuple[int, int]:
@@ -50,74 +51,143 @@ def plan_steps(params: Params, method: str, budget: int, bank_rollouts: int) -> 
     return steps, spent
 
 
+def _with_eval(params: Params, splits, n: int, modes=REPORT_MODES, *, experience: bool = False,
+               benchmarks: bool = False) -> Params:
+    """A copy of params with the `eval` section narrowed to these splits, modes and tasks per split."""
+    p = copy.deepcopy(params)
+    p.eval.splits, p.eval.n_per_split, p.eval.modes = list(splits), n, list(modes)
+    p.eval.with_experience = experience
+    p.eval.benchmarks = list(params.eval.benchmarks) if benchmarks else []
+    return p
+
+
+def final_eval_params(params: Params, eval_n: int) -> Params:
+    """The cycle's evaluation (`eval` as configured, benchmarks included) with `eval_n` tasks per split and the
+    report's splits and modes added where missing."""
+    ev = params.eval
+    return _with_eval(params, [*ev.splits, *[s for s in REPORT_SPLITS if s not in ev.splits]], eval_n,
+                      [*ev.modes, *[m for m in REPORT_MODES if m not in ev.modes]],
+                      experience=ev.with_experience, benchmarks=True)
+
+
+class CurveProbe:
+    """run_lopd's `on_step` hook: held-out test_id success at the marked steps. The points are kept in `path`
+    as they come, so a resumed run keeps those it has."""
+
+    def __init__(self, params: Params, marks: list[int], n: int, path: Path, log=print):
+        self.params, self.marks, self.path, self.log = _with_eval(params, ["test_id"], n), set(marks), path, log
+        self.points = {int(p["step"]): p for p in json.loads(path.read_text())} if path.exists() else {}
+        self.seconds = 0.0
+
+    def __call__(self, distiller, result) -> None:
+        if distiller.state.step in self.marks:
+            self.record(distiller.state.step, distiller.state.rollouts, distiller.student, distiller.tokenizer)
+
+    def record(self, step: int, rollouts: int, model, tokenizer) -> None:
+        started = time.perf_counter()
+        results = evaluate(model, tokenizer, self.params, log=self.log)
+        self.seconds += time.perf_counter() - started
+        self.points[step] = {"step": step, "rollouts": rollouts,
+                             **_cells(pool_envs(results, self.params.envs.mix))}
+        self.path.write_text(json.dumps(self.curve(), indent=2))
+
+    def curve(self) -> list[dict]:
+        return [self.points[s] for s in sorted(self.points)]
+
+
 def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int, bank_rollouts: int,
                bank_dir: str | None = None, index_dir: str | None = None, phi0: str | None = None,
                curve_points: int = 4, curve_n: int = 32, eval_n: int = 100, validation_n: int = 0,
                log=print) -> dict:
-    """Train `method` from params.model to `budget`; returns (and writes to out_dir/summary.json) the run's
-    numbers. `validation_n` > 0: a tuning run, evaluated at the end on that many train-split tasks only."""
+    """Train `method` from params.model to `budget` through the cycle's distill stage function; returns (and
+    writes to out_dir/summary.json) the run's numbers. `validation_n` > 0: a tuning run, evaluated at the end on
+    that many train-split tasks only."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     p = copy.deepcopy(params)
-    spec = method_spec(method, p.baselines)
     steps, spent = plan_steps(p, method, budget, bank_rollouts)
     p.lopd.method, p.lopd.steps = method, steps
     p.lopd.out_dir, p.lopd.csv = str(out), str(out / "distill.csv")
-    p.lopd.checkpoint_every = max(steps, 1)
+    p.coldstart.out = phi0 or ""  # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
     if bank_dir:
         p.bank.dir, p.bank.index_dir = bank_dir, index_dir or p.bank.index_dir
-    random.seed(p.seed)
-    torch.manual_seed(p.seed)
-    model, tokenizer = load_policy(p.model)
-    if spec.needs_composer:
-        composer = load_composer(phi0, model.config.hidden_size, p.composer, mean_embedding_norm(model))
-    else:  # unused by the teacher: the Distiller still owns one, so every method builds the same objects
-        composer = new_composer(p, model)
 
-    bank = open_bank(p) if spec.uses_bank else None
-    try:
-        retriever = method_retriever(spec, bank, p)
-        distiller = Distiller(p, model, tokenizer, retriever, composer=composer, initial_rollouts=spent,
-                              log=log)
-        marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
-        curve, train_s, eval_s = [], 0.0, 0.0
-        t = time.perf_counter()
-        start_eval = _evaluate(distiller.student, tokenizer, p, ["test_id"], curve_n, log)
-        eval_s += time.perf_counter() - t
-        curve.append({"step": 0, "rollouts": spent, **_cells(start_eval)})
-        for mark in marks:
-            t = time.perf_counter()
-            run_distill(distiller, steps=mark, resume=mark == marks[0])
-            train_s += time.perf_counter() - t
-            t = time.perf_counter()
-            point = _evaluate(distiller.student, tokenizer, p, ["test_id"], curve_n, log)
-            eval_s += time.perf_counter() - t
-            curve.append({"step": mark, "rollouts": distiller.state.rollouts, **_cells(point)})
-        t = time.perf_counter()
-        if validation_n:
-            final = _evaluate(distiller.student, tokenizer, p, ["train"], validation_n, log)
-        else:
-            final = _evaluate(distiller.student, tokenizer, p, ["test_id", "test_ood"], eval_n, log)
-        eval_s += time.perf_counter() - t
-    finally:
-        if bank is not None:
-            bank.close()
-    (out / "eval.json").write_text(json.dumps({"toolworld": final}, indent=2, sort_keys=True))
+    marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
+    probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)
+    if 0 not in probe.points:  # the starting policy: the student before its first step
+        model, tokenizer = load_policy(p.model)
+        probe.record(0, spent, model, tokenizer)
+        del model
+    eval_s, probe.seconds = probe.seconds, 0.0
+    started = time.perf_counter()
+    trained = run_lopd(p, resume=True, initial_rollouts=spent, on_step=probe, log=log)
+    train_s = time.perf_counter() - started - probe.seconds
+    eval_s += probe.seconds
+
+    started = time.perf_counter()
+    student, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=trained["student"]))
+    if validation_n:
+        results = evaluate(student, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
+    else:
+        results = evaluate_stage(student, tokenizer, final_eval_params(p, eval_n), log=log)
+    del student
+    eval_s += time.perf_counter() - started
+    write_metrics(results, out / "eval.json")
+    envs = [e for e in p.envs.mix if e in results]
     summary = {
-        "method": method, "world": p.envs.deploy_worlds[0], "seed": p.seed, "lr": p.lopd.lr_student, "budget": budget, "steps": steps,
-        "bank_rollouts": spent, "rollouts": distiller.state.rollouts, "train_seconds": round(train_s, 2),
-        "eval_seconds": round(eval_s, 2), "final_beta": distiller.state.beta, "csv": str(out / "distill.csv"),
-        "eval": str(out / "eval.json"), "curve": curve,
-        "final": {split: {mode: {"success_rate": cell["success_rate"], "reward_mean": cell["reward_mean"],
-                                 "n": cell["n"], "by_domain": cell.get("by_domain", {})}
-                          for mode, cell in modes.items()} for split, modes in final.items()},
+        "method": method, "world": p.envs.deploy_worlds[0], "seed": p.seed, "lr": p.lopd.lr_student,
+        "budget": budget, "steps": steps, "bank_rollouts": spent, "rollouts": trained["rollouts"],
+        "train_seconds": round(train_s, 2), "eval_seconds": round(eval_s, 2), "final_beta": trained["beta"],
+        "margin": trained["margin"], "csv": str(out / "distill.csv"), "eval": str(out / "eval.json"),
+        "student": trained["student"], "envs": envs,
+        "bank": {"rows": trained["bank_rows"], "added": trained["bank_added"],
+                 "refreshes": trained["bank_refreshes"], "dir": trained["bank_dir"]},
+        "curve": probe.curve(),
+        # the mix's environments pooled (one environment: its own cells); per environment under by_env
+        "final": _final(pool_envs(results, envs)),
+        "by_env": {env: _final(results[env]) for env in envs},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def _cells(results: dict) -> dict:
+def pool_envs(results: dict, envs) -> dict:
+    """{split: {mode: cell}} of the environments `envs` of an eval.json: one environment's cells as they are,
+    several pooled (their tasks together, as one sample; by_domain merged)."""
+    sections = [results[e] for e in envs if e in results]
+    if len(sections) == 1:
+        return sections[0]
+    cells: dict[str, dict[str, list[dict]]] = {}
+    for section in sections:
+        for split, modes in section.items():
+            for mode, cell in modes.items():
+                cells.setdefault(split, {}).setdefault(mode, []).append(cell)
+    return {split: {mode: _pool(cs) for mode, cs in modes.items()} for split, modes in cells.items()}
+
+
+def _pool(cells: list[dict]) -> dict:
+    n = sum(c["n"] for c in cells)
+    wins = round(sum(c["success_rate"] * c["n"] for c in cells))
+    domains: dict[str, list[float]] = {}
+    for c in cells:
+        for domain, d in c.get("by_domain", {}).items():
+            acc = domains.setdefault(domain, [0.0, 0])
+            acc[0] += d["success_rate"] * d["n"]
+            acc[1] += d["n"]
+    return {"success_rate": round(wins / n, 4) if n else 0.0,
+            "reward_mean": round(sum(c["reward_mean"] * c["n"] for c in cells) / n, 4) if n else 0.0,
+            "n": n, "ci95": wilson_interval(wins, n),
+            "by_domain": {d: {"success_rate": round(w / k, 4), "n": k} for d, (w, k) in sorted(domains.items())}}
+
+
+def _final(section: dict) -> dict:
+    return {split: {mode: {"success_rate": cell["success_rate"], "reward_mean": cell["reward_mean"],
+                           "n": cell["n"], "by_domain": cell.get("by_domain", {})}
+                    for mode, cell in modes.items()} for split, modes in section.items()}
+
+
+def _cells(pooled: dict) -> dict:
     """test_id success and reward per mode, flat: {"greedy_success": .., "sampled_reward": ..}."""
-    cells = results["test_id"]
+    cells = pooled["test_id"]
     return {f"{mode}_{k}": cells[mode][f"{k}_rate" if k == "success" else f"{k}_mean"]
-            for mode in ("greedy", "sampled") for k in ("success", "reward")}
+            for mode in REPORT_MODES for k in ("success", "reward")}

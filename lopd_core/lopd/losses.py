@@ -23,6 +23,11 @@ Student losses (the student policy p_S learns toward the teacher p_T, a frozen b
     E[(log p_S − log p_T) ∇ log p_S] (the score term E[∇ log p_S] is zero in expectation and dropped). It is
     per-token: a token is credited only with its own log-ratio, not with the KL of the tokens it leads to
     (discount zero), a simplification of the sequence-level reverse KL.
+  * `forward_kl_topk` — KL(p_T || p_S) on the same K + 1 buckets: the mass-covering direction. Reverse KL is
+    mode-seeking: the student may drop a teacher mode it finds costly, which transfers a skill (a way to act) well
+    and a fact (this world's convention, one token the teacher puts most of its mass on) less reliably; the forward
+    direction charges the student for every bucket the teacher weighs, whatever the student's own mass there.
+  * `mixed_kl_topk` — (1 − w) · reverse + w · forward per token, w = `lopd.kl_mix` (0: exactly the reverse KL).
   * `truncated_importance_weight` — min(p_S(a) / p_sample(a), cap), detached, for the sampled-token estimator
     only: rollouts drawn at a temperature (or top-p) other than p_S's draw a from p_sample, and the weight turns
     the estimator's expectation back into one under p_S; the cap bounds its variance (truncated importance
@@ -169,6 +174,46 @@ def reverse_kl_topk(
     return support_kl(s_support, s_tail, t_support, t_tail)
 
 
+def forward_kl_topk(
+    student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor
+) -> Tensor:
+    """KL(p_T || p_S) on the teacher's top-k support plus one tail bucket, per token (the forward direction).
+
+    student_logits (N, V); teacher_topk_logprobs (N, K) at the teacher's top-k ids (N, K) -> (N,). The buckets
+    are `reverse_kl_topk`'s; only the direction differs: Σ_b p_T(b) (log p_T(b) − log p_S(b)). Its gradient in
+    the student's logits is p_S − p_T per bucket, so the student is pulled toward every bucket the teacher
+    weighs. The student's tail is clamped at log(TAIL_FLOOR), which keeps the term finite when the student puts
+    almost nothing outside the support. The teacher log-probs are used as given (detach them at the call site).
+    """
+    s_support, s_tail = topk_support_logprobs(student_logits, teacher_topk_ids)  # (N, K), (N,)
+    t_support = _f32(teacher_topk_logprobs)  # (N, K)
+    t_tail = _log1mexp(torch.logsumexp(t_support, dim=-1))  # (N,)
+    return support_kl(t_support, t_tail, s_support, s_tail)
+
+
+def mixed_kl_topk(
+    student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor, *, weight: float
+) -> Tensor:
+    """(1 − w) · KL(p_S || p_T) + w · KL(p_T || p_S) on the top-k + tail buckets, per token, w = `weight`.
+
+    student_logits (N, V); teacher_topk_logprobs, teacher_topk_ids (N, K) -> (N,). w = 0 returns
+    `reverse_kl_topk` itself and w = 1 `forward_kl_topk` (the same bits, not a product with 0 that a non-finite
+    term could poison); in between, one log-softmax serves both directions.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight must be in [0, 1], got {weight}")
+    if weight == 0.0:
+        return reverse_kl_topk(student_logits, teacher_topk_logprobs, teacher_topk_ids)
+    if weight == 1.0:
+        return forward_kl_topk(student_logits, teacher_topk_logprobs, teacher_topk_ids)
+    s_support, s_tail = topk_support_logprobs(student_logits, teacher_topk_ids)  # (N, K), (N,)
+    t_support = _f32(teacher_topk_logprobs)  # (N, K)
+    t_tail = _log1mexp(torch.logsumexp(t_support, dim=-1))  # (N,)
+    reverse = support_kl(s_support, s_tail, t_support, t_tail)  # (N,)
+    forward = support_kl(t_support, t_tail, s_support, s_tail)  # (N,)
+    return (1.0 - weight) * reverse + weight * forward
+
+
 def _full_kl_rows(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     s = torch.log_softmax(_f32(student_logits), dim=-1)  # (n, V)
     t = torch.log_softmax(_f32(teacher_logits), dim=-1)  # (n, V)
@@ -285,6 +330,19 @@ def privileged_margin_delta(
     -> (B,) with B = num_traj; a trajectory without tokens gets 0. The gradient flows into teacher_logprobs
     only: the old student log-probs and the advantage are detached. Divided by the trajectory's own token
     count, so that δ(τ) is a per-trajectory quantity; δ̄ is their mean over trajectories (module docstring).
+
+    Mostly-failed batches, and the choice of `lopd.advantage`. Under `continuous` (2r − 1, the paper's and the
+    default) and `binary` a failure has A(τ) < 0, so its δ(τ) rises as the teacher's log-prob of the student's
+    own failed tokens falls — and any teacher that moves away from the student scores the student's samples
+    lower. With most of a batch failing, the composer can thus meet δ̄ ≥ m by pushing the teacher away from the
+    student on failures rather than by knowing more on successes. Decided: δ keeps the paper's definition under
+    every advantage (a failure the teacher rates lower is real information, and `continuous` stays the
+    default), and the incentive is handled around it: m is priced from successes alone (`lopd.margin: auto`,
+    margin.py); δ̄'s parts on successes and on failures are on the dashboard (`delta_success`,
+    `delta_failure`), where a δ̄ carried by failures shows; and `group` removes the incentive — A = r − the
+    task's mean reward is 0 for every sample of an all-failed task and sums to 0 over a task's samples, so
+    lowering the teacher's log-prob on all of a task's samples alike leaves δ̄ (a mean over trajectories)
+    unchanged. tests/lopd/test_priced_margin.py shows the parts under each advantage on a hand-built batch.
     """
     gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
     sums = torch.zeros(num_traj, dtype=gap.dtype, device=gap.device).index_add(

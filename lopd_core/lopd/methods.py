@@ -17,7 +17,22 @@ where it builds the teacher's input and picks the student's loss —
     `baselines.skill_kl` · the sampled-token reverse KL toward the teacher: Skill-SD) or reverse_kl+grpo
     (`lopd_rl`, beyond the paper: LOPD's distillation loss plus `baselines.rl_weight` · the GRPO term on the
     same rollouts — distillation from experience leads early, the reward signal keeps climbing after the
-    bank's coverage is exhausted).
+    bank's coverage is exhausted). With `kl_mix` w > 0 the top-k distillation loss is (1 − w)·KL(p_S ‖ p_T) +
+    w·KL(p_T ‖ p_S) (`lopd_forward_kl`: w = 1; `lopd_mixed_kl`: w = `lopd.kl_mix`, 0.5 when that is left at 0):
+    reverse KL transfers skills more readily than facts, and a world's conventions are facts.
+
+Past the teacher's ceiling (a distilled student stops at its teacher), three arms besides `lopd_rl`:
+  * `then` — a second method the same student trains with after `baselines.switch_fraction` of lopd.steps
+    (`lopd_then_grpo`: LOPD, then GRPO; "distillation before RL"). The phase is a function of the step
+    (`phase_at`), so a checkpoint taken after the switch resumes in the second phase; the distill CSV's `phase`
+    column is the index of the phase a row trained in (0 LOPD, 1 GRPO; a number, since every column of that CSV
+    is logged as an MLflow metric), and GRPO without a reference KL runs no teacher pass, so the teacher's
+    columns are empty from the switch on. The composer and β stand still in the GRPO phase;
+  * `teacher_refresh` gated — the frozen teacher base θ̄ is replaced by the current student within the stage,
+    only where a held-out greedy check shows the student ahead (`lopd_gated_refresh`; teacher_refresh.py; the
+    CSV's `teacher_refreshes` counts them);
+  * `kl_mix` — the forward-KL and mixed arms above. The composer's own KL(sg[p_S,old] ‖ p_T,φ) is unchanged.
+
 Text contexts go through the same splice as latents: the embeddings of the text's ids placed in the latent slot
 are exactly the conversation with that text in its first user turn (tests/lopd/test_trainer.py checks this).
 
@@ -29,9 +44,11 @@ from distilling toward any sharper distribution.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass, replace
 
+from lopd_core.config import MARGIN_AUTO
 from lopd_core.envs import Task, run_oracle
 from lopd_core.experience import format_experience
 
@@ -47,11 +64,14 @@ class MethodSpec:
     teacher_weights: str = "frozen_base"
     loss: str = "reverse_kl"
     composer_trainable: bool = False  # φ learns (LOPD); False keeps φ = φ0 (or there is no composer)
-    margin: float | None = None  # overrides lopd.margin
+    margin: float | None = None  # overrides lopd.margin; resolved, None: `lopd.margin: auto`, priced by the run
     anchor_weight: float | None = None  # overrides lopd.anchor_weight
     retrieval: str = "nearest"  # nearest | random
     teacher_temperature: float = 1.0  # the teacher's log-probs are those of softmax(logits / T)
     reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
+    kl_mix: float = 0.0  # w of (1 − w)·reverse + w·forward KL when lopd.kl_mix is 0 (resolved: the run's w)
+    then: str | None = None  # the method trained after baselines.switch_fraction of lopd.steps (one phase: None)
+    teacher_refresh: str = "never"  # never | gated: θ̄ ← student where the held-out check shows the student ahead
 
     @property
     def uses_bank(self) -> bool:
@@ -85,6 +105,10 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in [
     MethodSpec("sharpened_teacher", "none", teacher_temperature=0.5),
     MethodSpec("lopd_random_retrieval", "latent", composer_trainable=True, retrieval="random"),
     MethodSpec("lopd_rl", "latent", composer_trainable=True, loss="reverse_kl+grpo"),
+    MethodSpec("lopd_then_grpo", "latent", composer_trainable=True, then="grpo"),
+    MethodSpec("lopd_gated_refresh", "latent", composer_trainable=True, teacher_refresh="gated"),
+    MethodSpec("lopd_forward_kl", "latent", composer_trainable=True, kl_mix=1.0),
+    MethodSpec("lopd_mixed_kl", "latent", composer_trainable=True, kl_mix=0.5),
 ]}
 METHOD_NAMES = tuple(METHODS)
 
@@ -109,10 +133,49 @@ def resolve_method(lopd, baselines) -> MethodSpec:
     """The method a run trains, every setting resolved: `lopd.method`'s spec with the `baselines` knobs, and
     its margin and anchor weight as numbers (the method's own where it overrides them, else `lopd.margin` and
     `lopd.anchor_weight`). The trainer keeps this on the distiller and the reports read the margin from it, so
-    a dashboard draws the m a run trained with (0 for `lopd_no_margin`), not the section's."""
+    a dashboard draws the m a run trained with (0 for `lopd_no_margin`), not the section's. With
+    `lopd.margin: auto` (and no margin of the method's own) the margin is None: the run prices it at its start
+    (margin.py), and the reports read the m it used from the CSV's `margin` column."""
     spec = method_spec(lopd.method, baselines)
-    return replace(spec, margin=lopd.margin if spec.margin is None else spec.margin,
+    spec = replace(spec, kl_mix=kl_mix_of(spec, lopd))  # the run's w: lopd.kl_mix where set, else the method's
+    own = None if lopd.margin == MARGIN_AUTO else float(lopd.margin)
+    return replace(spec, margin=own if spec.margin is None else spec.margin,
                    anchor_weight=lopd.anchor_weight if spec.anchor_weight is None else spec.anchor_weight)
+
+
+def kl_mix_of(spec: MethodSpec, lopd) -> float:
+    """The w of a distilling method's top-k loss (1 − w)·reverse + w·forward: `lopd.kl_mix` where it is set
+    (> 0), else the method's own (`lopd_mixed_kl` 0.5, `lopd_forward_kl` 1, the others 0: pure reverse KL). A
+    policy-gradient method has none (the config refuses lopd.kl_mix > 0 with one)."""
+    if spec.loss not in ("reverse_kl", "reverse_kl+grpo"):
+        return 0.0
+    return float(lopd.kl_mix) if lopd.kl_mix > 0 else spec.kl_mix
+
+
+def switch_step(spec: MethodSpec, lopd, baselines) -> int | None:
+    """The first step (0-based) trained as `spec.then`: `baselines.switch_fraction` of lopd.steps, rounded half
+    up (not Python's round-half-even: one step at 0.5 is a LOPD step); None for a one-phase method. Counted on
+    lopd.steps, the run's budget, not on how far one call of the loop goes (`lopd compare` trains to its curve
+    points one call at a time)."""
+    if spec.then is None:
+        return None
+    return math.floor(baselines.switch_fraction * lopd.steps + 0.5)
+
+
+def method_phases(first: MethodSpec, lopd, baselines) -> tuple[MethodSpec, ...]:
+    """The specs a run trains in turn: `first` (resolved) alone, or `first` then its `then` method with the
+    `baselines` knobs (its margin and anchor weight carried over, so the reports read one m for the run)."""
+    if first.then is None:
+        return (first,)
+    second = replace(method_spec(first.then, baselines), margin=first.margin, anchor_weight=first.anchor_weight)
+    return first, second
+
+
+def phase_at(spec: MethodSpec, step: int, lopd, baselines) -> int:
+    """Which phase (0, 1) of `method_phases` trains step `step` (0-based, the steps completed before it): a
+    function of the step alone, so a run resumed past the switch trains where the uninterrupted run would."""
+    switch = switch_step(spec, lopd, baselines)
+    return 0 if switch is None or step < switch else 1
 
 
 # ---- text contexts -----------------------------------------------------------------------------------------

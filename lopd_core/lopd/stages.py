@@ -9,6 +9,7 @@ orchestration layer call these and nothing deeper. Paths:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -19,6 +20,7 @@ from lopd_core.bank import ExperienceBank, read_bank
 from lopd_core.config import Params, RetrievalSettings
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
+from lopd_core.lopd import margin as MG
 from lopd_core.lopd import methods as M
 from lopd_core.lopd.coldstart import train_coldstart
 from lopd_core.lopd.coldstart_data import (
@@ -110,6 +112,36 @@ def seed_rollouts(params: Params) -> int:
     return int((table["sample_index"] != ORACLE_SAMPLE_INDEX).sum())  # tables written before had oracle rows
 
 
+def seed_successes(params: Params) -> list[MG.PricingTrajectory]:
+    """The bank's stored successful seed rollouts (policy samples, never oracle rows) with their token ids, what
+    `lopd.margin: auto` is priced on (margin.py); a seeded subset of MG.MAX_PRICING_TRAJECTORIES when there are
+    more; [] when the table is missing or holds no success."""
+    _, seed_path = bank_paths(params)
+    if not seed_path.exists():
+        return []
+    table = read_trajectories(seed_path)
+    table = table[table["success"] & (table["sample_index"] != ORACLE_SAMPLE_INDEX)]
+    rows = [MG.PricingTrajectory(Task.from_json(r.task), [int(i) for i in r.token_ids],
+                                 [int(m) for m in r.action_mask]) for r in table.itertuples(index=False)]
+    if len(rows) > MG.MAX_PRICING_TRAJECTORIES:
+        keep = sorted(random.Random(params.seed).sample(range(len(rows)), MG.MAX_PRICING_TRAJECTORIES))
+        rows = [rows[i] for i in keep]
+    return rows
+
+
+def pricing_source(spec, bank: ExperienceBank | None, params: Params,
+                   rows: list[MG.PricingTrajectory]) -> MG.PricingSource | None:
+    """What `lopd.margin: auto` is priced on: the seed successes, their teacher reading the method's retrieval
+    with each task's own bank rows left out (the bank holds these very successes: reading one back would price
+    copying, not experience). None where nothing is priced before step 1 (margin.py)."""
+    if not rows or bank is None or not spec.needs_composer:
+        return None
+    if spec.retrieval == "random":
+        return MG.PricingSource(rows, method_retriever(spec, bank, params))
+    others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
+    return MG.PricingSource(rows, make_retriever(bank, others))
+
+
 def new_composer(params: Params, model) -> Composer:
     c = params.composer
     return Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
@@ -142,38 +174,58 @@ def run_coldstart(params: Params, log=print) -> dict:
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
-             cycle: int = 0, log=print) -> dict:
+             cycle: int = 0, initial_rollouts: int | None = None, on_step=None, log=print) -> dict:
     """Distil a student from `model.name_or_path`. `teacher`: a model whose frozen weights teach instead of the
-    student's start (`lopd cycle` with cycle.refresh_teacher false); None: the student's start teaches."""
+    student's start (`lopd cycle` with cycle.refresh_teacher false); None: the student's start teaches.
+    `initial_rollouts`: trajectories already spent when training starts (None: the bank's seed rollouts; `lopd
+    compare` passes what it charges the method). `on_step(distiller, result)`: called after each step, after the
+    growing bank's refresh (`lopd compare` evaluates its curve points there)."""
+    import torch
+
     random.seed(params.seed)
+    torch.manual_seed(params.seed)  # a composer built fresh (a method without φ0) starts the same every run
     D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
-    if not Path(params.coldstart.out).exists():
+    spec = M.method_spec(params.lopd.method, params.baselines)
+    if spec.needs_composer and not Path(params.coldstart.out).exists():
         raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")
+    # a method whose teacher reads no latents still owns a composer (unused): φ0 when there is one, else fresh
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
-    seed_sampled = seed_rollouts(params)
-    spec = M.method_spec(params.lopd.method, params.baselines)
+    seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
+    priced = M.resolve_method(params.lopd, params.baselines).margin is None  # `lopd.margin: auto`
+    pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)
     grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.retrieval != "random")
     if grows:  # the stage's own copy of its input bank, grown in place (growing_bank.py)
         parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
         params = dataclasses.replace(params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent),
                                                                       index_dir=str(index_dir)))
-    with open_bank(params) as bank:
+    # a method that reads no bank opens none (`lopd compare` gives it no bank folder)
+    with open_bank(params) if spec.uses_bank else contextlib.nullcontext() as bank:
         retriever = method_retriever(spec, bank, params)
         growth = BankGrowth(bank, every=params.bank.refresh_every, min_reward=params.bank.min_reward,
                             cycle=cycle, total_steps=params.lopd.steps, log=log) if grows else None
         teacher_base = None if teacher is None else load_policy(dataclasses.replace(params.model,
                                                                                     name_or_path=teacher))[0]
         distiller = Distiller(params, model, tokenizer, retriever, composer=composer, teacher_base=teacher_base,
-                              initial_rollouts=seed_sampled, log=log)
-        state = run_distill(distiller, resume=resume, stop_after=stop_after, on_step=growth)
-        bank_rows = len(bank)
+                              initial_rollouts=seed_sampled, pricing=pricing_source(spec, bank, params, pricing_rows),
+                              log=log)
+        hooks = [h for h in (growth, on_step) if h is not None]
+        state = run_distill(distiller, resume=resume, stop_after=stop_after,
+                            on_step=(lambda d, out: [h(d, out) for h in hooks]) if hooks else None)
+        bank_rows = len(bank) if bank is not None else None
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
     last = state.history[-1]["row"] if state.history else {}
-    # `margin`: the m this run trained with (the resolved method's), what its dashboard draws
+    # β bounded (margin.beta_unbounded): the β of every step, then the one the last dual ascent left
+    betas = [h["row"]["beta"] for h in state.history] + [state.beta]
+    unbounded = MG.beta_unbounded(betas)
+    if unbounded and D.is_main():
+        log(MG.beta_warning(betas))
+    # `margin`: the m this run trained with (the resolved method's, or priced: `margin_pricing` says how), what
+    # its dashboard draws (and the CSV's `margin` column, step by step)
     return {"steps": state.step, "beta": state.beta, "skipped_updates": state.skipped_updates,
             "rollouts": state.rollouts, "last": last, "student": str(student_dir),
-            "margin": distiller.method.margin, "bank_rows": bank_rows,
+            "margin": distiller.margin, "margin_pricing": state.margin_pricing or None,
+            "beta_unbounded": unbounded, "bank_rows": bank_rows,
             "bank_added": growth.added if growth else 0, "bank_refreshes": growth.refreshes if growth else [],
             "bank_dir": params.bank.dir if grows else None}

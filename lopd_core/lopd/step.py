@@ -240,6 +240,7 @@ class StudentLoss:
     reference_kl: float = 0.0  # GRPO: weight of the k3 KL to the frozen base
     skill_kl: float = 0.0  # Skill-SD: weight of the sampled-token reverse KL to its teacher
     rl_weight: float = 0.0  # lopd_rl: weight of the GRPO term added to the distillation loss
+    kl_mix: float = 0.0  # w of the top-k loss (1 − w)·KL(p_S ‖ p_T) + w·KL(p_T ‖ p_S); 0: the reverse KL alone
 
     @classmethod
     def resolve(cls, method, lopd, baselines) -> StudentLoss:
@@ -248,9 +249,13 @@ class StudentLoss:
         kind = lopd.student_loss if distills else method.loss
         if kind not in STUDENT_LOSSES:
             raise ValueError(f"unknown student loss {kind!r}; expected one of {', '.join(STUDENT_LOSSES)}")
+        if distills and method.kl_mix > 0 and kind != "topk":
+            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {method.kl_mix:g}) is a top-k loss, "
+                             f"got lopd.student_loss={kind!r}")
         return cls(kind, lopd.importance_cap if lopd.importance_weight else None, baselines.grpo_clip,
                    method.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
-                   baselines.rl_weight if method.loss == "reverse_kl+grpo" else 0.0)
+                   baselines.rl_weight if method.loss == "reverse_kl+grpo" else 0.0,
+                   method.kl_mix if distills else 0.0)
 
     @property
     def reads_sample_logprobs(self) -> bool:
@@ -277,6 +282,8 @@ def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: Stud
         return distill + loss.rl_weight * L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage,
                                                                 clip=loss.clip)
     if loss.kind == "topk":
+        if loss.kl_mix > 0:  # the forward-KL and mixed arms (lopd.kl_mix)
+            return L.mixed_kl_topk(student_logits, targets.topk_logprobs, targets.topk_ids, weight=loss.kl_mix)
         return L.reverse_kl_topk(student_logits, targets.topk_logprobs, targets.topk_ids)
     if loss.kind == "full":
         return L.reverse_kl_full(student_logits, targets.logits)

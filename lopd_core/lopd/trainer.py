@@ -47,8 +47,10 @@ from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.errors import StateError, TrainingDiverged
 from lopd_core.lopd import losses as L
+from lopd_core.lopd import margin as MG
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
+from lopd_core.lopd import teacher_refresh as R
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import export_student, make_student_and_teacher
 from lopd_core.lopd.step import StepResult, chunk_group, micro_batches
@@ -57,13 +59,13 @@ from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 CSV_COLUMNS = [
-    "step", "rollouts", "reward_mean", "success_rate", "distill_loss", "kl_phi", "delta", "beta", "anchor",
-    "student_entropy", "teacher_entropy", "topk_mass", "grad_norm_theta", "grad_norm_phi", "latent_norm_ratio",
-    "step_seconds",
+    "step", "rollouts", "reward_mean", "success_rate", "distill_loss", "kl_phi", "delta", "beta",
+    "margin", "delta_success", "delta_failure", "anchor", "student_entropy", "teacher_entropy", "topk_mass",
+    "grad_norm_theta", "grad_norm_phi", "latent_norm_ratio", "step_seconds", "phase", "teacher_refreshes",
 ]
 DIAGNOSTIC_COLUMNS = [
     "step", "margin_success", "margin_failure", "latent_norm", "embedding_norm", "skipped_updates",
-    "encoder_cache_hits", "rollout_s", "teacher_s", "student_s", "composer_s",
+    "encoder_cache_hits", "rollout_s", "teacher_s", "student_s", "composer_s", "refresh_student", "refresh_teacher",
 ]
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
@@ -95,6 +97,14 @@ class DistillState:
     rollouts: int = 0  # trajectories sampled so far (including the bank's seed rollouts)
     skipped_updates: int = 0
     history: list[dict] = field(default_factory=list)
+    margin: float | None = None  # m priced for `lopd.margin: auto` (margin.py); None: not priced (or m is a number)
+    margin_pricing: dict = field(default_factory=dict)  # how it was priced (PricedMargin.summary)
+    # lopd_gated_refresh (teacher_refresh.py): refreshes of θ̄ so far, the teacher base's last check score (None:
+    # not measured yet), every check's figures, and the episodes the checks played (not training rollouts)
+    teacher_refreshes: int = 0
+    refresh_teacher_score: dict | None = None
+    refresh_checks: list[dict] = field(default_factory=list)
+    check_episodes: int = 0
 
 
 @dataclass
@@ -220,7 +230,8 @@ class Distiller:
     """Holds the models, optimizers and state of one distillation run."""
 
     def __init__(self, params: Params, base, tokenizer, retriever: Retriever, *, composer: Composer,
-                 initial_rollouts: int = 0, teacher_base=None, log=print):
+                 initial_rollouts: int = 0, teacher_base=None, pricing: MG.PricingSource | None = None,
+                 log=print):
         D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
         if D.world_size() > params.lopd.tasks_per_step:
             raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
@@ -239,6 +250,10 @@ class Distiller:
         self.method = M.resolve_method(self.cfg, params.baselines)
         self.student_loss = S.StudentLoss.resolve(self.method, self.cfg, params.baselines)
         self.teacher_pass = self.method.needs_teacher_pass
+        # A two-phase method (lopd_then_grpo) trains `then` from baselines.switch_fraction of lopd.steps on; which
+        # phase a step trains is a function of the step (`_enter_phase`), so a resume lands in the right one.
+        self._phases = M.method_phases(self.method, self.cfg, params.baselines)
+        self._phase = 0
         # Trade compute for peak memory (`lopd.low_memory`, see `_chunk_low_memory`); fixed for the run.
         self._low_memory = self.cfg.low_memory
         self.codec = make_chat(tokenizer)
@@ -260,11 +275,16 @@ class Distiller:
         self.opt_phi = torch.optim.AdamW(self.composer.parameters(), lr=self.cfg.lr_composer, weight_decay=0.0)
         self.state = DistillState(beta=self.cfg.beta_init, rollouts=initial_rollouts)
         self._task_blocks: dict[int, list[Task]] = {}
+        # lopd_gated_refresh: what scores a policy in the held-out check (tests inject a cheaper one)
+        self.refresh_scorer: Callable[[Any], R.CheckScore] = self._held_out_score
+        self._check_tasks: list[Task] | None = None
+        self.pricing = pricing  # what `lopd.margin: auto` is priced on (`price_margin`); None: the first step
 
     @property
-    def margin(self) -> float:
-        """The margin m this run trains with (the method's, e.g. 0 for lopd_no_margin)."""
-        return self.method.margin
+    def margin(self) -> float | None:
+        """The margin m this run trains with: the method's own (0 for lopd_no_margin), else `lopd.margin`, or with
+        `lopd.margin: auto` the priced one (None until `price_margin` or the first step has priced it)."""
+        return self.method.margin if self.method.margin is not None else self.state.margin
 
     @property
     def low_memory(self) -> bool:
@@ -307,7 +327,10 @@ class Distiller:
                         seed=self.params.seed * 1_000_003 + s, seeds=seeds)
         self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
         self.last_trajectories = trajs  # this rank's, for a growing bank (growing_bank.py)
-        return self.update(tasks, trajs, started=started)
+        out = self.update(tasks, trajs, started=started)
+        if self.method.teacher_refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
+            self._refresh_check(out)
+        return out
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
         """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order). Also what
@@ -323,6 +346,7 @@ class Distiller:
         chunk, taken before any optimizer step, so it is the pre-update student, as specified.
         """
         started = time.perf_counter() if started is None else started
+        self._enter_phase()
         t_update = time.perf_counter()
         device = self.composer.queries.device
         batch = S.rollout_batch(trajs, samples_per_task=self.cfg.samples_per_task, advantage=self.cfg.advantage,
@@ -341,6 +365,8 @@ class Distiller:
         for c, chunk in enumerate(chunks):  # 2-4 on each micro-batch, gradients accumulated
             self._run_chunk(batch, context, chunk, sums, beta=beta, scale=scale, train_composer=c in picked)
         totals = sums.reduced()
+        if self.margin is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
+            self._price_on_batch(batch, sums)
 
         with _timed(sums, "student"):
             grad_theta = self._step_student(totals["distill"])  # 3. once, on the accumulated gradient
@@ -352,6 +378,134 @@ class Distiller:
         self.state.step += 1
         return self._result(batch, sums, totals, beta=beta, grad_theta=grad_theta, composer=composer,
                             started=started, rollout_s=t_update - started)
+
+    # ---- the margin priced (`lopd.margin: auto`, margin.py) ----------------------------------------------
+    def price_margin(self) -> None:
+        """Price m before the first step when `lopd.margin` is `auto`: on the stored successes of `pricing` (the
+        bank's seed rollouts), scored by the initial teacher with φ0's latents against the initial student. With
+        none, the first step prices it on its own successes (`update`). A no-op when m is a number, the method's
+        own, or already priced: a resumed run keeps the checkpoint's m."""
+        if self.margin is not None:
+            return
+        if not self.method.needs_composer:
+            self._set_margin(MG.price(math.nan, 0, self.cfg.margin_fraction, "none"),
+                             f"distill: margin: auto: lopd.method={self.method.name!r} has no latent teacher to "
+                             "price m on; m = 0")
+            return
+        rows = list(self.pricing.trajectories) if self.pricing is not None else []
+        if not rows:
+            self.log("distill: margin: auto: no stored seed successes to price m on; step 1 prices it on its own "
+                     "successful rollouts")
+            return
+        retriever = self.pricing.retriever or self.retriever
+        gap, n = self._seed_gap(rows, retriever)
+        self._set_margin(MG.price(gap, n, self.cfg.margin_fraction, "bank seed successes"))
+
+    def _seed_gap(self, rows: list[MG.PricingTrajectory], retriever: Retriever) -> tuple[float, int]:
+        """The mean over `rows` (every rank's share of them) of each one's mean log p_T,φ0(a) − log p_S(a) at its
+        action tokens, and how many rows had action tokens; no gradient, in micro-batches of the run's size."""
+        part = rows[D.shard_range(len(rows)).start:D.shard_range(len(rows)).stop]
+        total, n = 0.0, 0
+        if part:
+            device = self.composer.queries.device
+            experiences = retriever([r.task for r in part])
+            latents = [x.to(device) for x in self.anchor_latents(experiences)]  # φ0's, cached per text
+            ids, masks = [r.token_ids for r in part], [r.action_mask for r in part]
+            with torch.no_grad():
+                for chunk in micro_batches([len(i) for i in ids], self.cfg.micro_batch):
+                    c_ids, c_masks = [ids[i] for i in chunk], [masks[i] for i in chunk]
+                    with self._teacher_lm() as lm:
+                        scores = S.score_teacher(lm, c_ids, c_masks, [latents[i] for i in chunk],
+                                                 [tuple(experiences[i]) for i in chunk], framing=self.framing,
+                                                 share_prompt=self.cfg.share_prompt, top_k=self.cfg.top_k,
+                                                 temperature=self.method.teacher_temperature)
+                    sbatch = build_batch(self.student, c_ids, c_masks)
+                    s_lp = torch.log_softmax(action_logits(self.student, sbatch), dim=-1)  # (n, V)
+                    if not torch.equal(sbatch.action_ids, scores.action_ids):
+                        raise RuntimeError("margin pricing: teacher and student disagree on the action tokens")
+                    gap = scores.action_logprobs - s_lp.gather(-1, sbatch.action_ids[:, None]).squeeze(-1)  # (n,)
+                    sums = torch.zeros(len(chunk), device=gap.device).index_add_(0, scores.token_traj_index,
+                                                                                 gap.float())
+                    counts = torch.bincount(scores.token_traj_index, minlength=len(chunk))
+                    total += float((sums / counts.clamp(min=1))[counts > 0].sum())
+                    n += int((counts > 0).sum())
+        total, n = D.global_sum([total, n])
+        return (total / n if n else math.nan), int(n)
+
+    def _price_on_batch(self, batch: S.RolloutBatch, sums: S.StepSums) -> None:
+        """`lopd.margin: auto` with nothing stored to price on: this step's successes (the first step's, whose
+        teacher pass ran with φ0's latents against the initial student, the same gap as on stored ones)."""
+        if not self.method.needs_composer or not self.teacher_pass:
+            self.price_margin()
+            return
+        counts = torch.tensor(D.gather_lists(batch.token_counts.tolist()))
+        gaps = torch.tensor(D.gather_lists((sums.gap.cpu() / batch.token_counts.clamp(min=1)).tolist()))
+        successes = torch.tensor(D.gather_lists(batch.successes.tolist()), dtype=torch.bool)
+        gap, n = MG.mean_over_successes(gaps, counts, successes)
+        self._set_margin(MG.price(gap, n, self.cfg.margin_fraction, f"step {self.state.step + 1} successes"))
+
+    def _set_margin(self, priced: MG.PricedMargin, message: str | None = None) -> None:
+        self.state.margin, self.state.margin_pricing = priced.margin, priced.summary()
+        self.log(message or priced.message())
+
+    # ---- beyond the teacher's ceiling: phases and the gated teacher refresh (methods.py) -----------------
+    def _enter_phase(self) -> None:
+        """Train this step's phase (`methods.phase_at`): from the switch on, `lopd_then_grpo` trains GRPO on the
+        same student — its loss, its teacher (none: no teacher pass without a reference KL) and no composer step.
+        A function of the step, so a run resumed past the switch is in the second phase from its first step."""
+        index = M.phase_at(self._phases[0], self.state.step, self.cfg, self.params.baselines)
+        if index == self._phase:
+            return
+        self._phase = index
+        self.method = self._phases[index]
+        self.student_loss = S.StudentLoss.resolve(self.method, self.cfg, self.params.baselines)
+        self.teacher_pass = self.method.needs_teacher_pass
+        self.log(f"distill: step {self.state.step + 1}: phase {index}: {self._phases[0].name} trains "
+                 f"{self.method.name} from here (baselines.switch_fraction={self.params.baselines.switch_fraction:g})")
+
+    def _held_out_score(self, lm) -> R.CheckScore:
+        """The refresh check's score of `lm`: greedy, no experience, on the check's fixed train-split tasks."""
+        if self._check_tasks is None:
+            self._check_tasks = R.check_tasks(self.params)
+        self.state.check_episodes += len(self._check_tasks)
+        return R.greedy_score(lm, self.codec, self._check_tasks, self.params.rollout, seed=self.params.seed)
+
+    def _refresh_check(self, out: StepResult) -> None:
+        """The held-out check of `lopd_gated_refresh` after this step, and θ̄ ← student where the student is ahead
+        (teacher_refresh.py). The teacher base is scored once; after a refresh its score is the student's."""
+        b = self.params.baselines
+        student = self.refresh_scorer(self.student)
+        if self.state.refresh_teacher_score is None:
+            with self.teacher.active() as lm:
+                teacher = self.refresh_scorer(lm)
+        else:
+            teacher = R.CheckScore(**self.state.refresh_teacher_score)
+        refreshed = R.should_refresh(student, teacher, metric=b.refresh_metric, min_gain=b.refresh_min_gain)
+        if refreshed:
+            if R.refresh_teacher_weights(self.trainable, self.student, self.teacher):
+                self.opt_theta.state.clear()  # a fresh adapter: the old one's moments do not apply
+            self.encoder.cache.clear()  # encodings and φ0's latents of the old base
+            self._anchor_cache.clear()
+            self.state.teacher_refreshes += 1
+        self.state.refresh_teacher_score = (student if refreshed else teacher).to_dict()
+        check = {"step": self.state.step, "metric": b.refresh_metric, "student": student.to_dict(),
+                 "teacher": teacher.to_dict(), "refreshed": refreshed}
+        self.state.refresh_checks.append(check)
+        out.row["teacher_refreshes"] = self.state.teacher_refreshes
+        out.diagnostics.update(refresh_student=student.value(b.refresh_metric),
+                               refresh_teacher=teacher.value(b.refresh_metric))
+        self.log(f"distill: step {self.state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
+                 f"{b.refresh_metric}): student {student.value(b.refresh_metric):.3f} vs teacher base "
+                 f"{teacher.value(b.refresh_metric):.3f} -> "
+                 + (f"refreshed (θ̄ ← student, refresh {self.state.teacher_refreshes})" if refreshed else
+                    f"kept (needs a gain > {b.refresh_min_gain:g})"))
+
+    def _refreshed_teacher_weights(self) -> dict | None:
+        """The teacher's weights for the checkpoint where they are a separate copy that a refresh changed (None
+        otherwise: the start's θ̄ is rebuilt from the base, and LoRA's one copy is in the trainable state)."""
+        if self.state.teacher_refreshes == 0 or self.teacher.adapter_owner is not None:
+            return None
+        return self.teacher.lm.state_dict()
 
     # ---- steps 2-4 on a chunk -------------------------------------------------------------------------
     def _run_chunk(self, batch: S.RolloutBatch, context: TeacherContext, chunk: list[int], sums: S.StepSums, *,
@@ -561,19 +715,26 @@ class Distiller:
         successes = torch.tensor(D.gather_lists(batch.successes.tolist()), dtype=torch.bool)
         per_traj_gap = torch.tensor(D.gather_lists((sums.gap.cpu() / counts).tolist()))
         per_traj_kl = D.gather_lists((sums.kl.cpu() / counts).tolist())
+        # δ(τ) = A(τ) · its mean gap, the δ̄ terms: its parts on successes and failures (margin.delta_parts)
+        advantage = torch.tensor(D.gather_lists(batch.advantage.cpu().tolist()))
+        all_counts = torch.tensor(D.gather_lists(batch.token_counts.tolist()))
+        delta_success, delta_failure = MG.delta_parts(advantage * per_traj_gap, all_counts, successes)
         n = batch.n_tokens
         row = {
             "step": self.state.step, "rollouts": self.state.rollouts,
             "reward_mean": float(rewards.mean()), "success_rate": float(successes.float().mean()),
             "distill_loss": totals["distill"], "kl_phi": totals["kl"], "delta": totals["delta"], "beta": beta,
+            "margin": self.margin, "delta_success": delta_success, "delta_failure": delta_failure,
             "anchor": composer.anchor, "student_entropy": totals["student_entropy"] / n,
             "teacher_entropy": totals["teacher_entropy"] / n, "topk_mass": totals["topk_mass"] / n,
             "grad_norm_theta": grad_theta, "grad_norm_phi": composer.grad_norm,
             "latent_norm_ratio": composer.latent_norm / max(self.embedding_norm, 1e-8),
             "step_seconds": time.perf_counter() - started,
+            "phase": self._phase, "teacher_refreshes": self.state.teacher_refreshes,
         }
         if not self.teacher_pass:  # no teacher: its columns have no value rather than a misleading 0
-            row.update(kl_phi=math.nan, delta=math.nan, teacher_entropy=math.nan, topk_mass=math.nan)
+            row.update(kl_phi=math.nan, delta=math.nan, teacher_entropy=math.nan, topk_mass=math.nan,
+                       delta_success=math.nan, delta_failure=math.nan)
         diag = {
             "step": self.state.step,
             "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
@@ -582,6 +743,7 @@ class Distiller:
             "skipped_updates": self.state.skipped_updates, "encoder_cache_hits": self.encoder.hits,
             "rollout_s": rollout_s, "teacher_s": sums.seconds["teacher"],
             "student_s": sums.seconds["student"], "composer_s": sums.seconds["composer"],
+            "refresh_student": math.nan, "refresh_teacher": math.nan,  # filled on a step that ran the check
         }
         # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
         # (benchmarks/probes/margin_probe.py reads it to price margins and advantages).
@@ -653,6 +815,7 @@ class Distiller:
             "rng_torch": torch.get_rng_state(),
             "data_position": self.state.step * self.cfg.tasks_per_step,
             "ema": self.ema_lm.state_dict() if self.ema_lm is not None else None,  # SDPO's EMA teacher
+            "teacher": self._refreshed_teacher_weights(),  # lopd_gated_refresh: a separate θ̄ once refreshed
         })
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
@@ -690,6 +853,8 @@ class Distiller:
         self.opt_phi.load_state_dict(payload["opt_phi"])
         if self.ema_lm is not None and payload.get("ema") is not None:
             self.ema_lm.load_state_dict(payload["ema"])
+        if payload.get("teacher") is not None:  # a refreshed separate θ̄ (LoRA with one copy: in `trainable`)
+            self.teacher.lm.load_state_dict(payload["teacher"])
         torch.set_rng_state(payload["rng_torch"])
         self.state = DistillState(**payload["state"])
 
@@ -742,7 +907,7 @@ def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin
 def check_divergence(distiller: Distiller, total_steps: int) -> None:
     """Fail as soon as the skipped updates exceed the allowed share of the whole run's updates (from then on
     the run cannot end under it), before a diverged model is checkpointed or exported."""
-    per_step = 2 if distiller.method.composer_trainable else 1
+    per_step = 2 if any(spec.composer_trainable for spec in distiller._phases) else 1
     allowed = distiller.cfg.max_skipped_share * total_steps * per_step
     skipped = distiller.state.skipped_updates
     if skipped > allowed:
@@ -761,7 +926,9 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     total = steps or cfg.steps
     if resume and distiller.load_checkpoint():
         distiller.check_steps(total)
-        distiller.log(f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f})")
+        distiller.log(f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f}"
+                      + (f", m={distiller.margin:.4g}" if distiller.margin is not None else "") + ")")
+    distiller.price_margin()  # `lopd.margin: auto`, before step 1 (a resumed run keeps the checkpoint's m)
     csv_path = Path(cfg.csv)
     diag_path = csv_path.with_name(csv_path.stem + "_diagnostics.csv")
     history = distiller.state.history
@@ -779,8 +946,8 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
                       f"({r['step_seconds']:.1f}s)")
         recent = [h["row"]["kl_phi"] for h in history[-DIVERGENCE_WINDOW - 1:-1] if math.isfinite(h["row"]["kl_phi"])]
         if distiller.method.composer_trainable and margin_by_divergence(recent, r["kl_phi"], r["delta"],
-                                                                        distiller.method.margin):
-            distiller.log(f"distill: step {r['step']}: warning: δ̄ {r['delta']:.3f} ≥ m = {distiller.method.margin} only "
+                                                                        distiller.margin):
+            distiller.log(f"distill: step {r['step']}: warning: δ̄ {r['delta']:.3f} ≥ m = {distiller.margin:.4g} only "
                           f"because the teacher moved away from the student (reverse KL {r['kl_phi']:.3f}, over "
                           f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
                           "is being distilled toward a worse teacher; lopd.advantage=group removes this incentive "

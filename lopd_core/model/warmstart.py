@@ -86,24 +86,56 @@ def first_action(seq: TrajectoryIds) -> TrajectoryIds:
     return TrajectoryIds(list(ids[:end]), list(mask[:end]), list(seq.sample_logprobs[:end]))
 
 
-def collate(seqs: list[TrajectoryIds], pad_id: int):
-    """Right-padded (B, T) ids, attention mask and labels (-100 wherever the token is not the policy's)."""
+def value_tokens(tokenizer) -> torch.Tensor:
+    """(V,) bool: the ids whose text is a word or a number (names, ids, amounts, tool names), not framing."""
+    import re
+
+    word = re.compile(r"[A-Za-z0-9_]+")
+    special = set(tokenizer.all_special_ids)
+    flags = torch.zeros(len(tokenizer), dtype=torch.bool)
+    for token, index in tokenizer.get_vocab().items():
+        if index not in special and word.fullmatch(tokenizer.convert_tokens_to_string([token]).strip()):
+            flags[index] = True
+    return flags
+
+
+def copy_targets(seq: TrajectoryIds, is_value: torch.Tensor | None) -> list[bool]:
+    """Per position: an action token that is a value already seen in the forced context before it (an id from an
+    observation, an amount or a name from the instruction) — a copy the policy must get right."""
+    seen, out = set(), []
+    for token, action in zip(seq.token_ids, seq.action_mask):
+        out.append(bool(action) and token in seen)
+        if not action and is_value is not None and bool(is_value[token]):
+            seen.add(token)
+    return out
+
+
+def collate(seqs: list[TrajectoryIds], pad_id: int, is_value: torch.Tensor | None = None, copy_weight: float = 1.0):
+    """Right-padded (B, T) ids, attention mask, labels (-100 wherever the token is not the policy's) and loss
+    weights per position (`copy_weight` on copies of context values, 1 on every other action token)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(seqs), width), dtype=torch.long)
     labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    weights = torch.ones((len(seqs), width))
     for row, s in enumerate(seqs):
         n = len(s)
         ids[row, :n] = torch.tensor(s.token_ids)
         attention[row, :n] = 1
         mask = torch.tensor(s.action_mask, dtype=torch.bool)
         labels[row, :n] = torch.where(mask, ids[row, :n], torch.tensor(-100))
-    return ids, attention, labels
+        if copy_weight != 1.0 and is_value is not None:
+            weights[row, :n] = torch.where(torch.tensor(copy_targets(s, is_value)), copy_weight, 1.0)
+    return ids, attention, labels, weights
 
 
 def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0,
-                      context_fraction: float = 1.0) -> torch.Tensor:
-    """Mean cross-entropy over action tokens; logits are computed only where a target exists.
+                      context_fraction: float = 1.0, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over action tokens (weighted by `weights` where given); logits are computed only where
+    a target exists.
+
+    `weights` (B, T) lets the few tokens that decide a task — the values copied from the context — count more
+    than the call syntax around them, which the base learns early and then only repeats.
 
     With `context_weight` > 0 the forced tokens (instruction, observations, experiences) are predicted too, at
     that weight: an auxiliary language-modelling signal that, like pretraining, teaches a tiny model to attend
@@ -116,7 +148,12 @@ def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0
     targets = labels[:, 1:]
     where = targets != -100  # (B, T-1): position t predicts token t+1
     logits = model.lm_head(hidden[:, :-1][where])  # (N, V), only supervised positions
-    loss = torch.nn.functional.cross_entropy(logits.float(), targets[where])
+    if weights is None:
+        loss = torch.nn.functional.cross_entropy(logits.float(), targets[where])
+    else:
+        w = weights[:, 1:][where]  # (N,)
+        per_token = torch.nn.functional.cross_entropy(logits.float(), targets[where], reduction="none")
+        loss = (w * per_token).sum() / w.sum()
     if context_weight > 0:
         context = (attention[:, 1:] == 1) & ~where
         if context_fraction < 1.0:
@@ -159,13 +196,14 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
 
 
 def train_step(model, optimizers: list[torch.optim.Optimizer], batch: list[TrajectoryIds], pad_id: int, ws,
-               factor: float) -> torch.Tensor:
+               factor: float, is_value: torch.Tensor | None = None) -> torch.Tensor:
     """One warm-start update on `batch` at `factor` times each group's peak rate; returns the loss."""
-    ids, attention, labels = collate(batch, pad_id)
+    ids, attention, labels, weights = collate(batch, pad_id, is_value, ws.copy_weight)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * factor
-    loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction)
+    loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction,
+                             None if ws.copy_weight == 1.0 else weights)
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -214,6 +252,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     batches = pack_batches(seqs, ws.batch_tokens, rng)
     total_steps = ws.max_steps or max(1, int(len(batches) * ws.epochs))
     optimizers = make_optimizers(model, ws)
+    is_value = value_tokens(tokenizer) if ws.copy_weight != 1.0 else None
 
     def lr_at(step: int, planned: int) -> float:
         """The schedule's factor on each group's peak rate: linear warm-up, cosine down to 5 %."""
@@ -229,7 +268,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         if step and step % len(batches) == 0:
             rng.shuffle(batches)
         batch = [seqs[i] for i in batches[step % len(batches)]]
-        loss = train_step(model, optimizers, batch, codec.pad_id, ws, lr_at(step, planned))
+        loss = train_step(model, optimizers, batch, codec.pad_id, ws, lr_at(step, planned), is_value)
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
         elapsed = time.perf_counter() - t_train

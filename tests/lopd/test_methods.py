@@ -44,7 +44,8 @@ def test_reference_kl_k3_is_zero_at_equality_and_positive_elsewhere():
 def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
     assert set(M.METHOD_NAMES) == {"lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience",
                                    "lopd_frozen_composer", "lopd_no_margin", "lopd_no_anchor",
-                                   "sharpened_teacher", "lopd_random_retrieval", "lopd_rl"}
+                                   "sharpened_teacher", "lopd_random_retrieval", "lopd_rl", "lopd_then_grpo",
+                                   "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl"}
     p = Params()
     assert M.method_spec("sharpened_teacher", p.baselines).teacher_temperature == 0.5
     assert M.method_spec("sdpo", p.baselines).teacher_weights == "ema"

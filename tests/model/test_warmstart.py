@@ -46,7 +46,7 @@ def test_pack_batches_respects_the_token_budget(tiny_demos, tiny_tokenizer):
 def test_action_token_loss_equals_masked_cross_entropy(tiny_demos, tiny_tokenizer, tiny_model):
     codec = ChatCodec(tiny_tokenizer)
     seqs = [encode_demo(d, codec) for d in tiny_demos[:4]]
-    ids, attention, labels = collate(seqs, codec.pad_id)
+    ids, attention, labels, _ = collate(seqs, codec.pad_id)
     assert ((labels != -100) == torch.nn.utils.rnn.pad_sequence(
         [torch.tensor(s.action_mask, dtype=torch.bool) for s in seqs], batch_first=True)).all()
     with torch.no_grad():
@@ -60,7 +60,7 @@ def test_context_loss_on_a_share_of_positions_estimates_the_full_term(tiny_demos
     Fraction 1 is the full mean; 0 leaves only the action loss; in between the estimate is reproducible under
     torch's seed and, averaged over draws, close to the full term."""
     codec = ChatCodec(tiny_tokenizer)
-    ids, attention, labels = collate([encode_demo(d, codec) for d in tiny_demos[:4]], codec.pad_id)
+    ids, attention, labels, _ = collate([encode_demo(d, codec) for d in tiny_demos[:4]], codec.pad_id)
     with torch.no_grad():
         actions = action_token_loss(tiny_model, ids, attention, labels)
         full = action_token_loss(tiny_model, ids, attention, labels, 1.0, 1.0) - actions
@@ -93,7 +93,7 @@ def test_a_few_steps_lower_the_loss_and_move_every_parameter(tiny_demos, tiny_to
 
     model = _tiny_model(tiny_tokenizer)
     codec = ChatCodec(tiny_tokenizer)
-    ids, attention, labels = collate([encode_demo(d, codec) for d in tiny_demos[:8]], codec.pad_id)
+    ids, attention, labels, _ = collate([encode_demo(d, codec) for d in tiny_demos[:8]], codec.pad_id)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizers = make_optimizers(model, WarmStartConfig(optimizer=kind, lr=1e-2, muon_lr=1e-2))
     losses = []
@@ -180,3 +180,34 @@ def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_pat
                                 "model.warmstart.time_budget_s=0.001", "model.warmstart.max_steps=3"])
     report = build_base(params, tmp_path / "base", log=lambda m: None)
     assert report.steps == 3
+
+
+def test_copy_weight_marks_values_seen_in_the_context_and_weights_the_mean(tiny_demos, tiny_tokenizer, tiny_model):
+    """A copied value (an amount from the instruction, an id from an observation) is marked; call syntax and a
+    value not yet in the context are not. Weight 1 is the plain mean; the weighted loss is sum(w·ce) / sum(w)."""
+    from lopd_core.model.chat import TrajectoryIds
+    from lopd_core.model.warmstart import copy_targets, value_tokens
+
+    is_value = value_tokens(tiny_tokenizer)
+    codec = ChatCodec(tiny_tokenizer)
+    word = tiny_tokenizer.convert_tokens_to_ids("bank_transfer")
+    brace = tiny_tokenizer.convert_tokens_to_ids("{")
+    assert bool(is_value[word]) and not bool(is_value[brace])
+    seq = TrajectoryIds([brace, word, brace, word, word], [0, 0, 1, 1, 0], [0.0] * 5)
+    assert copy_targets(seq, is_value) == [False, False, False, True, False]
+    fresh = TrajectoryIds([brace, word], [0, 1], [0.0] * 2)
+    assert copy_targets(fresh, is_value) == [False, False]
+
+    seqs = [encode_demo(d, codec) for d in tiny_demos[:4]]
+    ids, attention, labels, plain = collate(seqs, codec.pad_id, is_value, 1.0)
+    _, _, _, weighted = collate(seqs, codec.pad_id, is_value, 3.0)
+    assert torch.equal(plain, torch.ones_like(plain)) and set(weighted.unique().tolist()) == {1.0, 3.0}
+    with torch.no_grad():
+        mean = action_token_loss(tiny_model, ids, attention, labels)
+        torch.testing.assert_close(action_token_loss(tiny_model, ids, attention, labels, weights=plain), mean)
+        logits = tiny_model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        where = labels[:, 1:] != -100
+        ce = torch.nn.functional.cross_entropy(logits[where], labels[:, 1:][where], reduction="none")
+        w = weighted[:, 1:][where]
+        torch.testing.assert_close(action_token_loss(tiny_model, ids, attention, labels, weights=weighted),
+                                   (w * ce).sum() / w.sum(), atol=1e-5, rtol=1e-5)
