@@ -29,7 +29,7 @@ from flows.compare_cli import add_compare_parser
 from flows.envs_cli import add_envs_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
-from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.config import DEFAULT_PARAMS, ConfigError, Params, load_params
 from lopd_core.distributed import is_main
 from lopd_core.errors import StateError
 from lopd_core.locks import FolderLocked
@@ -81,11 +81,15 @@ def cmd_distill(params: Params, args) -> int:
 
 
 def cmd_evaluate(params: Params, args) -> int:
-    from lopd_core.evaluation import evaluate_stage, write_metrics
+    from lopd_core.evaluation import evaluate_stage, summary_table, write_metrics
     from lopd_core.model.loading import load_policy
     from lopd_core.outputs import file_target
 
     file_target(args.out or params.eval.out)  # a folder, FIFO or device is refused before minutes of evaluation
+    if args.task_runner:
+        from flows.evaluate_sharded import check_task_runner
+
+        check_task_runner(args.task_runner)  # a bad spec is one line, before any work
     started = time.perf_counter()
     if args.task_runner:  # the shards as mapped Prefect tasks (flows/evaluate_sharded.py); same eval.json
         from flows.evaluate_sharded import run_sharded
@@ -100,7 +104,7 @@ def cmd_evaluate(params: Params, args) -> int:
         results = evaluate_stage(model, tokenizer, params, log=_log)  # eval.benchmarks too; none by default
         path = write_metrics(results, args.out or params.eval.out)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
-    print(json.dumps(results, indent=2, sort_keys=True))
+    print(summary_table(results))  # the whole file is at `path`; here, one line per environment, split and mode
     return 0
 
 
@@ -121,12 +125,17 @@ WRITES = {
 }
 
 
+# Commands that play environments: every environment of the mix is resolved before they start (one line if not).
+RESOLVES_ENVS = ("base", "bank", "coldstart", "distill", "evaluate", "cycle", "compare")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--params", default="params.yaml", help="the run's configuration (default: params.yaml)")
+        p.add_argument("--params", default=None, help="the run's configuration (default: params.yaml; only the "
+                       "default may be missing, meaning every default)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one parameter (repeatable), e.g. --set rollout.temperature=0.7")
 
@@ -134,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         description = f"{help_text[0].upper()}{help_text[1:]}." + (f" Writes: {WRITES[name]}." if name in WRITES else "")
         p = sub.add_parser(name, help=help_text, description=description)
         add_common(p)
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, resolve_envs=name in RESOLVES_ENVS)
         return p
 
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
@@ -158,13 +167,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    explicit = args.params is not None  # a file the user named must exist; only the implicit default may not
+    args.params = args.params or DEFAULT_PARAMS
     try:
-        params = load_params(args.params, args.overrides)
+        params = load_params(args.params, args.overrides, must_exist=explicit)
+        if getattr(args, "resolve_envs", False):
+            from lopd_core.envs.mix import resolve_mix
+
+            resolve_mix(params.envs)
     except ConfigError as exc:
         print(f"lopd: invalid configuration: {exc}", file=sys.stderr)
         return 2
     try:
         return args.func(params, args)
+    # a setting that only the model or the data could refute (lopd.top_k against the vocabulary)
+    except ConfigError as exc:
+        print(f"lopd: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     # what is missing, busy or unusable on disk (a model, a checkpoint, a bank, a diverged run): no traceback
     except (FileNotFoundError, FolderLocked, StateError) as exc:
         print(f"lopd: {exc}", file=sys.stderr)

@@ -33,8 +33,17 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import stages as S
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.envs.mix import resolve_mix
 from lopd_core.lopd.methods import method_spec
-from tasks.caching import DONE, content_hash, is_complete, key_payload, mark_complete, stage_key
+from tasks.caching import (
+    DONE,
+    content_hash,
+    is_complete,
+    key_payload,
+    mark_complete,
+    plugin_fingerprint,
+    stage_key,
+)
 from tasks.stages import log
 from tasks.tracking import Tracker, eval_metrics, git_commit
 
@@ -85,6 +94,9 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
                 "bench": S.section(p, "bench"),
                 "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer, "bank": S.section(p, "bank"),
                 "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]}
+    plugins = plugin_fingerprint(p.envs)  # the mix's plugin task files and code (tasks/stage_params.py)
+    if plugins:
+        sections["plugins"] = plugins
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
     phase = "tune" if validation_n else "final"
     key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
@@ -148,6 +160,7 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
     started = time.perf_counter()
     commit = git_commit()  # the code the runs use: taken now, not when the report is written
     params, preset, merged = preset_params(params_file, overrides or [])
+    resolve_mix(params.envs)  # every environment of the mix resolves before any work or MLflow run
     tracker = Tracker(params.tracking) if track else None
     parent = None
     if tracker:

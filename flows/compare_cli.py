@@ -23,6 +23,10 @@ def cmd_compare(params: Params, args) -> int:
         os.environ.setdefault(key, value)
     from flows.compare import compare_flow
 
+    if not args.no_mlflow:
+        from tasks.tracking import probe_tracking
+
+        probe_tracking(params.tracking)  # an unusable store is one line now, not minutes of retries later
     command = "lopd compare" + "".join(f" --params {args.params}" if args.params != "params.yaml" else "")
     command += "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
     started = time.perf_counter()

@@ -29,6 +29,7 @@ from prefect import flow
 
 from flows import stages as S
 from lopd_core.config import Params, load_params
+from lopd_core.envs.mix import resolve_mix
 from lopd_core.locks import folder_lock
 from lopd_core.lopd.methods import resolve_method
 from tasks.caching import content_hash
@@ -89,6 +90,7 @@ def cycle_flow(params_file: str = "params.yaml", overrides: list[str] | None = N
                track: bool = True) -> list[dict]:
     """Run `cycles` cycles from the current champion; return one record per cycle."""
     params = load_params(params_file, overrides or [])
+    resolve_mix(params.envs)  # every environment of the mix resolves before a base is built or a run opened
     # One cycle at a time per folder: a second run would read the same history and champion and overwrite them.
     with folder_lock(params.cycle.dir, "the cycle folder"):
         return _run_cycles(params, cycles, Tracker(params.tracking) if track else None)

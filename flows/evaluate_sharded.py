@@ -20,8 +20,22 @@ from tasks.eval_shards import _policy, evaluate_shard_task
 from tasks.stages import with_paths
 
 
+TASK_RUNNER_FORMS = "threads[:N] (N >= 1), dask[:ADDRESS] or ray[:ADDRESS]"
+
+
+def check_task_runner(spec: str) -> None:
+    """Refuse a spec `task_runner_for` cannot build, as one line (SystemExit), before any work."""
+    kind, _, arg = spec.partition(":")
+    if kind not in ("threads", "dask", "ray"):
+        raise SystemExit(f"lopd: --task-runner: got {spec!r}, expected {TASK_RUNNER_FORMS}")
+    if kind == "threads" and arg and not (arg.isdigit() and int(arg) >= 1):
+        raise SystemExit(f"lopd: --task-runner: got {spec!r}, expected threads:N with N a whole number >= 1 "
+                         "(threads alone: as many as Prefect picks)")
+
+
 def task_runner_for(spec: str):
     """`threads[:N]`, `dask[:ADDRESS]` or `ray[:ADDRESS]` -> a Prefect task runner (no address: a local cluster)."""
+    check_task_runner(spec)
     kind, _, arg = spec.partition(":")
     if kind == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
@@ -39,7 +53,7 @@ def task_runner_for(spec: str):
         except ImportError as exc:
             raise SystemExit("--task-runner ray needs `pip install prefect-ray`") from exc
         return RayTaskRunner(address=arg) if arg else RayTaskRunner()
-    raise SystemExit(f"--task-runner: got {spec!r}, expected threads[:N], dask[:ADDRESS] or ray[:ADDRESS]")
+    raise SystemExit(f"--task-runner: got {spec!r}, expected {TASK_RUNNER_FORMS}")
 
 
 @flow(name="lopd-evaluate-sharded", log_prints=True, validate_parameters=False)

@@ -38,6 +38,10 @@ def cmd_cycle(params: Params, args) -> int:
         os.environ.setdefault(key, value)
     from flows.cycle import cycle_flow, summarize
 
+    if not args.no_mlflow:
+        from tasks.tracking import probe_tracking
+
+        probe_tracking(params.tracking)  # an unusable store is one line now, not minutes of retries later
     started = time.perf_counter()
     _log(f"lopd cycle: {args.cycles} cycle(s); state and cached work in {params.cycle.dir}/")
     from flows.reaper import start_reaper

@@ -18,8 +18,8 @@ from prefect import flow
 
 from lopd_core.config import Params
 from tasks import stages as T
-from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, stage_key
-from tasks.stage_params import STAGES, stage_sections, without_paths
+from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, plugin_fingerprint, stage_key
+from tasks.stage_params import STAGES, reads_plugins, stage_sections, without_paths
 from tasks.tracking import Tracker, dvc_hash, eval_metrics
 
 
@@ -45,10 +45,12 @@ def stage_payload(params: Params, stage: str, inputs: dict, extra: dict | None =
     if set(inputs) != expected:
         raise ValueError(f"{stage}: inputs {sorted(inputs)} differ from tasks/stage_params.py's {sorted(expected)}")
     extra = dict(extra or {})
-    if "envs" in STAGES[stage].params and params.envs.task_files:
-        # A plugin's task file is read by every stage that draws deployment tasks: an edit in place must re-run
-        # them, so the key holds the files' content, not only their paths.
-        extra["task_files"] = {name: content_hash(str(path)) for name, path in sorted(params.envs.task_files.items())}
+    if reads_plugins(stage):
+        # A plugin's task file and its package's code are read by every stage that draws deployment tasks: an edit
+        # in place must re-run them, so the key holds the files' content, not only their paths.
+        plugins = plugin_fingerprint(params.envs)
+        if plugins:
+            extra["plugins"] = plugins
     return key_payload(stage, {**stage_sections(params, stage), **extra}, inputs)
 
 

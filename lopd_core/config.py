@@ -111,7 +111,7 @@ class WarmStartConfig:
     and cut short at `time_budget_s`.
     """
 
-    demos: int = field(default=6000, metadata=positive())
+    demos: int = field(default=9000, metadata=positive())
     # Share of demonstrations that carry 1..max_experiences same-world successes as text in the first user turn.
     experience_fraction: float = field(default=0.7, metadata=fraction())
     max_experiences: int = field(default=3, metadata=positive())
@@ -120,7 +120,9 @@ class WarmStartConfig:
     # Kept small: more noise made the base worse at reproducing held-out tasks without teaching it the
     # conventions any better (benchmarks/probes/failure_probe.py measures it).
     convention_noise: float = field(default=0.15, metadata=fraction())
-    slip: float = field(default=0.05, metadata=fraction())  # per-call chance of a plausible argument mistake
+    # Per-call chance of a plausible argument mistake in a demonstration. 0 by default: a demonstrated miscopy
+    # teaches the base that a copied value is sometimes another one, and copying is what it is weakest at.
+    slip: float = field(default=0.0, metadata=fraction())
     epochs: float = field(default=6.0, metadata=positive())  # only when max_steps is 0 (see the docstring)
     batch_tokens: int = field(default=1024, metadata=positive())  # small batches: more steps, faster copying
     lr: float = field(default=6e-3, metadata=positive())  # AdamW's: embeddings and norms (all weights under adamw)
@@ -132,7 +134,7 @@ class WarmStartConfig:
     time_budget_s: float = field(default=270.0, metadata=positive())  # only when max_steps is 0: a wall clock
     # A fixed number of optimizer steps (0: epochs and the time budget decide): the same base on every
     # machine, which a time budget cannot give (the schedule is then planned for these steps).
-    max_steps: int = field(default=4500, metadata=non_negative())
+    max_steps: int = field(default=12000, metadata=non_negative())
     drills: int = field(default=6000, metadata=non_negative())  # copy/lookup drills run first (drills.py)
     context_loss_weight: float = field(default=0.3, metadata=non_negative())  # LM loss on forced tokens
     # Share of the forced positions that loss is estimated on each step (random): most of its cost is the output
@@ -140,7 +142,7 @@ class WarmStartConfig:
     context_loss_fraction: float = field(default=0.33, metadata=fraction())
     # Loss weight of an action token that copies a value (word or number) already in the context, against 1 for
     # the call syntax around it: the copies decide a task, the syntax is learned early (warmstart.py).
-    copy_weight: float = field(default=1.0, metadata=positive())
+    copy_weight: float = field(default=3.0, metadata=positive())
 
 
 @dataclass
@@ -158,16 +160,37 @@ class ModelConfig:
 def installed_env_plugins() -> dict[str, str]:
     """Environments installed packages register (entry points of group `lopd.envs`): name -> `module:Class`.
     Reads package metadata only; nothing is imported until an environment is used."""
-    return dict(_installed_env_plugins())
+    return {name: value for name, value, _ in _installed_env_plugins()}
+
+
+def installed_env_conflicts() -> dict[str, list[str]]:
+    """Names that two or more installed packages register with different classes: name -> ["package (module:Class)",
+    ...]. Such a name resolves to none of them (which one the metadata lists last is an accident of the install):
+    `envs.plugins.NAME` picks one."""
+    seen: dict[str, dict[str, str]] = {}
+    for name, value, dist in _installed_env_plugins():
+        seen.setdefault(name, {})[value] = dist
+    return {name: [f"{dist} ({value})" for value, dist in sorted(by_value.items())]
+            for name, by_value in seen.items() if len(by_value) > 1}
+
+
+def env_conflict_message(name: str, where: str) -> str:
+    both = " and ".join(installed_env_conflicts()[name])
+    return (f"{where}: environment {name!r} is registered by more than one installed package: {both}; uninstall "
+            f"one, or pick one with --set 'envs.plugins={{{name}: \"module:Class\"}}'")
 
 
 @functools.lru_cache(maxsize=1)
-def _installed_env_plugins() -> tuple[tuple[str, str], ...]:
+def _installed_env_plugins() -> tuple[tuple[str, str, str], ...]:
     # Read once a process: scanning package metadata costs milliseconds, and the environment registry resolves
     # a plugin's name for every episode the rollout engine plays.
     from importlib.metadata import entry_points
 
-    return tuple((ep.name, ep.value) for ep in entry_points(group=ENV_ENTRY_POINT_GROUP))
+    def package(ep) -> str:
+        dist = getattr(ep, "dist", None)
+        return getattr(dist, "name", None) or "an unnamed package"
+
+    return tuple((ep.name, ep.value, package(ep)) for ep in entry_points(group=ENV_ENTRY_POINT_GROUP))
 
 
 _PLUGIN_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -184,7 +207,9 @@ class EnvsConfig:
     # pretraining worlds; bank, distillation, evaluation and the cycle run in the deployment worlds, held out
     # from both (lopd_core/envs/worlds.py).
     pretrain_worlds: int = field(default=64, metadata=positive())
-    deploy_worlds: list[str] = field(default_factory=lambda: ["aurora"], metadata=subset_of(*NAMED_WORLDS))
+    # cobalt: of the named worlds, aurora and dune agree with what the pretraining worlds most often do, so the
+    # base half-knows them without experience; cobalt and borealis are new to it (docs/results.md).
+    deploy_worlds: list[str] = field(default_factory=lambda: ["cobalt"], metadata=subset_of(*NAMED_WORLDS))
     world_seed: int = 0  # which pretraining worlds are generated
     # Environments of your own by import path, name -> "module:Class" (lopd_core/envs/registry.py); the name must
     # equal the class's `name`.
@@ -193,6 +218,14 @@ class EnvsConfig:
     # Tasks of a plugin environment from a JSON Lines file instead of its own make_tasks, name -> path
     # (lopd_core/envs/task_files.py gives the format).
     task_files: dict[str, str] = field(default_factory=dict)
+    # Plugin environments' tools are trusted code run inside the trainer's process by default, with arguments the
+    # model chose (your files, environment variables and network are in reach). true: each episode's reset and
+    # step run in a child process behind the sandbox instead (no network, a scrubbed environment, only a private
+    # folder, rlimits; lopd_core/envs/guarded.py). A process per episode: benchmarks/isolated_tools.py prices it.
+    isolate_tools: bool = False
+    # The longest one reset or step of a plugin environment may take, isolated or not: past it the episode fails
+    # with one line naming the env and the task, instead of hanging a stage until cycle.stage_timeout_s.
+    step_timeout_s: float = field(default=30.0, metadata=positive())
 
     def __post_init__(self) -> None:
         self.check()
@@ -212,6 +245,9 @@ class EnvsConfig:
             raise ConfigError(f"envs.mix: got {unknown[0]!r}, expected one of the known environments: "
                               f"{', '.join(known)} (built-ins, envs.plugins, and entry points of group "
                               f"{ENV_ENTRY_POINT_GROUP!r})")
+        conflicts = installed_env_conflicts()
+        for name in sorted((set(self.mix) | set(self.task_files)) & set(conflicts) - set(self.plugins)):
+            raise ConfigError(env_conflict_message(name, "envs.mix" if name in self.mix else f"envs.task_files.{name}"))
         for name, path in self.task_files.items():
             if name not in plugin_names:
                 raise ConfigError(f"envs.task_files.{name}: got {path!r}, expected a plugin environment's name "
@@ -225,7 +261,13 @@ class EnvsConfig:
 class RolloutConfig:
     batch_size: int = field(default=32, metadata=positive())  # trajectories generated together
     max_new_tokens: int = field(default=64, metadata=positive())  # per assistant turn
+    # No context the policy (or a teacher pass over its trajectory) reads is longer than this: a turn that would
+    # not fit closes the episode (stop_reason context_limit), and distillation's rollouts keep room for the
+    # teacher's spliced latents.
     max_context: int = field(default=1024, metadata=positive())
+    # An environment's observation is cut to this many tokens, with a mark telling the model so (an observation
+    # has no size limit of its own: a huge one became one huge context). Room for that mark: at least 32.
+    max_observation_tokens: int = field(default=512, metadata=_check(lambda v: v >= 32, "an integer >= 32"))
     temperature: float = field(default=1.0, metadata=non_negative())
     top_p: float = field(default=1.0, metadata=_check(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"))
 
@@ -349,7 +391,7 @@ class LopdConfig:
     # or `auto`: priced before the first step as margin_fraction × the gap the initial teacher (φ0's latents)
     # shows on the bank's successes, 0 where it shows none (lopd_core/lopd/margin.py). Kept in the checkpoint: a
     # resumed run does not re-price. A method's own margin still wins (lopd_no_margin: 0).
-    margin: float | str = field(default=0.05, metadata=margin_value())
+    margin: float | str = field(default="auto", metadata=margin_value())
     # With margin: auto, the share of that gap m asks the composer to hold (1: all that privilege shows at φ0).
     margin_fraction: float = field(default=0.5, metadata=in_range(0.0, 1.0, open_low=True))
     anchor_weight: float = field(default=0.2, metadata=non_negative())  # λ
@@ -487,7 +529,18 @@ class ComparePreset:
 
 def _full_preset() -> ComparePreset:
     """Every method over three (deployment world, seed) replicates, tuned in a fourth world."""
-    return ComparePreset(worlds=["aurora", "borealis", "cobalt"], tune_world="dune")
+    return ComparePreset(worlds=["cobalt", "borealis", "aurora"], tune_world="dune")
+
+
+def _regime_preset() -> ComparePreset:
+    """The paper-regime comparison: LOPD against GRPO, the frozen composer, the ways past the teacher's ceiling,
+    m = 0 and both controls, at the one learning rate every method preferred in the `full` preset's tuning."""
+    return ComparePreset(
+        methods=["lopd", "lopd_frozen_composer", "grpo", "lopd_then_grpo", "lopd_mixed_kl", "lopd_no_margin",
+                 "sharpened_teacher", "lopd_random_retrieval"],
+        worlds=["cobalt", "borealis", "cobalt"], tune_world="dune", lr_grid=[3e-4], curve_points=5,
+        overrides=["bank.seed_tasks=64", "bank.samples_per_task=2", "eval.with_experience=false",
+                   "eval.splits=[test_id,test_ood]"])
 
 
 def _smoke_preset() -> ComparePreset:
@@ -511,6 +564,7 @@ class CompareConfig:
 
     preset: str = "full"  # a key of `presets`
     presets: dict[str, ComparePreset] = field(default_factory=lambda: {"full": _full_preset(),
+                                                                        "regime": _regime_preset(),
                                                                         "smoke": _smoke_preset()})
     work_dir: str = "data/compare"
     report_dir: str = "reports"
@@ -666,6 +720,9 @@ def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
     dotted, text = assignment.split("=", 1)
+    if "\n" in text or "\r" in text:  # YAML folds a line break in a plain value into a space: said, not done
+        raise ConfigError(f"{dotted.strip()}: the --set value {text!r} holds a line break, which YAML would turn "
+                          "into a space; give a one-line value, or write it in the params file")
     parts = dotted.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
@@ -739,14 +796,22 @@ def read_params_file(path: Path) -> dict:
     return loaded
 
 
-def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
-    """Read params.yaml (a missing file means all defaults), apply overrides, validate, return typed Params."""
+DEFAULT_PARAMS = "params.yaml"
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *,
+                must_exist: bool | None = None) -> Params:
+    """Read a params file, apply overrides, validate, return typed Params. Only the implicit default (`params.yaml`
+    in the working directory) may be missing, meaning all defaults; any other path must exist (`must_exist`:
+    True for a path the user named, even that one; None: every path but the default)."""
     path = Path(path)
     raw: dict = {}
-    if path.exists():
+    implicit = str(path) == DEFAULT_PARAMS and not must_exist
+    if path.exists() or path.is_symlink():
         raw = read_params_file(path)
-    elif path.name != "params.yaml":
-        raise ConfigError(f"{path}: no such params file")
+    elif not implicit:
+        raise ConfigError(f"{path}: no such params file (--params); only the default {DEFAULT_PARAMS} may be "
+                          "missing, meaning every default")
     for assignment in overrides:
         apply_override(raw, assignment)
     return _build(Params, raw, "")

@@ -19,3 +19,23 @@ class TrainingDiverged(StateError, RuntimeError):
 
 class NonFiniteWeights(StateError, ValueError):
     """A model file holds NaN or infinite weights (saved from a diverged run): its evaluations would be noise."""
+
+
+class EnvironmentFault(StateError, ValueError):
+    """An environment handed the pipeline something the contract forbids (a reward outside [0, 1], a task that
+    cannot be played): the message names the environment and the task, so the plugin's author knows where."""
+
+
+class ChatTemplateError(StateError, ValueError):
+    """A model folder's chat template cannot be used (none, it raises, it cannot render a tool turn): the
+    message names the folder."""
+
+
+class TrackingUnavailable(StateError):
+    """The MLflow tracking store cannot be used (unreachable, read-only, corrupt): the message names the URI and
+    the way out (--no-mlflow)."""
+
+
+class EnvironmentStepFailed(StateError):
+    """A plugin environment's reset or step did not come back: it ran past `envs.step_timeout_s`, or its isolated
+    process died. The message names the environment, the task and the setting."""

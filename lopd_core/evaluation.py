@@ -122,7 +122,8 @@ def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print
     ev, ro = params.eval, params.rollout
     temperature = 0.0 if shard.mode == "greedy" else ev.temperature
     sampling = Sampling(temperature=temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context)
+                        max_context=ro.max_context,
+                        max_observation_tokens=ro.max_observation_tokens)
     trajs = rollout(model, make_chat(tokenizer), shard_requests(params, shard), sampling=sampling,
                     batch_size=ro.batch_size, seed=params.seed)
     summary = summarize(trajs)
@@ -154,6 +155,34 @@ def evaluate_stage(model, tokenizer, params: Params, log=print) -> dict:
     results = evaluate(model, tokenizer, params, log=log)
     results.update(run_benchmarks(model, tokenizer, params, log=log))
     return results
+
+
+def summary_table(results: dict) -> str:
+    """eval.json as a compact text table: one line per environment, split and mode (success, its interval,
+    reward, n), then one line per benchmark section with its top-level numbers. What `lopd evaluate` prints
+    after its summary line; the file itself holds everything."""
+    from lopd_core.export import eval_rows
+
+    rows = eval_rows(results)
+    lines = []
+    if rows:
+        width = max(len(f"{env} {split}") for env, split, _, _ in rows)
+        lines.append(f"{'environment split':<{width}}  {'mode':<7}  {'success':>7}  {'ci95':<15}  {'reward':>6}  {'n':>5}")
+        for env, split, mode, cell in rows:
+            low, high = (cell.get("ci95") or [math.nan, math.nan])[:2]
+            lines.append(f"{env + ' ' + split:<{width}}  {mode:<7}  {cell['success_rate']:>7.3f}  "
+                         f"[{low:.3f}, {high:.3f}]  {cell.get('reward_mean', math.nan):>6.3f}  {cell.get('n', 0):>5}")
+    cells = {id(cell) for *_, cell in rows}
+    for name, section in results.items():
+        if isinstance(section, dict) and not any(id(c) in cells for c in _cells(section)):
+            numbers = [f"{k} {v:.4g}" for k, v in section.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            lines.append(f"{name}: " + (", ".join(numbers) if numbers else f"{len(section)} entries") + " (see the file)")
+    return "\n".join(lines)
+
+
+def _cells(section: dict) -> list:
+    return [cell for modes in section.values() if isinstance(modes, dict) for cell in modes.values()]
 
 
 def write_metrics(results: dict, path: str | Path) -> Path:

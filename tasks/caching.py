@@ -73,6 +73,17 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+def plugin_fingerprint(envs) -> dict[str, dict[str, list[str]]]:
+    """Content hashes of what the mix's plugin environments read beyond lopd_core (`code_fingerprint`): each one's
+    task file and its package's source (`registry.plugin_files`), name -> {"task_file": [...], "source": [...]}.
+    Why: a plugin's class names its own task file and its tools are its package's code; hashing only the paths of
+    `envs.task_files` let an edited task file or tool reuse a stale bank, student and evaluation."""
+    from lopd_core.envs.registry import plugin_files
+
+    return {name: {kind: [content_hash(path) for path in paths] for kind, paths in files.items()}
+            for name, files in plugin_files(envs).items()}
+
+
 def _plain(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) else value
 

@@ -11,6 +11,11 @@ key (the cycle hashes the content found there instead) but DVC still tracks them
 how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well.
 `cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input artifact's name, as the
 flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
+
+A stage that reads all of `envs` draws deployment tasks, so it plays the mix's plugin environments: it reads their
+task files and runs their packages' code, files whose paths come from params and package metadata. The cycle hashes
+them into the key itself (`tasks.caching.plugin_fingerprint`); DVC cannot list such paths as deps, so its `plugins`
+stage (always run, cheap) writes the same hashes to PLUGIN_FINGERPRINT, which those stages depend on.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# Where things are, not what is computed.
+# Where things are (or run), not what is computed: a plugin's tools give the same results in a sandboxed child.
 PATH_FIELDS = frozenset({"model.name_or_path", "model.base_dir", "model.device", "bank.dir", "bank.index_dir",
-                         "bank.chroma_url", "coldstart.out", "lopd.out_dir", "lopd.csv", "eval.out"})
-# How a stage reacts to a checkpoint made under other settings: the outputs of a run that goes on are the same.
-REACTION_FIELDS = frozenset({"lopd.resume_mismatch", "lopd.max_skipped_share"})
+                         "bank.chroma_url", "coldstart.out", "lopd.out_dir", "lopd.csv", "eval.out",
+                         "envs.isolate_tools"})
+# How a stage reacts to a checkpoint made under other settings, or to a plugin step that outlives its timeout (it
+# fails): the outputs of a run that goes on are the same.
+REACTION_FIELDS = frozenset({"lopd.resume_mismatch", "lopd.max_skipped_share", "envs.step_timeout_s"})
+PLUGIN_FINGERPRINT = "data/plugins.json"  # `lopd envs fingerprint`: the plugin files' hashes (module docstring)
 UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS
 
 
@@ -61,6 +69,8 @@ STAGES: dict[str, StageReads] = {
     "report": StageReads(("lopd.margin", "lopd.method", "baselines"),
                          {"curves": ("plots/distill.csv",), "student_eval": ("metrics/eval.json",),
                           "base_eval": ("metrics/eval_base.json",)}),
+    # DVC only: writes PLUGIN_FINGERPRINT (the cycle hashes the same files into each stage's key itself).
+    "plugins": StageReads(("envs.mix", "envs.plugins", "envs.task_files")),
 }
 
 
@@ -91,6 +101,12 @@ def dvc_params(stage: str) -> list[str]:
     return list(STAGES[stage].params)
 
 
+def reads_plugins(stage: str) -> bool:
+    """Whether `stage` plays the mix's plugin environments (it draws deployment tasks: it reads `envs` whole)."""
+    return "envs" in STAGES[stage].params
+
+
 def dvc_data_deps(stage: str) -> list[str]:
     """The artifact deps (not code) dvc.yaml's `deps:` of `stage` must list."""
-    return sorted({path for paths in STAGES[stage].inputs.values() for path in paths})
+    deps = {path for paths in STAGES[stage].inputs.values() for path in paths}
+    return sorted(deps | ({PLUGIN_FINGERPRINT} if reads_plugins(stage) else set()))

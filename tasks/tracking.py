@@ -253,3 +253,62 @@ class Tracker:
     def promote(self, version: str) -> None:
         """Move the champion alias to `version` (call only when the promotion gate passed)."""
         self.client.set_registered_model_alias(self.cfg.registered_model, self.cfg.champion_alias, version)
+
+
+NO_MLFLOW_HINT = "or run with --no-mlflow"
+
+
+def probe_tracking(cfg: TrackingConfig, timeout_s: float = 5.0) -> None:
+    """Check, before any work, that the tracking store can be written; raise TrackingUnavailable (one line with
+    the URI and the way out) if not. Why: an unreachable server made MLflow's client retry for minutes before a
+    long traceback, and a read-only or corrupt SQLite file failed deep inside its migrations; both after the
+    command had started its work. A server gets one short request; a SQLite file is opened and a write begun
+    (and rolled back); then the client reads the experiment as the run will."""
+    import sqlite3
+    import urllib.error
+    import urllib.request
+
+    from lopd_core.errors import TrackingUnavailable
+
+    uri = tracking_uri(cfg)
+    elsewhere = "point MLFLOW_TRACKING_URI or tracking.mlflow_uri at a store you can write"
+
+    def fail(why: str, fix: str = elsewhere) -> None:
+        raise TrackingUnavailable(f"MLflow tracking store {uri}: {why}; {fix}, {NO_MLFLOW_HINT}")
+
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError as exc:  # it answered: reachable (an old server may lack /health)
+            if exc.code >= 500:
+                fail(f"the server answers {exc.code} ({exc.reason})", "check the server")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            fail(f"unreachable within {timeout_s:g}s ({reason})", "start the server, or " + elsewhere)
+        return
+    if uri.startswith("sqlite:"):
+        db = Path(uri.split(":///", 1)[-1]) if ":///" in uri else None
+        if db is None or not str(db):
+            fail("not a sqlite:///PATH URI")
+        if db.exists():
+            if not db.is_file():
+                fail("the database path is not a file")
+            try:
+                con = sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=timeout_s)
+                try:
+                    con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                    con.execute("BEGIN IMMEDIATE")  # a write can begin: not read-only, not locked for good
+                    con.rollback()
+                finally:
+                    con.close()
+            except sqlite3.DatabaseError as exc:  # sqlite3.OperationalError (read-only, locked) is one too
+                fail(f"the database file cannot be used ({exc})", "restore or remove the file, or " + elsewhere)
+        elif not db.parent.is_dir():
+            fail(f"its folder {db.parent} does not exist")
+        elif not os.access(db.parent, os.W_OK):
+            fail(f"its folder {db.parent} cannot be written")
+    try:  # what the run does first: the experiment, read (or created) through the client
+        Tracker(cfg)
+    except Exception as exc:  # noqa: BLE001  MLflow raises many kinds; each is this one line
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"{type(exc).__name__}: {what[:300]}")

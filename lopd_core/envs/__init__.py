@@ -3,13 +3,16 @@
 base.py is the contract every environment implements and contract.py the checker that enforces it;
 registry.py resolves an environment by name (built-ins, then ``envs.plugins``, then entry points of group
 ``lopd.envs``); tasks.py draws any environment's task sets (task_files.py: tasks as JSON Lines); mix.py spreads
-a run's tasks over the environment mix. The environments live in their own packages: toolworld/ (stateful tool
-domains under worlds with different conventions), codegen/ (function-writing tasks graded in sandbox/, the only
-place model code runs), declarative/ (a tool environment built from plain functions and task files, for plugins).
+a run's tasks over the environment mix; guarded.py is the plugin trust boundary (a per-step timeout, and with
+``envs.isolate_tools`` each episode in a sandboxed child: isolated.py). The environments live in their own
+packages: toolworld/ (stateful tool domains under worlds with different conventions), codegen/ (function-writing
+tasks graded in sandbox/, the only place model code runs; isolated plugins borrow its layers), declarative/ (a
+tool environment built from plain functions and task files, for plugins).
 """
 
 from __future__ import annotations
 
+from . import registry
 from .base import SPLITS, Environment, FirstObservation, StepResult, Task
 from .codegen import CodegenEnv
 from .contract import check_env_contract
@@ -33,9 +36,10 @@ ENVS = {"toolworld": ToolWorldEnv, "codegen": CodegenEnv}  # the built-ins; plug
 
 
 def make_env(task_or_env_name: Task | str) -> Environment:
-    """A fresh, single-use environment instance for a task (or an env name): a built-in or a plugin."""
+    """A fresh, single-use environment instance for a task (or an env name): a built-in, or a plugin behind the
+    per-step timeout and, with ``envs.isolate_tools``, in a sandboxed child (guarded.py)."""
     name = task_or_env_name.env if isinstance(task_or_env_name, Task) else task_or_env_name
-    return env_class(name)()
+    return registry.new_env(name)
 
 
 __all__ = [

@@ -8,12 +8,18 @@ serialises to JSON and back exactly, which lets task sets be versioned as files.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 # train / test_id / test_ood are drawn in the deployment worlds; pretrain_test holds out instances of the
 # pretraining worlds (the warm start's), to measure what adaptation forgets.
 SPLITS = ("train", "test_id", "test_ood", "pretrain_test")
+
+# The most turns a task may allow. Why a bound: every turn adds at least an action, its closing token, an
+# observation and the next turn header to one context of at most `rollout.max_context` tokens, so no run plays
+# more than a few hundred turns, while a typo (1e9) made the contract checker build a billion-item list.
+MAX_TURNS = 256
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,12 @@ class Task:
     instruction: str
     spec: dict = field(hash=False, compare=True)
     max_turns: int
+
+    def __post_init__(self) -> None:
+        turns = self.max_turns
+        if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
+            raise ValueError(f"task {self.task_id!r} of env {self.env!r}: max_turns must be an integer in "
+                             f"[1, {MAX_TURNS}], got {turns!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -62,6 +74,24 @@ class StepResult:
     reward: float
     done: bool
     info: dict = field(hash=False, compare=True)
+
+
+def checked_result(task: Task, result: StepResult) -> StepResult:
+    """`result` as it leaves the environment of `task`, its reward checked: a number in [0, 1]. Why here: a
+    reward out of range poisons everything after it (a NaN in eval.json, a β driven without bound into the
+    checkpoint), and only here is it still known which environment and task produced it."""
+    from lopd_core.errors import EnvironmentFault
+
+    if not isinstance(result, StepResult) or not isinstance(result.observation, str):
+        raise EnvironmentFault(f"env {task.env!r} returned {result!r:.120} from step() for task {task.task_id!r}, "
+                               "expected a StepResult whose observation is a str")
+    reward = result.reward
+    if (not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward)
+            or not 0.0 <= reward <= 1.0):
+        raise EnvironmentFault(f"env {task.env!r} returned reward {reward!r} for task {task.task_id!r}, expected a "
+                               "number in [0, 1]: fix the environment's reward (`lopd envs check "
+                               f"{task.env}` runs its contract checker)")
+    return result
 
 
 @runtime_checkable

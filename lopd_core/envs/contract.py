@@ -5,13 +5,24 @@ first violation. It only uses the public contract (reset / step / episode, Task 
 future codegen environment is checked by the same function. ``scripted(task)`` may supply a
 meaningful action sequence (e.g. an oracle's) to replay for the determinism and record checks;
 by default a few malformed probes and a final answer are used.
+
+Tools are called, not only listed: every tool the first observation declares (``first.tools``) is called at
+least once in the text protocol (``<tool_call>{"name", "arguments"}</tool_call>``), with the class's own
+``tool_examples`` (name -> list of argument objects) where it has them, else with one argument object its schema
+admits. A tool that raises inside (``internal_errors``: the agent would see "failed") fails the check, and so do
+tool calls whose observations differ between two fresh instances (a tool that keeps state outside the episode,
+in a module or class attribute). Why: a checker that only reads the schemas passed environments whose every tool
+raised. An environment without ``tools`` in its first observation (codegen) has nothing to call.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 
 from .base import FirstObservation, StepResult, Task
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # the text protocol of toolworld/tools.py
 
 MALFORMED_PROBES = (
     '<tool_call>{"name": "x", "arguments": {</tool_call>',  # bad JSON
@@ -71,7 +82,69 @@ def _play(env_factory: Callable, task: Task, actions: list[str]) -> tuple[object
         results.append(r)
         if r.done:
             break
+    _check_internal_errors(task, env, actions)
     return env, results
+
+
+def _check_internal_errors(task: Task, env, actions: list[str]) -> None:
+    errors = getattr(env, "internal_errors", None)
+    if errors:
+        played = " | ".join(actions)
+        _fail(task, f"a tool raised inside ({str(errors[0])[:300]}) on the actions {played[:400]!r}; the agent saw "
+                    "'failed'. Raise ToolError for a bad call; give the class tool_examples if the checker's "
+                    "arguments are not ones the tool should meet")
+
+
+def _value(prop: dict):
+    """One value a schema property admits (its default, its first enum value, else a plain one of its type)."""
+    if not isinstance(prop, dict):
+        return "a"
+    if "default" in prop and prop["default"] is not None:
+        return prop["default"]
+    if isinstance(prop.get("enum"), list) and prop["enum"]:
+        return prop["enum"][0]
+    kind = prop.get("type")
+    if kind == "array":
+        items = prop.get("items")
+        return [_value(items)] if isinstance(items, dict) and items else []
+    return {"integer": 1, "number": 1.0, "boolean": False, "object": {}}.get(kind, "a")
+
+
+def schema_arguments(schema: dict) -> dict:
+    """An argument object the tool's schema admits: every declared parameter, each with `_value`."""
+    params = schema.get("parameters") if isinstance(schema.get("parameters"), dict) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    return {name: _value(prop) for name, prop in props.items()}
+
+
+def tool_calls(first: FirstObservation, examples: dict | None) -> list[tuple[str, dict]]:
+    """(name, arguments) for every declared tool: the class's examples where it gives them, else one made up."""
+    calls: list[tuple[str, dict]] = []
+    for schema in first.tools:
+        name = schema["name"]
+        given = (examples or {}).get(name)
+        calls += [(name, dict(a)) for a in given] if given else [(name, schema_arguments(schema))]
+    return calls
+
+
+def _call_text(name: str, arguments: dict) -> str:
+    return f'{CALL_OPEN}{json.dumps({"name": name, "arguments": arguments})}{CALL_CLOSE}'
+
+
+def _check_tools(env_factory: Callable, task: Task, first: FirstObservation, examples: dict | None) -> None:
+    """Call every declared tool; each episode holds as many calls as its turns allow, and is played twice."""
+    calls = tool_calls(first, examples)
+    per_episode = max(1, task.max_turns - 1)  # room for the closing answer where there is any
+    for start in range(0, len(calls), per_episode):
+        chunk = calls[start:start + per_episode]
+        actions = [_call_text(n, a) for n, a in chunk] + (["done"] if task.max_turns > len(chunk) else [])
+        _, first_play = _play(env_factory, task, actions)
+        _, second_play = _play(env_factory, task, actions)
+        for (name, arguments), a, b in zip(chunk, first_play, second_play):
+            if (a.observation, a.reward, a.done, a.info) != (b.observation, b.reward, b.done, b.info):
+                _fail(task, f"tool {name} answered {a.observation[:200]!r}, then {b.observation[:200]!r} in a "
+                            f"fresh instance on the same call {arguments!r}: does it keep state outside the "
+                            "episode (a module or class attribute)?")
 
 
 def _check_episode(task: Task, env, actions: list[str], results: list[StepResult]) -> None:
@@ -157,4 +230,5 @@ def check_env_contract(
         if not res_a[-1].done:
             _fail(task, "scripted actions did not finish the episode")
         _check_episode(task, env_a, actions, res_a)
+        _check_tools(env_factory, task, first, getattr(env_a, "tool_examples", None))
     return count

@@ -57,6 +57,29 @@ def pretraining_mix(mix: dict[str, float]) -> dict[str, float]:
     return {e: w for e, w in mix.items() if registry.has_pretraining(e)} or {"toolworld": 1.0}
 
 
+def resolve_mix(envs) -> None:
+    """Resolve every environment of an `envs:` section now, before any work: each plugin of the mix (and of
+    envs.task_files) imported and its class checked, every task file read line by line, a task of each split
+    drawn from a class's own make_tasks. Why at the start: a typo in envs.plugins or a bad task line used to
+    surface only in the bank stage, after the base was built and an MLflow run opened, as a long traceback.
+    Raises ConfigError, one line naming the environment."""
+    from lopd_core.config import ConfigError
+
+    registry.use_config(envs)
+    for name in dict.fromkeys([*envs.mix, *envs.task_files]):
+        if registry.has_pretraining(name):
+            continue  # the built-ins generate their tasks; nothing of theirs comes from configuration
+        source = registry.known_envs().get(name, "unregistered")
+        try:
+            registry.env_class(name)
+            for split in registry.env_splits(name):
+                make_tasks(name, split, 1, 0)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  whatever a plugin raises is its configuration's fault
+            what = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
+            raise ConfigError(f"envs: environment {name!r} ({source}) cannot be used: {type(exc).__name__}: "
+                              f"{what}") from None
+
+
 def deployment_tasks(envs, split: str, n: int, seed: int) -> list[Task]:
     """Tasks of `split` in the run's deployment worlds (`pretrain_test`: in its pretraining worlds), from an
     `envs:` config section. Bank, distillation and evaluation draw here, never from the pretraining worlds."""

@@ -16,15 +16,18 @@ worlds, so no ``pretrain_test`` unless it provides one).
 Why a process-wide table for the params part: the rollout engine builds environments from a task's env name
 alone. Every door that draws tasks from a run's ``envs:`` section (mix.py, evaluation.py, ``lopd envs check``)
 calls ``use_config`` first, so the names its tasks carry resolve. Module paths come from configuration and
-package metadata, never from model output.
+package metadata, never from model output. ``new_env`` builds the instances a run plays: a plugin behind the
+per-step timeout, isolated in a sandboxed child with ``envs.isolate_tools`` (guarded.py). ``plugin_files`` names
+the files a plugin brings (task file, package source), which the stages that play it key on.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from functools import lru_cache
 
-from lopd_core.config import installed_env_plugins
+from lopd_core.config import env_conflict_message, installed_env_conflicts, installed_env_plugins
 from lopd_core.names import BUILTIN_ENVS, ENV_ENTRY_POINT_GROUP
 
 from .base import SPLITS, Task
@@ -34,13 +37,18 @@ PLUGIN_SPLITS = ("train", "test_id", "test_ood")
 
 _plugins: dict[str, str] = {}  # envs.plugins of the run this process serves
 _task_files: dict[str, str] = {}  # envs.task_files of that run
+_isolate_tools = False  # envs.isolate_tools: plugin envs' reset/step in a sandboxed child (guarded.py)
+_step_timeout_s = 30.0  # envs.step_timeout_s: the longest one reset or step of a plugin env may take
 
 
 def use_config(envs) -> None:
-    """Make an ``envs:`` config section's plugins and task files this process's (replacing earlier ones)."""
-    global _plugins, _task_files
+    """Make an ``envs:`` config section's plugins, task files and plugin guard (isolation, step timeout) this
+    process's (replacing earlier ones)."""
+    global _plugins, _task_files, _isolate_tools, _step_timeout_s
     _plugins = dict(getattr(envs, "plugins", {}) or {})
     _task_files = dict(getattr(envs, "task_files", {}) or {})
+    _isolate_tools = bool(getattr(envs, "isolate_tools", False))
+    _step_timeout_s = float(getattr(envs, "step_timeout_s", 30.0))
 
 
 def installed() -> dict[str, str]:
@@ -62,7 +70,10 @@ def _import(spec: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"plugin {spec!r} is not of the form module:Class")
-    obj = importlib.import_module(module_name)
+    try:
+        obj = importlib.import_module(module_name)
+    except SystemExit as exc:  # a plugin that exits while imported would end the whole command without a word
+        raise ImportError(f"plugin module {module_name!r} called sys.exit({exc.code!r}) while being imported") from None
     for part in attr.split("."):  # a path from configuration or package metadata, never from the model
         obj = getattr(obj, part)
     return obj
@@ -94,7 +105,61 @@ def env_class(name: str) -> type:
     if spec is None:
         raise ValueError(f"unknown env {name!r}; known: {', '.join(known_envs())} (register one with envs.plugins "
                          f"or an entry point of group {ENV_ENTRY_POINT_GROUP!r})")
+    if name not in _plugins and name in installed_env_conflicts():  # two packages claim it: neither wins silently
+        raise ValueError(env_conflict_message(name, f"env {name!r}"))
     return _load(name, spec)
+
+
+def _spec(name: str, plugins: dict[str, str]) -> str | None:
+    return plugins.get(name) or installed().get(name)
+
+
+def new_env(name: str):
+    """A fresh, single-use instance of env ``name``: a built-in as it is; a plugin behind the step timeout, in a
+    sandboxed child when ``envs.isolate_tools`` is on (guarded.py: the trust boundary)."""
+    cls = env_class(name)
+    if name in BUILTIN_ENVS:
+        return cls()
+    from .guarded import plugin_env
+
+    return plugin_env(name, cls, _spec(name, _plugins), isolate=_isolate_tools, timeout_s=_step_timeout_s)
+
+
+def isolation_note(name: str) -> str:
+    """One line on where env ``name``'s tools run: the trust boundary, said where a user checks a plugin."""
+    if name in BUILTIN_ENVS:
+        return f"{name} is built in (model-written code runs only in the sandbox)"
+    if _isolate_tools:
+        return (f"{name}'s reset and step run isolated (envs.isolate_tools: a child process per episode with no "
+                f"network, a scrubbed environment and only a private folder; {_step_timeout_s:g} s a step)")
+    return (f"{name}'s tools are trusted code: they run inside the trainer's process with the arguments the model "
+            f"chose, and may read your files, environment variables and network; set envs.isolate_tools: true to "
+            f"run them in the sandbox")
+
+
+def plugin_files(envs) -> dict[str, dict[str, list[str]]]:
+    """The files each plugin env of ``envs.mix`` reads beyond lopd_core: its task file (``envs.task_files``, else
+    the class's ``task_file``) and its package's source (the folder of the class's top-level package, or the
+    module file of a top-level module). A stage that plays the env reads them, so they belong in its cache key.
+    Resolves from ``envs`` itself, without changing this process's configuration."""
+    plugins = dict(getattr(envs, "plugins", {}) or {})
+    task_files = dict(getattr(envs, "task_files", {}) or {})
+    out: dict[str, dict[str, list[str]]] = {}
+    for name in sorted(envs.mix):
+        if name in BUILTIN_ENVS:
+            continue
+        spec = _spec(name, plugins)
+        if spec is None:  # refused at config load (EnvsConfig.check); a stage that plays it fails, naming it
+            continue
+        cls = _load(name, spec)
+        task_file = task_files.get(name) or getattr(cls, "task_file", None)
+        source: list[str] = []
+        for module in {cls.__module__, spec.partition(":")[0]}:  # where the class is defined, where it is named
+            top = sys.modules[module.split(".")[0]]
+            source += list(getattr(top, "__path__", None) or [getattr(top, "__file__", None)])
+        out[name] = {"task_file": [str(task_file)] if task_file else [],
+                     "source": sorted({str(s) for s in source if s})}
+    return out
 
 
 def has_pretraining(name: str) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from .base import SPLITS, Task
+from .base import MAX_TURNS, SPLITS, Task
 
 TASK_KEYS = ("task_id", "split", "template", "world", "instruction", "max_turns")
 
@@ -34,19 +34,72 @@ class TaskFileError(ValueError):
     """A task file is missing or one of its lines is not a valid task (the message names file and line)."""
 
 
+# How deep a task line's JSON may nest: far beyond any state or check a task needs, and shallow enough that
+# nothing downstream (deep copies, the checks' walks, the bank's JSON) recurses out of its stack on it.
+MAX_DEPTH = 64
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _data_error(value) -> str | None:
+    """Why a parsed line is not plain data the pipeline can carry (None when it is): too deep, or a string that
+    is not valid Unicode text (a lone surrogate from a `\\ud800` escape, which no tokenizer can encode)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(node, dict):
+            stack += [(k, depth) for k in node] + [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"the string {node[:40]!r} holds a lone surrogate (not valid Unicode text)"
+    return None
+
+
+def _parse_line(raw: bytes, where: str) -> dict | None:
+    """One line of a task file as a JSON object (None for a blank or comment line); every way it can be bad is
+    a TaskFileError naming `where` (file:line)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFileError(f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                            "save the file as UTF-8") from None
+    if not line.strip() or line.lstrip().startswith("#"):
+        return None
+    try:
+        row = json.loads(line, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise TaskFileError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TaskFileError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # NaN / Infinity, an integer of thousands of digits
+        raise TaskFileError(f"{where}: not plain JSON data ({str(exc).splitlines()[0]})") from None
+    if not isinstance(row, dict):
+        raise TaskFileError(f"{where}: a task must be a JSON object, got {type(row).__name__}")
+    why = _data_error(row)
+    if why:
+        raise TaskFileError(f"{where}: {why}")
+    return row
+
+
 @lru_cache(maxsize=32)
 def _read_lines(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, dict], ...]:
     rows = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskFileError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise TaskFileError(f"{path}:{lineno}: a task must be a JSON object, got {type(row).__name__}")
-        rows.append((lineno, row))
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TaskFileError(f"task file {path!r} cannot be read ({exc.strerror or exc})") from None
+    for lineno, raw in enumerate(data.splitlines(), start=1):  # bytes: a bad byte is named by its line
+        row = _parse_line(raw, f"{path}:{lineno}")
+        if row is not None:
+            rows.append((lineno, row))
     return tuple(rows)
 
 
@@ -68,8 +121,9 @@ def read_task_file(path: str | Path, env: str, *, max_turns: int = 8,
         if not isinstance(instruction, str) or not instruction.strip():
             raise TaskFileError(f"{where}: instruction must be a non-empty string")
         turns = row.get("max_turns", max_turns)
-        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
-            raise TaskFileError(f"{where}: max_turns must be an integer >= 1, got {turns!r}")
+        if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
+            raise TaskFileError(f"{where}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS "
+                                f"says why), got {turns!r}")
         for key in ("task_id", "world", "template"):
             if key in row and (not isinstance(row[key], str) or not row[key].strip()):
                 raise TaskFileError(f"{where}: {key} must be a non-empty string")

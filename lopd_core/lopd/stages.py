@@ -30,7 +30,7 @@ from lopd_core.lopd.coldstart_data import (
 )
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
 from lopd_core.lopd.growing_bank import BankGrowth, copy_input_bank, growth_enabled
-from lopd_core.lopd.trainer import Distiller, export, load_composer, run_distill
+from lopd_core.lopd.trainer import Distiller, check_top_k, export, load_composer, run_distill
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy, model_path
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
@@ -84,7 +84,8 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
     sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context)
+                        max_context=ro.max_context,
+                        max_observation_tokens=ro.max_observation_tokens)
     trajs = rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
                     seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
                     if done % (ro.batch_size * 10) == 0 or done == total else None)
@@ -186,6 +187,7 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
     torch.manual_seed(params.seed)  # a composer built fresh (a method without φ0) starts the same every run
     D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
     model, tokenizer = load_policy(params.model)
+    check_top_k(params.lopd, model)  # the setting first: a later error (no φ0) must not hide it
     spec = M.method_spec(params.lopd.method, params.baselines)
     if spec.needs_composer and not Path(params.coldstart.out).exists():
         raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")

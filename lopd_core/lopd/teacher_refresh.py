@@ -74,7 +74,8 @@ def greedy_score(lm, codec, tasks: list[Task], rollout_cfg, *, seed: int = 0) ->
     share and the counts are summed, so every rank reaches the same decision."""
     mine = D.shard_range(len(tasks))
     sampling = Sampling(temperature=0.0, top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens,
-                        max_context=rollout_cfg.max_context)
+                        max_context=rollout_cfg.max_context,
+                        max_observation_tokens=rollout_cfg.max_observation_tokens)
     requests = [RolloutRequest(t) for t in tasks[mine.start:mine.stop]]
     trajs = rollout(lm, codec, requests, sampling=sampling, batch_size=rollout_cfg.batch_size, seed=seed)
     wins, reward = D.global_sum([float(sum(t.success for t in trajs)), float(sum(t.reward for t in trajs))])

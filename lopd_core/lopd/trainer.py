@@ -56,6 +56,8 @@ from lopd_core.lopd.models import export_student, make_student_and_teacher
 from lopd_core.lopd.step import StepResult, chunk_group, micro_batches
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
 from lopd_core.model.chat import make_chat
+from lopd_core.outputs import OutputPathError
+from lopd_core.outputs import _reason as output_reason
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 CSV_COLUMNS = [
@@ -73,13 +75,14 @@ Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts
 # What a checkpoint must agree with to be resumed: the settings that shape a run's numbers (the distill stage's
 # reads in tasks/stage_params.py, less where things are). Free to change on a resume: lopd.steps (a longer run
 # continues a shorter one; a checkpoint past it is refused apart), where outputs go, how often checkpoints are
-# written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself.
+# written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself; where a
+# plugin's tools run and how long a step may take (the same episodes either way).
 RESUME_SETTINGS = ("seed", "model.dtype", "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
                    "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
                    "bank.min_reward")
 RESUME_FREE = frozenset({"lopd.steps", "lopd.out_dir", "lopd.csv", "lopd.checkpoint_every", "lopd.resume_mismatch",
                          "lopd.max_skipped_share", "lopd.low_memory", "lopd.teacher_micro_batch",
-                         "lopd.share_prompt"})
+                         "lopd.share_prompt", "envs.isolate_tools", "envs.step_timeout_s"})
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
 NOT_RECORDED = "(not recorded)"
@@ -136,6 +139,15 @@ def load_composer(path: str | Path, lm_width: int, cfg, embedding_norm: float) -
     if path and Path(path).exists():
         composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return composer
+
+
+def check_top_k(lopd, model) -> None:
+    """lopd.top_k against the model's vocabulary: checked as soon as the model is loaded (`run_lopd`), before
+    anything else could fail first and hide the setting behind another error."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if lopd.student_loss == "topk" and lopd.top_k >= vocab:
+        raise ConfigError(f"lopd.top_k: got {lopd.top_k}, expected fewer than the model's vocabulary "
+                          f"({vocab}); for the whole distribution set lopd.student_loss=full")
 
 
 def sample_seed(seed: int, step: int, task_index: int, sample_index: int) -> int:
@@ -237,10 +249,7 @@ class Distiller:
             raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
                              f"number of processes ({D.world_size()}): every rank needs a task per step")
         params.lopd.check()  # the rules across keys, also for a section built by hand
-        vocab = base.get_output_embeddings().weight.shape[0]
-        if params.lopd.student_loss == "topk" and params.lopd.top_k >= vocab:
-            raise ConfigError(f"lopd.top_k: got {params.lopd.top_k}, expected fewer than the model's vocabulary "
-                              f"({vocab}); for the whole distribution set lopd.student_loss=full")
+        check_top_k(params.lopd, base)
         torch.manual_seed(params.seed)
         self.params, self.cfg = params, params.lopd
         self.log = log if D.is_main() else (lambda *_a, **_k: None)  # one voice, not one per rank
@@ -279,6 +288,14 @@ class Distiller:
         self.refresh_scorer: Callable[[Any], R.CheckScore] = self._held_out_score
         self._check_tasks: list[Task] | None = None
         self.pricing = pricing  # what `lopd.margin: auto` is priced on (`price_margin`); None: the first step
+        # Positions the teacher splices into a trajectory (its latents and their frame), reserved in the student's
+        # rollouts so that no teacher pass reads more than rollout.max_context (text contexts are cut to fit).
+        self.splice_room = max(3 + params.bank.top_j * composer.num_queries if m.needs_composer else 0
+                               for m in self._phases)
+        if params.rollout.max_context - self.splice_room < params.rollout.max_new_tokens + 1:
+            raise ConfigError(f"rollout.max_context: got {params.rollout.max_context}, expected more than the "
+                              f"teacher's {self.splice_room} spliced positions (bank.top_j × composer.num_queries + 3) "
+                              f"plus rollout.max_new_tokens ({params.rollout.max_new_tokens})")
 
     @property
     def margin(self) -> float | None:
@@ -322,7 +339,8 @@ class Distiller:
         seeds = [sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
                  for i in range(len(requests))]
         sampling = Sampling(temperature=cfg.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                            max_context=ro.max_context)
+                            max_context=ro.max_context - self.splice_room,
+                            max_observation_tokens=ro.max_observation_tokens)
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
                         seed=self.params.seed * 1_000_003 + s, seeds=seeds)
         self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
@@ -403,7 +421,10 @@ class Distiller:
 
     def _seed_gap(self, rows: list[MG.PricingTrajectory], retriever: Retriever) -> tuple[float, int]:
         """The mean over `rows` (every rank's share of them) of each one's mean log p_T,φ0(a) − log p_S(a) at its
-        action tokens, and how many rows had action tokens; no gradient, in micro-batches of the run's size."""
+        action tokens, and how many rows had action tokens; no gradient, in micro-batches of the run's size. Rows
+        too long to hold the teacher's splice within rollout.max_context are left out (the bank's rollouts did not
+        reserve room for it)."""
+        rows = [r for r in rows if len(r.token_ids) + self.splice_room <= self.params.rollout.max_context]
         part = rows[D.shard_range(len(rows)).start:D.shard_range(len(rows)).stop]
         total, n = 0.0, 0
         if part:
@@ -570,10 +591,11 @@ class Distiller:
                 ctx = [self._row_latents(context, i) for i in rows]
                 keys = [tuple(context.slots[i]) for i in rows]  # equal slots: the same latent rows
             elif context.text_context is not None:
-                ctx = self._context_embeddings(lm, [context.text_context[i] for i in rows])
-                keys = [context.text_context[i] for i in rows]
+                ctx = self._context_embeddings(lm, [context.text_context[i] for i in rows], [len(r) for r in ids])
+                keys = [(context.text_context[i], c.shape[0]) for i, c in zip(rows, ctx)]  # the text as cut
             else:
                 ctx = keys = None
+            self._check_teacher_rows(ids, ctx)
             scores = S.score_teacher(lm, ids, masks, ctx, keys, framing=self.framing,
                                      share_prompt=self.cfg.share_prompt, top_k=self.cfg.top_k,
                                      temperature=self.method.teacher_temperature,
@@ -763,17 +785,31 @@ class Distiller:
             return self.teacher.active()
         return nullcontext(self.ema_lm if self.method.teacher_weights == "ema" else self.student)
 
-    def _context_embeddings(self, lm, texts: list[str | None]) -> list[torch.Tensor]:
+    def _context_embeddings(self, lm, texts: list[str | None], lengths: list[int] | None = None
+                            ) -> list[torch.Tensor]:
         """Text contexts as (L, D) embeddings for the latent slot: spliced there they are exactly the same
         conversation with the text in its first user turn. None or "" (no context) is zero rows: no block, the
-        plain conversation (teacher.embed_row)."""
+        plain conversation (teacher.embed_row). With the rows' `lengths`, a text is cut to what fits beside its
+        row within rollout.max_context (nothing: no block)."""
         embed = lm.get_input_embeddings()
         limit = self.params.composer.max_experience_tokens * self.params.bank.top_j
         out = []
-        for text in texts:
-            ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"][:limit]
+        for k, text in enumerate(texts):
+            room = limit if lengths is None else min(limit, self.params.rollout.max_context - lengths[k] - 3)
+            ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"][:max(room, 0)]
             out.append(embed(torch.tensor(ids, dtype=torch.long, device=embed.weight.device)))
         return out
+
+    def _check_teacher_rows(self, ids: list[list[int]], ctx: list[torch.Tensor] | None) -> None:
+        """No teacher pass reads more than rollout.max_context positions (the student's rollouts leave room for
+        the splice, `splice_room`); a longer row is a trajectory from elsewhere, named rather than scored."""
+        limit = self.params.rollout.max_context
+        for k, row in enumerate(ids):
+            spliced = 0 if ctx is None or ctx[k].shape[0] == 0 else ctx[k].shape[0] + 3
+            if len(row) + spliced > limit:
+                raise ValueError(f"a trajectory of {len(row)} tokens with the teacher's {spliced} spliced positions "
+                                 f"exceeds rollout.max_context={limit}: roll it out with max_context reduced by "
+                                 f"Distiller.splice_room ({self.splice_room})")
 
     def _composer_chunks(self, n_chunks: int) -> set[int]:
         """Which chunks train the composer this step (`lopd.composer_fraction`), seeded by (seed, step)."""
@@ -818,8 +854,14 @@ class Distiller:
             "teacher": self._refreshed_teacher_weights(),  # lopd_gated_refresh: a separate θ̄ once refreshed
         })
         tmp = path.with_suffix(".tmp")
-        torch.save(payload, tmp)
-        tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        try:  # into a file object: a full disk is then an OSError naming its cause, not torch's "unexpected pos"
+            with open(tmp, "wb") as f:
+                torch.save(payload, f)
+            tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)  # what was half-written goes; the previous checkpoint stays
+            raise OutputPathError(f"cannot write the checkpoint {path}: {output_reason(exc)}; the previous "
+                                  "checkpoint (if any) is intact: free space and rerun to resume") from None
         D.barrier()
         return path
 
@@ -878,12 +920,16 @@ def _write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
     """Rewrite the CSV with `rows` (atomic), so a resumed run never duplicates or loses a step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    tmp.replace(path)
+    try:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputPathError(f"cannot write the training curves {path}: {output_reason(exc)}") from None
 
 
 DIVERGENCE_WINDOW = 20  # steps of reverse KL the alert compares against

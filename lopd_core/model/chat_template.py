@@ -42,6 +42,7 @@ PROBE_SYSTEM = "tools: probe_tool(probe_arg)"
 PROBE_USER = "Find the answer."
 PROBE_ANSWER = "Done."
 PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_arg": "probe value"}}
+PROBE_OBSERVATION = '{"result": "probe observation"}'
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "probe_tool", "description": "A probe.",
     "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}, "required": ["probe_arg"]},
@@ -50,6 +51,34 @@ PROBE_TOOLS = [{"type": "function", "function": {
 # puts them in the first user message unless told otherwise, which would move the latent slot.
 TOOL_PLACEMENTS: tuple[dict, ...] = ({}, {"tools_in_user_message": False})
 THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
+
+
+def check_chat_format(tokenizer, source: str):
+    """The chat format `source`'s tokenizer speaks, probed once at load (`load_policy`), or ChatTemplateError: one
+    line naming the model folder. Why: a foreign tokenizer without a template used to run silently in the
+    embedded format (no stop token of its own), and a template that raised, read an undefined variable or could
+    not render the `tool` role failed at the first rollout or the first tool call, deep in jinja."""
+    from lopd_core.errors import ChatTemplateError
+    from lopd_core.model.chat import EXP_START, IM_END, IM_START, ChatCodec, is_embedded_format
+
+    if is_embedded_format(tokenizer):
+        missing = [t for t in (IM_START, IM_END, EXP_START, EXP_END) if t not in tokenizer.get_vocab()]
+        if missing:
+            raise ChatTemplateError(
+                f"model {source!r}: its tokenizer has no chat template and is not the embedded base's (it lacks "
+                f"{', '.join(missing)}): give it the chat template it was tuned with (`chat_template` in "
+                "tokenizer_config.json, or chat_template.jinja beside it)")
+        return ChatCodec(tokenizer)
+    try:
+        return TemplateChat(tokenizer)
+    except Exception as exc:  # noqa: BLE001  jinja syntax errors, undefined variables, raise_exception, probes
+        raise ChatTemplateError(f"model {source!r}: its chat template cannot be used: {type(exc).__name__}: "
+                                f"{_first_line(exc)}") from None
 
 
 def toolworld_schemas(system: str) -> list[dict] | None:
@@ -168,6 +197,19 @@ class TemplateChat:
                 self.template_kwargs = {}
         if not self._splice_holds(None):
             raise ValueError("the chat template's first user turn cannot hold an experience block at its head")
+        self._probe_tool_turn()
+
+    def _probe_tool_turn(self) -> None:
+        """A tool round trip on the probe (a call, then its observation in a `tool` turn): a template that cannot
+        render the role, or drops its content, fails here at load rather than at the first tool call."""
+        try:
+            observed = self.tokenizer.decode(self.observation_ids(PROBE_OBSERVATION), skip_special_tokens=False)
+        except Exception as exc:  # noqa: BLE001  jinja's errors, a template's raise_exception, ...
+            raise ValueError(f"the chat template cannot render a `tool` turn ({type(exc).__name__}: "
+                             f"{_first_line(exc)})") from None
+        if PROBE_OBSERVATION not in observed:
+            raise ValueError("the chat template drops the content of a `tool` turn: the model would never see an "
+                             "observation")
 
     # ---- ChatFormat ----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

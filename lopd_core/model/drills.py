@@ -48,7 +48,9 @@ def _lookup_drill(words: list[str], numbers: list[str], rng: random.Random) -> t
     field = rng.choice(_FIELDS)
     values = rng.sample(words, n)
     ids = [f"{rng.choice('aefmpst')}{rng.choice(numbers)}" for _ in range(n)]
-    records = ", ".join(f'{{"id": "{i}", "{field}": "{v}"}}' for i, v in zip(ids, values))
+    # The field before the id, as the environments' observations list records (`{"label": "savings", "id":
+    # "a8"}`): "id of savings" then reads forward from the matched value, the lookup every payment needs.
+    records = ", ".join(f'{{"{field}": "{v}", "id": "{i}"}}' for i, v in zip(ids, values))
     k = rng.randrange(n)
     if rng.random() < 0.5:
         return "lookup", f'{{"result": [{records}]}}\nid of {values[k]}?', ids[k]

@@ -117,5 +117,8 @@ def load_policy(cfg: ModelConfig, device: torch.device | None = None):
         add_experience_tokens(tokenizer, model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    from lopd_core.model.chat_template import check_chat_format
+
+    check_chat_format(tokenizer, source)  # the template probed once, with a tool round trip: one line if unusable
     model.to(device or resolve_device(cfg.device)).eval()
     return model, tokenizer

@@ -42,7 +42,7 @@ BASE_MARKER = ".lopd-base"
 # What a base folder holds: one holding only these (built before the marker existed) is an earlier base too.
 BASE_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "build_report.json",
-              BASE_MARKER}
+              "_stage.json", "_key.json", BASE_MARKER}  # the last two: the cycle's stage summary and cache key
 
 
 @dataclass

@@ -38,6 +38,8 @@ import torch
 from transformers import DynamicCache
 
 from lopd_core.envs import Task, make_env
+from lopd_core.envs.base import checked_result
+from lopd_core.errors import EnvironmentFault
 from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.head import head_logits, uses_float32_head
 
@@ -48,6 +50,8 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 64  # per assistant turn
     max_context: int = 1024  # a trajectory that outgrows this is closed with stop_reason "context_limit"
+    # An observation's own tokens beyond this are cut, and the model is told so (`bounded_observation`).
+    max_observation_tokens: int = 512
 
 
 @dataclass(frozen=True)
@@ -331,11 +335,64 @@ class _KeptCache:
         self.embedded = [m + f for m, f in zip(self.embedded, fed_now)]
 
 
-def _finish(traj: Trajectory, env, result, stop_reason: str | None = None) -> None:
+# Characters of an observation tokenized at most to find its first `max_observation_tokens` tokens: a token
+# rarely spans more, and a multi-megabyte observation is never tokenized whole.
+CHARS_PER_TOKEN_BOUND = 16
+TRUNCATION_MARK = "\n[observation truncated: {n} more characters not shown]"
+
+
+def bounded_observation(codec, text: str, cap: int) -> str:
+    """`text` when it is at most `cap` tokens; else its head and a mark saying how many characters were cut, at
+    most `cap` tokens together. Why: an environment's observation has no size limit of its own, and a huge one
+    became one huge context (in the rollout, then in every teacher pass over it); the mark tells the model the
+    view is partial rather than letting it read a cut-off text as whole."""
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would crash the tokenizer
+    if 2 * len(text.encode("utf-8")) <= cap:  # tokens hardly ever hold less than a byte: it fits, untokenized
+        return text
+    head = text[:cap * CHARS_PER_TOKEN_BOUND]
+    ids = codec.encode(head)
+    if len(head) == len(text) and len(ids) <= cap:
+        return text
+    keep = min(len(ids), cap)
+    for _ in range(8):  # decoding a cut and encoding it again can differ by a token or two at the seam
+        shown = codec.tokenizer.decode(ids[:keep], skip_special_tokens=False)
+        out = shown + TRUNCATION_MARK.format(n=max(len(text) - len(shown), 1))
+        excess = len(codec.encode(out)) - cap
+        if excess <= 0:
+            return out
+        keep = max(keep - excess, 0)
+    return TRUNCATION_MARK.format(n=len(text)).strip()[:cap]
+
+
+def _bounded_episode(episode: list[dict], codec, cap: int) -> list[dict]:
+    """The environment's episode record with each observation as the model saw it (`bounded_observation`): a
+    huge observation is not carried on into the trajectory table and the bank either."""
+    out = []
+    for entry in episode:
+        obs = entry.get("observation") if isinstance(entry, dict) else None
+        if isinstance(obs, str) and len(obs) > cap:
+            entry = {**entry, "observation": bounded_observation(codec, obs, cap)}
+        out.append(entry)
+    return out
+
+
+def _finish(traj: Trajectory, env, result, stop_reason: str | None = None, codec=None, cap: int = 0) -> None:
     traj.reward = float(result.reward)
     traj.success = bool(result.info.get("success", False))
     traj.stop_reason = stop_reason or result.info.get("stop_reason", "")
-    traj.episode = list(env.episode)
+    traj.episode = list(env.episode) if codec is None else _bounded_episode(list(env.episode), codec, cap)
+
+
+def _check_first_turn(traj: Trajectory, extra: int, sampling: Sampling) -> None:
+    """A first turn too long to leave room for one assistant turn within `max_context` cannot be played: the
+    error names the task (its system text, instruction or experiences are too long for the setting)."""
+    length = len(traj.token_ids) + extra
+    if length + sampling.max_new_tokens > sampling.max_context:
+        latents = f" and {extra} spliced positions" if extra else ""
+        raise EnvironmentFault(
+            f"task {traj.task.task_id!r} of env {traj.task.env!r}: its first turn is {len(traj.token_ids)} tokens"
+            f"{latents}, which with rollout.max_new_tokens={sampling.max_new_tokens} exceeds the context limit of "
+            f"{sampling.max_context}: shorten the task's system text or instruction, or raise rollout.max_context")
 
 
 @torch.no_grad()
@@ -377,9 +434,16 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
                                     ids.action_mask, ids.sample_logprobs, prompt_length=len(ids)))
         active = list(range(len(chunk)))
         kept = _KeptCache(model, codec.pad_id) if keep_cache else None
+        extra = [0] * len(chunk)  # positions a context embedder splices in beyond the ids (its latents)
+        first_round = True
         while active:
             embeds = (None if context_embedder is None
                       else [context_embedder(start + i, trajs[i].token_ids) for i in active])
+            if first_round:  # every context is checked before a token is spent on it
+                for row, i in enumerate(active):
+                    extra[i] = 0 if embeds is None else int(embeds[row].shape[0]) - len(trajs[i].token_ids)
+                    _check_first_turn(trajs[i], extra[i], sampling)
+                first_round = False
             contexts = [trajs[i].token_ids for i in active]
             turn_generator = generator if streams is None else [streams[start + i] for i in active]
             if kept is None:
@@ -400,14 +464,19 @@ def rollout(model, codec: ChatCodec, requests: list[RolloutRequest], *, sampling
                 if not ids or ids[-1] != codec.im_end_id:
                     grow.add_forced([codec.im_end_id])  # the engine closed the turn, not the policy
                 traj.num_turns += 1
-                result = env.step(codec.decode_action(ids))
+                cap = sampling.max_observation_tokens
+                result = checked_result(traj.task, env.step(codec.decode_action(ids)))
                 if result.done:
-                    _finish(traj, env, result)
+                    _finish(traj, env, result, codec=codec, cap=cap)
                     continue
-                grow.add_forced(codec.observation_ids(result.observation))
-                if len(traj.token_ids) + sampling.max_new_tokens > sampling.max_context:
-                    _finish(traj, env, env.step(""), stop_reason="context_limit")  # empty answer closes it
+                observation = codec.observation_ids(bounded_observation(codec, result.observation, cap))
+                # The next turn must fit whole (the observation, then up to max_new_tokens of action): else the
+                # episode is closed here, and no context ever outgrows max_context.
+                if len(traj.token_ids) + extra[i] + len(observation) + sampling.max_new_tokens > sampling.max_context:
+                    _finish(traj, env, checked_result(traj.task, env.step("")), stop_reason="context_limit",
+                            codec=codec, cap=cap)  # the empty answer closes it
                     continue
+                grow.add_forced(observation)
                 still.append(i)
                 still_rows.append(row)
             if kept is not None and still:

@@ -1,5 +1,8 @@
 """Plugin environments for the registry tests, registered through `envs.plugins` ("_plugin_fixture:Class")."""
 
+import os
+import time
+
 from lopd_core.envs import Task, format_call
 from lopd_core.envs.declarative import DeclarativeToolEnv, ToolError, ToolSpec
 
@@ -92,3 +95,89 @@ def solve_library(task: Task) -> list[str]:
         titles = [state["books"][loan["book"]]["title"] for loan in state["loans"]]
         return [format_call("find_member", {"name": task.instruction.split(" ")[2]}), ", ".join(titles)]
     raise AssertionError(task.template)
+
+
+# ---- the trust boundary (issue #30 item 3): tools that reach past the episode's state --------------------------
+def read_file(state: dict, path: str) -> str:
+    """Read a file.
+
+    Args:
+        path: which file
+    """
+    with open(path) as f:
+        return f.read(200)
+
+
+def read_env(state: dict, name: str) -> str:
+    """Read an environment variable.
+
+    Args:
+        name: the variable
+    """
+    return os.environ.get(name, "")
+
+
+def connect(state: dict, port: int) -> str:
+    """Open a TCP connection to 127.0.0.1 and say hello.
+
+    Args:
+        port: the port
+    """
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+        conn.sendall(b"hello from a tool")
+    return "connected"
+
+
+class SnoopEnv(CounterEnv):
+    """Tools that read a file, an environment variable, a local port: what a model could ask of a careless tool."""
+
+    name = "snoop"
+    tools = (read_file, read_env, connect)
+
+
+class SleepyEnv(CounterEnv):
+    """A step that blocks for an hour."""
+
+    name = "sleepy"
+
+    def step(self, action):
+        time.sleep(3600)
+        return super().step(action)
+
+
+# ---- tools the contract checker must call (issue #30 item 10) --------------------------------------------------
+def broken_add(state: dict, title: str) -> dict:
+    """Add a note (with a bug).
+
+    Args:
+        title: the note's title
+    """
+    return state["no such key"][title]
+
+
+def broken_count(state: dict) -> int:
+    """Count the notes (with a bug)."""
+    return len(state) / 0
+
+
+class BrokenToolsEnv(CounterEnv):
+    """Every tool raises inside."""
+
+    name = "broken_tools"
+    tools = (broken_add, broken_count)
+
+
+_CALLS = {"n": 0}
+
+
+def ticket(state: dict) -> int:
+    """Draw the next ticket number."""
+    _CALLS["n"] += 1  # state outside the episode: the second episode sees the first one's calls
+    return _CALLS["n"]
+
+
+class GlobalStateEnv(CounterEnv):
+    name = "global_state"
+    tools = (add_note, ticket)

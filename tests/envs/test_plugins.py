@@ -48,7 +48,7 @@ def test_params_plugins_resolve_and_bad_ones_say_why():
     with pytest.raises(ValueError, match="unknown env 'notes'; known: toolworld, codegen, library"):
         make_env("notes")
     use({"notes": "_plugin_fixture:NotesEnv", "wrong": "_plugin_fixture:Misnamed", "fn": "_plugin_fixture:add_note"})
-    assert type(make_env("notes")).__name__ == "NotesEnv"
+    assert type(make_env("notes").inner).__name__ == "NotesEnv"  # behind the step timeout (guarded.py)
     with pytest.raises(ValueError, match="the class's name is 'something_else'"):
         make_env("wrong")
     with pytest.raises(TypeError, match="not an environment class"):
@@ -79,7 +79,9 @@ def test_task_files_splits_order_repeats_and_held_out_caps(tmp_path):
     (ood,) = make_tasks("notes", "test_ood", 5, seed=1)  # held out: never repeated
     assert (ood.task_id, ood.world, ood.template, ood.max_turns) == ("ood-a", "w2", "notes", 2)
     assert ood.spec == NOTE and train[0].max_turns == NotesEnv.max_turns
-    assert check_env_contract(lambda: make_env("notes"), train[:3] + [ood]) == 4
+    # NotesEnv declares a tool with a bug: the checker calls every tool, so it fails there, naming it (issue #30)
+    with pytest.raises(AssertionError, match=r"task notes/train/\d+: a tool raised inside \(crash: KeyError"):
+        check_env_contract(lambda: make_env("notes"), train[:3] + [ood])
 
 
 @pytest.mark.parametrize("line, why", [
@@ -146,12 +148,13 @@ def test_lopd_envs_check_prints_ok_or_every_failure(capsys):
     from flows.cli import main
 
     assert main(["envs", "check", "library"]) == 0
-    out = capsys.readouterr().out.strip()
-    assert out == ("OK library: the contract holds on 9 tasks (train 3, test_id 3, test_ood 3); "
-                   "entry point lopd.envs: lopd_example_env:LibraryEnv")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("OK library: the contract holds on 9 tasks (train 3, test_id 3, test_ood 3); "
+                      "entry point lopd.envs: lopd_example_env:LibraryEnv")
+    assert len(out) == 2 and out[1].startswith("note: library's tools are trusted code")  # test_plugin_isolation.py
     assert main(["envs", "check", "echo", "--set", "envs.plugins={echo: '_plugin_fixture:EchoEnv'}"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 and out[0].startswith("FAIL echo train: [env contract] task echo/train/0/0: user text")
+    assert len(out) == 3 and out[0].startswith("FAIL echo train: [env contract] task echo/train/0/0: user text")
     assert main(["envs", "check", "nope"]) == 1
     assert "unknown env 'nope'" in capsys.readouterr().out
     assert main(["envs", "list"]) == 0

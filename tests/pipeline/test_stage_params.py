@@ -4,6 +4,8 @@ retrieval settings whole, and `cycle.refresh_teacher` picks the teacher."""
 
 import copy
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -200,10 +202,11 @@ def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
         assert key not in UNKEYED_FIELDS and any(key == r or key.startswith(r + ".") for r in reads), key
 
 
-def test_a_task_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(tmp_path):
+def test_a_task_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(tmp_path, monkeypatch):
     """`envs.task_files` holds paths; the stages that draw deployment tasks must key on the files' content."""
     from lopd_core.config import EnvsConfig
 
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "envs"))  # the plugin's module: its source is keyed too
     tasks = tmp_path / "notes.jsonl"
     tasks.write_text('{"split": "train", "instruction": "Add a.", "state": {"notes": {}}, "checks": []}\n')
     params = Params()
@@ -215,3 +218,66 @@ def test_a_task_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(t
     moved = {stage for stage in CACHED_STAGES if before[stage] != after[stage]}
     assert moved == {stage for stage in CACHED_STAGES if "envs" in STAGES[stage].params}
     assert moved  # bank, distill and evaluate draw deployment tasks
+
+
+def _example_copy(tmp_path, monkeypatch, module: str):
+    """The example plugin (examples/lopd-example-env) copied under another module name and registered as `library`
+    through envs.plugins, so its files can be edited without touching the repository's."""
+    from lopd_core.config import EnvsConfig
+
+    shutil.copytree(ROOT / "examples" / "lopd-example-env" / "lopd_example_env", tmp_path / module,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = Params()
+    params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 1.0}, plugins={"library": f"{module}:LibraryEnv"})
+    return params, tmp_path / module
+
+
+def test_editing_a_plugins_own_task_file_or_its_code_moves_the_keys_of_the_stages_that_play_it(tmp_path, monkeypatch):
+    """Issue #30 item 4: only `envs.task_files` was hashed, so an edited `task_file` of the class itself, or an edited
+    tool, reused the cached bank, student and evaluations. Both are now in the keys of the stages that play the env."""
+    params, package = _example_copy(tmp_path, monkeypatch, "lopd_example_key_copy")
+
+    def keys() -> dict[str, str]:
+        return {stage: _key(params, stage) for stage in CACHED_STAGES}
+
+    before = keys()
+    assert keys() == before  # stable while nothing changes
+    tasks = package / "tasks.jsonl"
+    lines = tasks.read_text().splitlines()
+    tasks.write_text("\n".join(lines + [lines[-1]]) + "\n")  # one more held-out task
+    after_tasks = keys()
+    code = package / "library.py"
+    code.write_text(code.read_text().replace('raise ToolError("not found")', 'raise ToolError("no such title")', 1))
+    after_code = keys()
+    played = {stage for stage in CACHED_STAGES if "envs" in STAGES[stage].params}
+    assert played == {"bank", "distill", "evaluate"}
+    assert {stage for stage in CACHED_STAGES if after_tasks[stage] != before[stage]} == played
+    assert {stage for stage in CACHED_STAGES if after_code[stage] != after_tasks[stage]} == played
+
+
+def test_dvc_stages_that_play_plugins_depend_on_their_fingerprint(tmp_path, monkeypatch, capsys):
+    """DVC cannot list a plugin's files (their paths come from params and package metadata): its `plugins` stage,
+    run on every repro, writes their hashes with `lopd envs fingerprint`, and the stages that play the mix depend
+    on that file, which an edit of the plugin's task file or code changes."""
+    from flows.cli import main
+    from tasks.stage_params import PLUGIN_FINGERPRINT
+
+    stages = _dvc_stages()
+    assert stages["plugins"]["always_changed"] is True
+    assert stages["plugins"]["cmd"] == f"lopd envs fingerprint --out {PLUGIN_FINGERPRINT}"
+    for name in ("bank", "distill", "evaluate"):
+        assert PLUGIN_FINGERPRINT in stages[name]["deps"], name
+    _, package = _example_copy(tmp_path, monkeypatch, "lopd_example_dvc_copy")
+    out = tmp_path / "plugins.json"
+    argv = ["envs", "fingerprint", "--out", str(out), "--set", "envs.mix={toolworld: 1.0, library: 1.0}",
+            "--set", 'envs.plugins={library: "lopd_example_dvc_copy:LibraryEnv"}']
+    assert main(argv) == 0
+    first = json.loads(out.read_text())
+    assert set(first) == {"library"} and len(first["library"]["task_file"]) == 1
+    tasks = package / "tasks.jsonl"
+    tasks.write_text(tasks.read_text() + "# an edited task file\n")
+    assert main(argv) == 0
+    second = json.loads(out.read_text())
+    assert second["library"]["task_file"] != first["library"]["task_file"]
+    assert second["library"]["source"] != first["library"]["source"]  # the task file lives in the package

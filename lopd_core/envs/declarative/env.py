@@ -25,12 +25,12 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
-from ..base import FirstObservation, Task
+from ..base import MAX_TURNS, FirstObservation, Task
 from ..task_files import file_splits, tasks_from_file
 from ..toolworld.checks import check_error
 from ..toolworld.episode import ToolEpisode
 from ..toolworld.tools import ToolError, signature_text, validate_arguments
-from .tools import Tool, tool_table
+from .tools import Tool, examples_error, tool_table
 
 SPEC_KEYS = ("state", "checks")
 
@@ -42,13 +42,23 @@ class DeclarativeToolEnv(ToolEpisode):
     max_turns: ClassVar[int] = 8  # a task line's default
     system_intro: ClassVar[str] = ""  # optional text before the tool listing of the system turn
     splits: ClassVar[tuple[str, ...]] = ("train", "test_id", "test_ood")  # the task file's, when it has one
+    # Arguments the contract checker calls a tool with, name -> [arguments, ...] (else one object its schema
+    # admits): give them where made-up arguments are not calls the tool should meet.
+    tool_examples: ClassVar[dict[str, list[dict]]] = {}
     _table: ClassVar[dict[str, Tool]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if not cls.name:
             raise TypeError(f"{cls.__name__}: a declarative environment needs a `name`")
+        turns = cls.max_turns
+        if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
+            raise TypeError(f"{cls.__name__}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS says "
+                            f"why), got {turns!r}")
         cls._table = tool_table(cls.tools)  # the only dispatch path (no attribute lookup by a model's name)
+        why = examples_error(cls._table, cls.tool_examples)
+        if why:
+            raise TypeError(f"{cls.__name__}: {why}")
         if cls.task_file is not None and "splits" not in vars(cls):
             cls.splits = file_splits(cls.task_file, cls.name, max_turns=cls.max_turns,
                                      validate_spec=cls.validate_spec)
@@ -66,7 +76,7 @@ class DeclarativeToolEnv(ToolEpisode):
         if not isinstance(checks, list) or not checks:
             return "checks must be a non-empty list"
         for i, check in enumerate(checks):
-            why = check_error(check)
+            why = check_error(check, spec["state"])  # operand types against the initial state, at load
             if why:
                 return f"checks[{i}]: {why}"
         return None
@@ -110,10 +120,14 @@ class DeclarativeToolEnv(ToolEpisode):
             return {"error": err}
         try:
             result = tool.fn(self._state, **arguments)
-            json.dumps(result)  # what the agent reads must be JSON
         except ToolError as exc:
             return {"error": str(exc)}
         except Exception as exc:  # noqa: BLE001  a tool bug must not kill a rollout; internal_errors keeps it
             self.internal_errors.append(f"{name}: {exc!r}")
             return {"error": "failed"}
+        try:  # what the agent reads must be JSON: no NaN or Infinity, no object json cannot write
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            self.internal_errors.append(f"{name}: returned a value that is not JSON ({exc})")
+            return {"error": "failed: the tool's result is not JSON (NaN, Infinity or an object)"}
         return {"result": result}

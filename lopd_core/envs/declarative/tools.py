@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..toolworld.tools import derive_schema
+from ..toolworld.tools import derive_schema, validate_arguments
 
 TYPES = ("string", "integer", "number", "boolean", "array", "object")
 
@@ -75,8 +75,38 @@ def _from_function(fn: Callable) -> Tool:
     return Tool(schema["name"], schema, fn)
 
 
+def signature_error(schema: dict, fn: Callable) -> str | None:
+    """Why ``fn`` cannot take the calls ``schema`` admits (None when it can): ``fn(state, **arguments)`` must
+    accept every parameter the schema declares, and each of its own parameters without a default must be one the
+    schema requires. Why at class definition: a schema naming another parameter than the function passes every
+    validation and then fails each call inside the tool, as "failed" to the agent."""
+    name = schema["name"]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None  # a builtin or C function without a signature: its calls are checked when made
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return f"tool {name}: its function must take the state as its first positional parameter"
+    rest = params[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in rest):
+        return None
+    takes = {p.name for p in rest if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    declared = schema["parameters"]["properties"]
+    required = set(schema["parameters"].get("required", []))
+    unknown = [k for k in declared if k not in takes]
+    if unknown:
+        return (f"tool {name}: the schema declares parameter {unknown[0]!r}, which its function "
+                f"{getattr(fn, '__name__', fn)}({', '.join(p.name for p in params)}) does not take")
+    needed = [p.name for p in rest if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
+    missing = [k for k in needed if k not in required]
+    if missing:
+        return (f"tool {name}: its function needs {missing[0]!r}, which the schema "
+                f"{'does not declare' if missing[0] not in declared else 'does not require'}")
+    return None
+
+
 def _from_spec(spec: ToolSpec) -> Tool:
-    why = schema_error(spec.schema)
+    why = schema_error(spec.schema) or signature_error(spec.schema, spec.fn)
     if why:
         raise TypeError(why)
     params = spec.schema["parameters"]
@@ -84,6 +114,23 @@ def _from_spec(spec: ToolSpec) -> Tool:
               "parameters": {"type": "object", "properties": dict(params["properties"]),
                              "required": list(params.get("required", [])), "additionalProperties": False}}
     return Tool(schema["name"], schema, spec.fn)
+
+
+def examples_error(table: dict[str, Tool], examples) -> str | None:
+    """Why a class's ``tool_examples`` (tool name -> list of argument objects, what the contract checker calls
+    the tool with) are unusable: an unknown tool, or arguments its schema refuses."""
+    if not isinstance(examples, dict):
+        return "tool_examples must map tool names to lists of argument objects"
+    for name, calls in examples.items():
+        if name not in table:
+            return f"tool_examples names {name!r}, which is not a declared tool"
+        if not isinstance(calls, (list, tuple)) or not calls:
+            return f"tool_examples[{name!r}] must be a non-empty list of argument objects"
+        for i, arguments in enumerate(calls):
+            why = validate_arguments(table[name].schema, arguments)
+            if why:
+                return f"tool_examples[{name!r}][{i}]: {why}"
+    return None
 
 
 def tool_table(tools: Iterable[Callable | ToolSpec]) -> dict[str, Tool]:

@@ -58,6 +58,22 @@ def _matches(item: Any, pattern: dict, like: dict) -> bool:
     )
 
 
+def _contains(found: Any, value: Any) -> bool:
+    """`value in found` where the operands' types allow it: a substring of a string, a key of an object, an
+    element of a list. Any other pairing is a failed check, never a TypeError at the end of an episode (the
+    state a tool leaves may hold another type than the task file's initial state)."""
+    if isinstance(found, str):
+        return isinstance(value, str) and value in found
+    if isinstance(found, dict):
+        try:
+            return value in found
+        except TypeError:  # an unhashable value (a list, an object) is never a key
+            return False
+    if isinstance(found, list):
+        return value in found
+    return False
+
+
 def check_passes(check: dict, state: dict, answer: str | None) -> bool:
     op = check["op"]
     if op == "answer_contains":
@@ -74,7 +90,7 @@ def check_passes(check: dict, state: dict, answer: str | None) -> bool:
     if op == "eq":
         return found == check["value"] and type(found) is type(check["value"])
     if op == "contains":
-        return isinstance(found, (list, dict, str)) and check["value"] in found
+        return _contains(found, check["value"])
     if op == "count":
         return isinstance(found, (list, dict)) and len(found) == check["value"]
     if op == "has":
@@ -94,9 +110,35 @@ CHECK_KEYS = {
 _OPTIONAL_KEYS = {"has": ("n", "like")}
 
 
-def check_error(check: Any) -> str | None:
+_SCALAR = (str, int, float)  # what an answer is compared with, as text (bool and null are not answers)
+
+
+def _operand_error(op: str, value: Any, found: Any) -> str | None:
+    """Why `value` cannot be compared by `op` with what the path holds in the initial state (`found`, or
+    _MISSING when the path is not there yet), None when it can."""
+    if op in ("answer_contains", "answer_eq"):
+        if not isinstance(value, _SCALAR) or isinstance(value, bool):
+            return f"check {op!r}: value must be a string or a number (the answer is text), got {value!r}"
+        return None
+    if found is _MISSING or op in ("eq", "absent", "present"):
+        return None
+    kind = type(found).__name__
+    if op == "contains":
+        if isinstance(found, (str, dict)) and not isinstance(value, str):
+            what = "a substring" if isinstance(found, str) else "a key"
+            return (f"check 'contains': value {value!r} cannot be {what} of the {kind} at path "
+                    f"{found!r:.60}: expected a string")
+        if not isinstance(found, (str, dict, list)):
+            return f"check 'contains': the path holds a {kind} ({found!r:.60}), expected a list, object or string"
+    if op in ("count", "has") and not isinstance(found, (list, dict)):
+        return f"check {op!r}: the path holds a {kind} ({found!r:.60}), expected a list or object"
+    return None
+
+
+def check_error(check: Any, state: Any = None) -> str | None:
     """Why ``check`` is not a well-formed check (None when it is): lets task files fail at load, naming the
-    check, instead of in the middle of a rollout."""
+    check, instead of in the middle of a rollout. With the task's initial ``state``, the operands' types are
+    checked against what the check's path holds there."""
     if not isinstance(check, dict) or check.get("op") not in CHECK_KEYS:
         op = check.get("op") if isinstance(check, dict) else None
         return f"unknown check op {op!r}; known: {', '.join(CHECK_KEYS)}"
@@ -112,7 +154,16 @@ def check_error(check: Any) -> str | None:
         return "check 'count': value must be an integer"
     if op == "has" and (not isinstance(check["value"], dict) or not isinstance(check.get("like", {}), dict)):
         return "check 'has': value (and like) must be objects of fields"
-    return None
+    if op == "count" and check["value"] < 0:
+        return "check 'count': value must be >= 0"
+    if op == "has" and "n" in check and (not isinstance(check["n"], int) or isinstance(check["n"], bool)
+                                         or check["n"] < 0):
+        return "check 'has': n must be an integer >= 0"
+    if op == "has" and not all(isinstance(v, _SCALAR) and not isinstance(v, bool)
+                               for v in check.get("like", {}).values()):
+        return "check 'has': like must map fields to strings or numbers (matched as text)"
+    found = get_path(state, path) if state is not None and "path" in check else _MISSING
+    return _operand_error(op, check.get("value"), found)
 
 
 def evaluate(checks: list[dict], state: dict, answer: str | None) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import types
 import typing
@@ -173,6 +174,27 @@ def signature_text(schema: dict) -> str:
     return f"{schema['name']}({','.join(parts)})"
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _not_a_number(name: str):
+    """Python's json reads NaN, Infinity and -Infinity, which JSON has not: a tool never gets them as numbers."""
+    raise _NonFinite(name)
+
+
+def _finite(value):
+    """The same JSON value with every non-finite float written as a string ("NaN", "Infinity"): the escape for a
+    result that holds one, so the observation stays JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def parse_action(text: str) -> tuple[str, Any, Any]:
     """Classify one assistant message.
 
@@ -191,7 +213,9 @@ def parse_action(text: str) -> tuple[str, Any, Any]:
         return ("error", "one tool call per turn", None)
     body = text[start + len(CALL_OPEN) : end].strip()
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=_not_a_number)
+    except _NonFinite:
+        return ("error", "NaN and Infinity are not JSON numbers: arguments must be finite", None)
     except (json.JSONDecodeError, ValueError, RecursionError):
         return ("error", "malformed json", None)
     if not isinstance(payload, dict):
@@ -226,4 +250,7 @@ def observation_text(payload: dict) -> str:
     never see its own label, and a small causal model must learn a second hop back; with the id first, some
     builds of the embedded base never learned the lookup at all (`benchmarks/probes/failure_probe.py` measures it).
     """
-    return json.dumps(_id_last(payload))
+    try:
+        return json.dumps(_id_last(payload), allow_nan=False)
+    except ValueError:  # a NaN or Infinity in a result: escaped as a string, never written as bare NaN
+        return json.dumps(_finite(_id_last(payload)), allow_nan=False)
