@@ -536,7 +536,7 @@ def _regime_preset() -> ComparePreset:
     """The paper-regime comparison: LOPD against GRPO, the frozen composer, the ways past the teacher's ceiling,
     m = 0 and both controls, at the one learning rate every method preferred in the `full` preset's tuning."""
     return ComparePreset(
-        methods=["lopd", "lopd_frozen_composer", "grpo", "lopd_then_grpo", "lopd_mixed_kl", "lopd_no_margin",
+        methods=["lopd", "lopd_frozen_composer", "text_experience", "grpo", "lopd_then_grpo", "lopd_mixed_kl",
                  "sharpened_teacher", "lopd_random_retrieval"],
         worlds=["cobalt", "borealis", "cobalt"], tune_world="dune", lr_grid=[3e-4], curve_points=5,
         overrides=["bank.seed_tasks=64", "bank.samples_per_task=2", "eval.with_experience=false",

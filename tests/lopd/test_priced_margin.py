@@ -267,7 +267,7 @@ def test_the_margin_settings_are_checked_at_load(override, ok):
 
 def test_defaults_and_a_section_built_by_hand(tmp_path, tiny_model, tiny_tokenizer, batch):
     loaded = load_params("params.yaml")
-    assert loaded.lopd.margin == 0.05 and loaded.lopd.margin_fraction == 0.5
+    assert loaded.lopd.margin == "auto" and loaded.lopd.margin_fraction == 0.5
     with pytest.raises(ConfigError, match="lopd.margin"):
         _distiller(_params(tmp_path, margin="sometimes"), tiny_model, tiny_tokenizer, batch[2])
 

@@ -89,6 +89,7 @@ def _params(tmp_path, **lopd):
     p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 3
     p.lopd.checkpoint_every = 1
     p.lopd.out_dir = str(tmp_path / "lopd")
+    p.lopd.margin = 0.05  # the paper's constant m: what these tests exercise (the default prices it: auto)
     p.lopd.csv = str(tmp_path / "plots" / "distill.csv")
     for k, v in lopd.items():
         setattr(p.lopd, k, v)

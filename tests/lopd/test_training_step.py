@@ -43,6 +43,7 @@ def _params(tmp_path, **lopd) -> Params:
     p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "plots" / "distill.csv")
     p.lopd.checkpoint_every = 1
     p.lopd.beta_init = 0.5
+    p.lopd.margin = 0.05  # the paper's constant m: what these tests exercise (the default prices it: auto)
     for k, v in lopd.items():
         setattr(p.lopd, k, v)
     return p

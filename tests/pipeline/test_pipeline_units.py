@@ -128,7 +128,7 @@ def test_parent_and_child_runs_carry_step_metrics_params_and_tags(tracker, tmp_p
         assert [m.step for m in client.get_metric_history(child, name)] == [1, 2, 3, 4, 5], name
     assert run.data.metrics["eval.toolworld.test_id.greedy.success_rate"] == pytest.approx(0.2)
     top = client.get_run(parent)
-    assert top.data.params["lopd.margin"] == "0.05" and top.data.params["model.tiny.hidden_size"] == "128"
+    assert top.data.params["lopd.margin"] == "auto" and top.data.params["model.tiny.hidden_size"] == "128"
     assert top.data.tags["git.commit"] == "abc"
 
 
