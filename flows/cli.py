@@ -83,9 +83,11 @@ def cmd_distill(params: Params, args) -> int:
 def cmd_evaluate(params: Params, args) -> int:
     from lopd_core.evaluation import evaluate_stage, summary_table, write_metrics
     from lopd_core.model.loading import load_policy
-    from lopd_core.outputs import file_target
+    from lopd_core.outputs import file_target, outside_of
 
-    file_target(args.out or params.eval.out)  # a folder, FIFO or device is refused before minutes of evaluation
+    # a folder, FIFO or device, or a file of the model being evaluated, is refused before minutes of evaluation
+    outside_of(file_target(args.out or params.eval.out), params.model.name_or_path or params.model.base_dir,
+               "the model being evaluated")
     if args.task_runner:
         from flows.evaluate_sharded import check_task_runner
 

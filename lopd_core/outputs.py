@@ -23,7 +23,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from lopd_core.errors import StateError
@@ -59,16 +59,31 @@ def file_target(path: str | Path) -> Path:
     """The regular file that writing to `path` would replace (a symlink followed to its target), or a missing
     path; anything else raises OutputPathError naming `path`."""
     given = Path(path)
-    target = given.resolve() if given.is_symlink() else given
+    if not str(path).strip():
+        raise OutputPathError("refusing to write to an empty path (name a file)")
     try:
+        target = given.resolve(strict=False) if given.is_symlink() else given
         mode = os.stat(target).st_mode
     except FileNotFoundError:
         mode = None
+    except RuntimeError as exc:  # a symlink loop, as pathlib reports it
+        raise OutputPathError(f"cannot write {given}: {exc}") from exc
     except OSError as exc:
         raise OutputPathError(f"cannot write {given}: {_reason(exc)}") from exc
+    if str(path).endswith(os.sep) and mode is not None:
+        raise OutputPathError(f"refusing to write {given}: the path ends with {os.sep!r} (name a file)")
     if mode is not None and not stat.S_ISREG(mode):
         raise OutputPathError(f"refusing to write {given}: it is {_kind(mode)}, not a regular file "
                               "(name a file path)")
+    return target
+
+
+def outside_of(target: Path, folder: str | Path, what: str) -> Path:
+    """`target` unless it lies inside `folder` (an input the command reads: `--out` into the model being
+    evaluated would overwrite it); a folder that does not exist holds nothing."""
+    inside = Path(folder)
+    if str(folder) and inside.is_dir() and target.resolve().is_relative_to(inside.resolve()):
+        raise OutputPathError(f"refusing to write {target}: it is inside {inside}, {what}")
     return target
 
 
@@ -84,7 +99,8 @@ def write_file(path: str | Path, content: str | bytes) -> Path:
         raise OutputPathError(f"cannot write {path}: {target.parent} is not a folder")
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        # a short temporary name: a target name at the file system's limit must still fit beside it
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".lopd-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -109,11 +125,16 @@ def _umask() -> int:
     return mask
 
 
-def check_folder(path: str | Path, marker: str, what: str, own_names: Iterable[str] = ()) -> Path:
-    """`path` if a command may write into it: missing, empty, or one of ours (holding `marker`, or only names
-    from `own_names`). Otherwise OutputPathError naming the folder and what it is not."""
+def check_folder(path: str | Path, marker: str, what: str,
+                 legacy: Callable[[Path, set[str]], bool] | None = None) -> Path:
+    """`path` if a command may write into it: missing, empty, or one of ours — holding `marker`, or written before
+    the marker existed as `legacy(folder, names)` recognises by content (a file name alone is not enough: a user's
+    own Hugging Face folder has the same names as a base). Otherwise OutputPathError naming the folder."""
     folder = Path(path)
-    target = folder.resolve()
+    try:
+        target = folder.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise OutputPathError(f"cannot write {what} to {folder}: {exc}") from exc
     if target.exists() and not target.is_dir():
         raise OutputPathError(f"refusing to write {what} to {folder}: it exists and is not a folder")
     if target.is_dir():
@@ -121,7 +142,7 @@ def check_folder(path: str | Path, marker: str, what: str, own_names: Iterable[s
             names = {entry.name for entry in target.iterdir()}
         except OSError as exc:
             raise OutputPathError(f"cannot read {folder}: {_reason(exc)}") from exc
-        if names and marker not in names and not names <= set(own_names):
+        if names and marker not in names and not (legacy is not None and legacy(target, names)):
             raise OutputPathError(
                 f"refusing to write {what} into {folder}: it is not empty and not {what} written by lopd "
                 f"(no {marker} marker); name a new or empty folder")
@@ -134,23 +155,26 @@ def mark_folder(folder: Path, marker: str) -> None:
 
 
 def publish_folder(path: str | Path, marker: str, what: str, fill: Callable[[Path], None],
-                   own_names: Iterable[str] = ()) -> Path:
+                   legacy: Callable[[Path, set[str]], bool] | None = None) -> Path:
     """Build a folder in a staging folder beside `path` with `fill(staging)`, then swap it in as `path`.
 
     Only a missing or empty folder, or one of ours, is replaced (check_folder); the previous one is removed only
     after the new one is in place, and a failure leaves `path` as it was."""
-    target = check_folder(path, marker, what, own_names)
+    target = check_folder(path, marker, what, legacy)
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.staging-"))
+        # mkdtemp makes a private (0700) folder: the published one gets the previous folder's mode, else the
+        # umask's, as a folder made by mkdir would
+        os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode) if target.is_dir() else 0o777 & ~_umask())
     except OSError as exc:
         raise OutputPathError(f"cannot write {what} to {path}: {_reason(exc)}") from exc
     old = None
     try:
         fill(staging)
         mark_folder(staging, marker)
-        check_folder(path, marker, what, own_names)  # again: the folder may have changed while we wrote
+        check_folder(path, marker, what, legacy)  # again: the folder may have changed while we wrote
         if target.exists():
             old = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(target, old)

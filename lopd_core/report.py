@@ -21,9 +21,16 @@ from lopd_core.outputs import OutputPathError, check_folder, mark_folder, write_
 
 # Left in every report folder: a later report may write into a folder holding it, and no other non-empty folder.
 REPORT_MARKER = ".lopd-report"
-# What write_report itself writes: a folder holding only these (from before the marker existed) is ours too.
-REPORT_FILES = {"index.html", "reward_success.png", "delta_margin.png", "beta.png", "kl_entropy.png",
-                "delta_margin.csv", "eval.png", REPORT_MARKER}
+_FOOTER = "Self-contained: images are inlined; no network access needed."
+
+
+def _earlier_report(folder: Path, names: set[str]) -> bool:
+    """A report written before the marker existed: its index.html carries write_report's footer (a user's own
+    index.html in a folder of the same names does not)."""
+    try:
+        return "index.html" in names and _FOOTER in (folder / "index.html").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,7 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
 
     `out_dir` must be missing, empty or a report folder of ours (outputs.check_folder): `--out /` or a folder of
     the user's is refused before anything is written into it."""
-    out = check_folder(out_dir, REPORT_MARKER, "a report", REPORT_FILES)
+    out = check_folder(out_dir, REPORT_MARKER, "a report", _earlier_report)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -255,5 +262,5 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
                         + _img(plot_eval(evals, out / "eval.png"), "held-out success per split"))
     page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(sections)}"
-            "<p class=\"note\">Self-contained: images are inlined; no network access needed.</p></body></html>")
+            f"<p class=\"note\">{_FOOTER}</p></body></html>")
     return write_file(out / "index.html", page)

@@ -87,11 +87,12 @@ def read_jsonl(path: str | Path, error: type[Exception] = ValueError) -> list[di
 
 
 def write_jsonl(path: str | Path, rows) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    return path
+    """JSON lines written under the output-path rules (lopd_core/outputs.py): a FIFO, a device or a folder named
+    as `--details` or a predictions file is refused in one line, never opened."""
+    from lopd_core.outputs import write_file
+
+    write_file(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return Path(path)
 
 
 def write_details(path: str | Path, verdicts: dict[str, Verdict]) -> Path:

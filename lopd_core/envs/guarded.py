@@ -92,7 +92,14 @@ class TimedEnv:
                                                 "the episode fails (its thread is left behind, the env is unusable)")
             raise EnvironmentStepFailed(self._broken)
         if "error" in box:
-            raise box["error"]
+            error = box["error"]
+            if not isinstance(error, Exception):
+                # SystemExit / KeyboardInterrupt raised by plugin code would otherwise end the command with the
+                # plugin's exit status (0 looked like a pass): it is the environment failing, named as such.
+                self._broken = (f"environment {self._name!r} raised {type(error).__name__}({error}) in {what}"
+                                + (f" on task {self._task.task_id}" if self._task is not None else ""))
+                raise EnvironmentStepFailed(self._broken) from error
+            raise error
         return box["value"]
 
     def reset(self, task: Task):

@@ -39,10 +39,21 @@ from lopd_core.outputs import check_folder, publish_folder
 
 # Left in every built base: a later `lopd base` may replace a folder holding it, and no other non-empty folder.
 BASE_MARKER = ".lopd-base"
-# What a base folder holds: one holding only these (built before the marker existed) is an earlier base too.
+# What a base folder holds (the last two: the cycle's stage summary and cache key).
 BASE_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "build_report.json",
-              "_stage.json", "_key.json", BASE_MARKER}  # the last two: the cycle's stage summary and cache key
+              "_stage.json", "_key.json"}
+
+
+def _earlier_base(folder: Path, names: set[str]) -> bool:
+    """A base built before the marker existed: nothing but a base's files, among them a build report that names
+    the warm start (a plain Hugging Face folder of the user's has the same file names, never this report)."""
+    if not names <= BASE_FILES or "build_report.json" not in names:
+        return False
+    try:
+        return "demos" in json.loads((folder / "build_report.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
@@ -216,7 +227,7 @@ def train_step(model, optimizers: list[torch.optim.Optimizer], batch: list[Traje
 def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
     """Build the embedded base into `out_dir`, swapped in whole once saved (lopd_core/outputs.py): a missing or
     empty folder or an earlier base is replaced; any other folder is refused before the minutes of training."""
-    check_folder(out_dir, BASE_MARKER, "a base", BASE_FILES)
+    check_folder(out_dir, BASE_MARKER, "a base", _earlier_base)
     t0 = time.perf_counter()
     ws, tiny = params.model.warmstart, params.model.tiny
     torch.manual_seed(params.seed)
@@ -303,5 +314,5 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         tokenizer.save_pretrained(staging)
         (staging / "build_report.json").write_text(json.dumps(asdict(report), indent=2))
 
-    publish_folder(out_dir, BASE_MARKER, "a base", fill, BASE_FILES)
+    publish_folder(out_dir, BASE_MARKER, "a base", fill, _earlier_base)
     return report

@@ -178,9 +178,9 @@ def test_report_refuses_a_users_folder_and_reuses_its_own(tmp_path):
     write_report([], [], out)
     assert (out / REPORT_MARKER).exists()
     write_report([], [], out)  # a report folder of ours: written again
-    legacy = tmp_path / "legacy"  # a report from before the marker: only the report's own file names
+    legacy = tmp_path / "legacy"  # a report from before the marker: recognised by its page's footer
     legacy.mkdir()
-    (legacy / "index.html").write_text("old")
+    (legacy / "index.html").write_text("<p>Self-contained: images are inlined; no network access needed.</p>")
     write_report([], [], legacy)
     assert "No training curves" in (legacy / "index.html").read_text()
 
@@ -208,3 +208,70 @@ def test_check_folder_refuses_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputPathError, match="not a folder"):
         check_folder(tmp_path / "f", ".m", "a thing")
+
+
+# ---- what a second hostile probe found --------------------------------------------------------------------------
+def test_base_does_not_replace_a_users_hugging_face_folder(tmp_path, student_dir):
+    """Same file names as a base, but no build report: the user's own model, refused."""
+    import shutil
+
+    from lopd_core.model.warmstart import build_base
+
+    mine = tmp_path / "my-finetuned-model"
+    shutil.copytree(student_dir, mine)
+    before = (mine / "model.safetensors").read_bytes()
+    with pytest.raises(OutputPathError, match="a base"):
+        build_base(Params(), mine, log=lambda m: None)
+    assert (mine / "model.safetensors").read_bytes() == before
+
+
+def test_report_does_not_overwrite_a_users_index_html(tmp_path):
+    from lopd_core.report import write_report
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("MY HOMEPAGE")
+    with pytest.raises(OutputPathError):
+        write_report([], [], site)
+    assert (site / "index.html").read_text() == "MY HOMEPAGE"
+
+
+def test_evaluate_refuses_an_out_inside_the_model(tmp_path, student_dir, capsys):
+    import shutil
+
+    from flows.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(student_dir, model)
+    config = (model / "config.json").read_text()
+    assert main(["evaluate", "--set", f"model.name_or_path={model}", "--out", str(model / "config.json")]) == 1
+    assert "inside" in capsys.readouterr().err and (model / "config.json").read_text() == config
+
+
+def test_symlink_loops_long_names_and_empty_paths_are_one_line(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    for bad in (loop, tmp_path / ("x" * 300), ""):
+        with pytest.raises(OutputPathError):
+            write_file(bad, "{}")
+    assert write_file(tmp_path / ("y" * 250), "{}").read_text() == "{}"  # a long name that fits still fits
+
+
+def test_a_published_folder_keeps_a_readable_mode(tmp_path):
+    import stat
+
+    out = publish_folder(tmp_path / "out", ".m", "a thing", lambda staging: (staging / "a").write_text("x"))
+    assert stat.S_IMODE(out.stat().st_mode) & 0o055 == 0o055 & ~os.umask(os.umask(0))
+
+
+def test_a_plugin_step_that_raises_system_exit_fails_the_episode():
+    from lopd_core.envs.guarded import TimedEnv
+    from lopd_core.errors import EnvironmentStepFailed
+
+    class Exits:
+        def step(self, action):
+            raise SystemExit(0)
+
+    with pytest.raises(EnvironmentStepFailed, match="SystemExit"):
+        TimedEnv(Exits(), "exits", 5.0).step("x")
