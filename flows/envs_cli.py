@@ -79,8 +79,9 @@ def _at_least_one(text: str) -> int:
     """--n: a whole number >= 1 (with 0 there is nothing to check, and the environment was blamed for it)."""
     import argparse
 
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number >= 1")
+    # the upper bound: a typo of a few more digits must not build a list of millions of tasks
+    if not text.strip().isdigit() or not 1 <= int(text) <= 10_000:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number from 1 to 10000")
     return int(text)
 
 

@@ -108,10 +108,19 @@ def cmd_report(params: Params, args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """--cycles: a whole number >= 1 (0 or a negative count used to start building the base anyway)."""
+    import argparse
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number >= 1")
+    return int(text)
+
+
 def add_pipeline_parsers(stage) -> None:
     """Register the three commands with flows/cli.py's `stage(name, help, func)` helper."""
     cycle = stage("cycle", "continual cycles: bank refresh, train, evaluate, export, gated promotion", cmd_cycle)
-    cycle.add_argument("--cycles", type=int, default=1, help="how many cycles to run (default 1)")
+    cycle.add_argument("--cycles", type=_positive_int, default=1, help="how many cycles to run (default 1)")
     cycle.add_argument("--no-mlflow", action="store_true", help="do not record runs in MLflow")
 
     export = stage("export", "export the student as a clean Hugging Face checkpoint with a model card", cmd_export)

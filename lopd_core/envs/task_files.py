@@ -43,6 +43,14 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number that overflows a float (`1e999`) would enter as infinity: refused like NaN and Infinity."""
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
 def _data_error(value) -> str | None:
     """Why a parsed line is not plain data the pipeline can carry (None when it is): too deep, or a string that
     is not valid Unicode text (a lone surrogate from a `\\ud800` escape, which no tokenizer can encode)."""
@@ -74,7 +82,7 @@ def _parse_line(raw: bytes, where: str) -> dict | None:
     if not line.strip() or line.lstrip().startswith("#"):
         return None
     try:
-        row = json.loads(line, parse_constant=_reject_constant)
+        row = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise TaskFileError(f"{where}: not JSON ({exc.msg})") from None
     except RecursionError:

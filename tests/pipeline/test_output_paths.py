@@ -275,3 +275,20 @@ def test_a_plugin_step_that_raises_system_exit_fails_the_episode():
 
     with pytest.raises(EnvironmentStepFailed, match="SystemExit"):
         TimedEnv(Exits(), "exits", 5.0).step("x")
+
+
+def test_small_bounds_the_probe_found(tmp_path, capsys):
+    """`--cycles 0`, `envs check --n 100000000`, `envs.step_timeout_s=1e308` and a task-file number that overflows
+    to infinity are refused up front."""
+    from flows.cli import main
+    from lopd_core.config import ConfigError, load_params
+    from lopd_core.envs.task_files import _finite_float
+
+    for argv in (["cycle", "--cycles", "0"], ["envs", "check", "toolworld", "--n", "100000000"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+    with pytest.raises(ConfigError, match="step_timeout_s"):
+        load_params("params.yaml", ["envs.step_timeout_s=1e308"])
+    with pytest.raises(ValueError, match="finite"):
+        _finite_float("1e999")
