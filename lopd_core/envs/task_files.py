@@ -20,6 +20,7 @@ so an evaluation's ``n`` counts distinct tasks.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from functools import lru_cache
@@ -46,7 +47,7 @@ def _reject_constant(name: str):
 def _finite_float(text: str) -> float:
     """A JSON number that overflows a float (`1e999`) would enter as infinity: refused like NaN and Infinity."""
     value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise ValueError(f"{text} is not a finite number")
     return value
 

@@ -27,6 +27,7 @@ def batch(tiny_model, tiny_tokenizer):
 
 def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
     p = Params()
+    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
     p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
     p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")

@@ -83,6 +83,7 @@ def test_lora_teacher_is_the_base_with_one_copy(tiny_model, tiny_tokenizer):
 
 def _params(tmp_path, **lopd):
     p = Params()
+    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
     p.rollout.max_new_tokens = 24
     p.rollout.max_context = 640

@@ -37,6 +37,7 @@ def batch(tiny_model, tiny_tokenizer):
 
 def _params(tmp_path, **lopd) -> Params:
     p = Params()
+    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
     p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
     p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1

@@ -150,7 +150,7 @@ def test_a_bad_task_runner_is_one_line(spec):
 def test_envs_check_needs_at_least_one_task(capsys):
     with pytest.raises(SystemExit) as caught:
         main(["envs", "check", "toolworld", "--n", "0"])
-    assert caught.value.code == 2 and "--n: got '0', expected a whole number >= 1" in capsys.readouterr().err
+    assert caught.value.code == 2 and "--n: got '0', expected a whole number from 1 to 10000" in capsys.readouterr().err
 
 
 # ---- item 16: --params, lopd.top_k, evaluate's summary ---------------------------------------------------------------
