@@ -34,6 +34,8 @@ TINY = [
     "coldstart.oracle_tasks=12", "envs.pretrain_worlds=2", "composer.num_queries=4", "composer.num_layers=1", "composer.num_heads=2",
     "coldstart.steps=2", "coldstart.batch_size=4", "lopd.steps=3", "lopd.tasks_per_step=4",
     "lopd.samples_per_task=2", "lopd.micro_batch=3", "lopd.checkpoint_every=1",
+    # the paper's LOPD at its constant m: φ trains and β moves, so their agreement across ranks says something
+    "lopd.method=lopd", "lopd.margin=0.05",
 ]
 COMPARED = ["distill_loss", "kl_phi", "delta", "beta", "anchor", "reward_mean", "success_rate", "student_entropy",
             "teacher_entropy", "topk_mass", "grad_norm_theta", "grad_norm_phi", "latent_norm_ratio", "rollouts"]
