@@ -18,14 +18,6 @@ from lopd_core.config import Params
 from lopd_core.outputs import OutputPathError, check_folder, file_target, publish_folder, write_file
 
 
-@pytest.fixture(scope="module")
-def student_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
-    out = tmp_path_factory.mktemp("student") / "student"
-    tiny_model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return out
-
-
 def _user_folder(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "thesis.txt").write_text("years of work")

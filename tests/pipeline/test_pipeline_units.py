@@ -150,14 +150,6 @@ def test_dvc_hash_matches_what_dvc_records(tmp_path):
 
 
 # ---- export: a plain HF checkpoint that answers a task ------------------------------------------------------
-@pytest.fixture(scope="module")
-def student_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
-    out = tmp_path_factory.mktemp("student") / "student"
-    tiny_model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return out
-
-
 def test_export_loads_with_from_pretrained_and_answers_a_task(student_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
