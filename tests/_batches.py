@@ -3,6 +3,7 @@ rewards of both signs, and oracle experience texts to retrieve."""
 
 from __future__ import annotations
 
+from lopd_core.config import Params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
@@ -27,3 +28,20 @@ def oracle_texts(n: int) -> list[str]:
         _, _, env = run_oracle(t)
         out.append(format_experience(t.instruction, env.episode))
     return out
+
+
+def step_params(tmp_path, **lopd) -> Params:
+    """Params of one small LOPD step on that batch (3 tasks × 2 samples): the paper's LOPD, φ trained, at the
+    paper's constant m and β starting at 0.5; `lopd` overrides any of the section's fields."""
+    p = Params()
+    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
+    p.seed = 0
+    p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
+    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
+    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "plots" / "distill.csv")
+    p.lopd.checkpoint_every = 1
+    p.lopd.beta_init = 0.5
+    p.lopd.margin = 0.05  # the paper's constant m: what these tests exercise (the default prices it: auto)
+    for k, v in lopd.items():
+        setattr(p.lopd, k, v)
+    return p

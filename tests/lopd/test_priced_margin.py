@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
-from _batches import oracle_texts, six_trajectories
+from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.lopd import losses as L
@@ -37,18 +37,7 @@ def batch(tiny_model, tiny_tokenizer):
 
 
 def _params(tmp_path, **lopd) -> Params:
-    p = Params()
-    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
-    p.seed = 0
-    p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "plots" / "distill.csv")
-    p.lopd.checkpoint_every = 1
-    p.lopd.beta_init = 0.5
-    p.lopd.margin = "auto"
-    for k, v in lopd.items():
-        setattr(p.lopd, k, v)
-    return p
+    return step_params(tmp_path, **{"margin": "auto", **lopd})
 
 
 def _distiller(params, tiny_model, tiny_tokenizer, retriever, *, pricing=None, log=None):
