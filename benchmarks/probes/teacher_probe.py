@@ -95,8 +95,9 @@ def main() -> None:
             results.setdefault(condition, {})[mode] = summary
             print(f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
                   f"reward {summary['reward_mean']:.3f}", file=sys.stderr, flush=True)
-    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n, "top_j": params.bank.top_j,
-              "model": params.model.name_or_path, "composers": composers, "results": results}
+    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n,
+              "top_j": params.bank.top_j, "model": params.model.name_or_path, "composers": composers,
+              "results": results}
     print("| condition | " + " | ".join(f"{m} success [95 % CI]" for m in args.modes) + " |")
     print("|---|" + "---|" * len(args.modes))
     for name, cells in results.items():

@@ -3,8 +3,8 @@
 Why train one: the pipeline must run offline with no hub download, and a vocabulary fitted to tool names, JSON
 framing and instructions keeps sequences short for a tiny model on a CPU. A number or a word is always a piece
 of its own, never merged with the punctuation or space around it, so a copied name, id or amount is the same
-token(s) wherever it appears. The result is a standard `PreTrainedTokenizerFast` with the chat template and the tool-call/experience special tokens, saved
-next to the model so `AutoTokenizer.from_pretrained` loads it.
+token(s) wherever it appears. The result is a standard `PreTrainedTokenizerFast` with the chat template and the
+tool-call/experience special tokens, saved next to the model so `AutoTokenizer.from_pretrained` loads it.
 """
 
 from __future__ import annotations

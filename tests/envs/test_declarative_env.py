@@ -80,7 +80,8 @@ def test_only_declared_tools_are_callable_and_bad_calls_are_observations():
     assert env.state() == {"notes": {}}  # no rejected call touched the state
     r = env.step(format_call("crash", {}))
     assert r.info["error"] == "failed" and env.internal_errors and "KeyError" in env.internal_errors[0]
-    assert env.step(format_call("add_note", {"title": "a", "text": "b"})).observation == '{"result": {"status": "added"}}'
+    added = env.step(format_call("add_note", {"title": "a", "text": "b"}))
+    assert added.observation == '{"result": {"status": "added"}}'
     assert env.step(format_call("add_note", {"title": "a", "text": "c"})).info["error"] == "exists"  # ToolError
     assert json.loads(env.step(format_call("count_notes", {})).observation) == {"result": 1}
 

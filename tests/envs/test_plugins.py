@@ -113,11 +113,11 @@ def test_configuration_accepts_plugins_and_names_what_is_known(tmp_path):
     with pytest.raises(ConfigError, match=r"envs.mix: got 'nope', expected one of the known environments: codegen, "
                                           r"toolworld, library"):
         EnvsConfig(mix={"nope": 1.0})
-    with pytest.raises(ConfigError, match="envs.plugins.codegen"):
+    with pytest.raises(ConfigError, match=r"envs.plugins.codegen"):
         EnvsConfig(plugins={"codegen": "m:C"})
-    with pytest.raises(ConfigError, match="envs.task_files.toolworld: .* expected a plugin environment's name"):
+    with pytest.raises(ConfigError, match=r"envs.task_files.toolworld: .* expected a plugin environment's name"):
         EnvsConfig(task_files={"toolworld": "x.jsonl"})
-    with pytest.raises(ConfigError, match="envs.task_files.library: .* expected an existing JSON Lines file"):
+    with pytest.raises(ConfigError, match=r"envs.task_files.library: .* expected an existing JSON Lines file"):
         EnvsConfig(task_files={"library": str(tmp_path / "missing.jsonl")})
 
 
