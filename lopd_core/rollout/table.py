@@ -14,6 +14,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from lopd_core.envs import Task
+from lopd_core.outputs import atomic_write
 from lopd_core.rollout.engine import Trajectory
 
 
@@ -89,10 +90,8 @@ def validate_trajectories(frame: pd.DataFrame) -> pd.DataFrame:
 
 def write_trajectories(frame: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    validate_trajectories(frame).to_parquet(tmp, index=False)
-    tmp.replace(path)  # atomic: a crash never leaves half a table behind
+    with atomic_write(path) as fh:  # a crash never leaves half a table behind
+        validate_trajectories(frame).to_parquet(fh, index=False)
     return path
 
 

@@ -29,6 +29,7 @@ from lopd_core.bank import (
 )
 from lopd_core.bank import index as bank_index
 from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.outputs import OutputPathError
 from lopd_core.rollout.engine import Trajectory
 from lopd_core.rollout.table import trajectories_to_frame
 
@@ -196,7 +197,7 @@ def test_parquet_round_trip_and_atomic_write(tmp_path, solved, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match=r"bank\.parquet: disk full"):  # one line naming the file
         write_bank(rows.iloc[:2], path)
     assert path.read_bytes() == before and os.listdir(path.parent) == ["bank.parquet"]
 
