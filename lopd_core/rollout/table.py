@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 import pandera.pandas as pa
 
-from lopd_core.envs import Task
 from lopd_core.outputs import atomic_write
 from lopd_core.rollout.engine import Trajectory
 
@@ -100,7 +99,3 @@ def read_trajectories(path: str | Path) -> pd.DataFrame:
     for col in ("token_ids", "action_mask", "sample_logprobs"):
         frame[col] = frame[col].map(list)
     return validate_trajectories(frame)
-
-
-def frame_tasks(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_json(s) for s in frame["task"]]
