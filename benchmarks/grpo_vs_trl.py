@@ -209,7 +209,8 @@ def main(argv=None) -> int:
         "ours_reward_second_half": round(statistics.fmean(ours_r[half:]), 4),
         "trl_reward_first_half": round(statistics.fmean(trl_r[:half]), 4),
         "trl_reward_second_half": round(statistics.fmean(trl_r[half:]), 4),
-        "ours_step_s": round(statistics.fmean(ours_s[skip:]), 3), "trl_step_s": round(statistics.fmean(trl_s[skip:]), 3),
+        "ours_step_s": round(statistics.fmean(ours_s[skip:]), 3),
+        "trl_step_s": round(statistics.fmean(trl_s[skip:]), 3),
         "step_time_ratio_ours_over_trl": round(ratio, 3),
     }, indent=2))
     return 0

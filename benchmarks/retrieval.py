@@ -59,7 +59,8 @@ def bank_frame(n: int) -> pd.DataFrame:
     ids = [f"{i:032x}" for i in range(n)]
     worlds = ["aurora", "borealis", "cirrus", "dune"]
     return pd.DataFrame({
-        "row_id": ids, "task_text": [f"text-{i}" for i in range(n)], "experience_text": [f"experience {i}" for i in range(n)],
+        "row_id": ids, "task_text": [f"text-{i}" for i in range(n)],
+        "experience_text": [f"experience {i}" for i in range(n)],
         "task_id": [f"synthetic/{i}" for i in range(n)], "env": "toolworld", "split": "train", "template": "synthetic",
         "world": [worlds[i % 4] for i in range(n)], "policy_version": "bench", "reward": 1.0, "cycle": 0,
     })

@@ -42,7 +42,8 @@ def load_or_build(model_dir: str):
     if (Path(model_dir) / "config.json").exists():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir), model_dir
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        return model, AutoTokenizer.from_pretrained(model_dir), model_dir
     from lopd_core.model.demos import build_demos
     from lopd_core.model.loading import tiny_qwen3
     from lopd_core.model.tokenizer import train_tokenizer

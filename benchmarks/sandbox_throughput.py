@@ -16,11 +16,15 @@ import time
 from lopd_core.envs.codegen.grading import CODEGEN_LIMITS
 from lopd_core.envs.sandbox import SandboxPool, run_job
 
-SOURCE = "def running_sum(xs):\n    out, total = [], 0\n    for x in xs:\n        total += x\n        out.append(total)\n    return out\n"
+SOURCE = (
+    "def running_sum(xs):\n    out, total = [], 0\n    for x in xs:\n"
+    "        total += x\n        out.append(total)\n    return out\n"
+)
 
 
 def job(i: int) -> dict:
-    return {"mode": "calls", "source": SOURCE, "function": "running_sum", "inputs": [[list(range(i, i + k))] for k in range(7)]}
+    inputs = [[list(range(i, i + k))] for k in range(7)]
+    return {"mode": "calls", "source": SOURCE, "function": "running_sum", "inputs": inputs}
 
 
 def main() -> None:

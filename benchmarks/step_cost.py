@@ -329,7 +329,8 @@ def main() -> None:
         })
     tokens = sum(t.num_action_tokens for t in trajs)
     print(json.dumps({
-        "model": source, "vocab": model.get_output_embeddings().weight.shape[0], "device": args.device, "dtype": args.dtype, "threads": args.threads,
+        "model": source, "vocab": model.get_output_embeddings().weight.shape[0],
+        "device": args.device, "dtype": args.dtype, "threads": args.threads,
         "overrides": args.overrides,
         "low_memory": params.lopd.low_memory,
         "trajectories": len(trajs), "action_tokens": tokens,

@@ -5,7 +5,8 @@ what the user had there (`lopd export --out ..` emptied the parent folder; `lopd
 symlink, a FIFO or a device node with a JSON file). The rules, the same for every command:
 
 - a file output is written only over a regular file or a missing path, atomically (a temporary file beside it,
-  then a rename); a symlink is followed, never replaced; a folder, a device, a FIFO or a socket is refused;
+  then a rename: `atomic_write`, and `write_file` for content in hand); a symlink is followed, never replaced; a
+  folder, a device, a FIFO or a socket is refused;
 - a folder output is written only into a missing or empty folder or one that a previous run of the same command
   wrote (recognised by a marker file it leaves, or for folders written before the marker existed by holding
   nothing but the command's own file names); anything else is refused, naming the folder;
@@ -23,8 +24,10 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from lopd_core.errors import StateError
 
@@ -87,10 +90,13 @@ def outside_of(target: Path, folder: str | Path, what: str) -> Path:
     return target
 
 
-def write_file(path: str | Path, content: str | bytes) -> Path:
-    """Write `content` to `path` atomically under the rules above; return the path written (a symlink's target)."""
+@contextmanager
+def atomic_write(path: str | Path, *, text: bool = False) -> Iterator[IO]:
+    """A file object to write `path` through, under the rules above: it is a temporary file beside the target,
+    flushed, synced and renamed over it when the block ends, removed when the block raises, so a reader (or a
+    crash) never sees half a file. `text`: UTF-8 with no newline translation, else bytes. An OSError becomes one
+    OutputPathError naming `path`."""
     target = file_target(path)
-    data = content.encode("utf-8") if isinstance(content, str) else content
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -101,14 +107,12 @@ def write_file(path: str | Path, content: str | bytes) -> Path:
     try:
         # a short temporary name: a target name at the file system's limit must still fit beside it
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".lopd-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with (os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb")) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
-        if target.exists():
-            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
+        # mkstemp makes it 0600: a replaced file keeps its mode, a new one gets the umask's, as open() would
+        os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode) if target.exists() else 0o666 & ~_umask())
         os.replace(tmp, target)
         tmp = None
     except OSError as exc:
@@ -116,11 +120,24 @@ def write_file(path: str | Path, content: str | bytes) -> Path:
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-    return target
+
+
+def write_file(path: str | Path, content: str | bytes) -> Path:
+    """Write `content` to `path` atomically under the rules above; return the path written (a symlink's target)."""
+    with atomic_write(path) as f:
+        f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    return file_target(path)
 
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)  # no /proc (macOS): the only other way to read it
     os.umask(mask)
     return mask
 

@@ -8,9 +8,10 @@ Two measurements on the same held-out tasks (their own world's conventions, no s
   under another world's conventions part ways: which payment tool, `/notes` or `notes`, `OSL` or `oslo`, an extra
   confirmation step), the probability the base puts on its own world's choice (`p_right`) and on the other
   world's (`p_other`), per world. A base that reads the `[world]` tag would approach the warm start's ≈ 0.8 /
-  0.2 (convention noise 0.3; ≈ 0.9 / 0.1 at the default 0.15); one that ignores it splits its mass between the two. Measured again with three
-  same-world successes in context (`conventions_with_experience`): they show the right choice, so a base that
-  uses experience in context moves p_right up there — the information a latent teacher is meant to carry.
+  0.2 (convention noise 0.3; ≈ 0.9 / 0.1 at the default 0.15); one that ignores it splits its mass between
+  the two. Measured again with three same-world successes in context (`conventions_with_experience`): they
+  show the right choice, so a base that uses experience in context moves p_right up there — the information a
+  latent teacher is meant to carry.
 * **log-likelihood** — the oracle's action tokens' total log-probability per task (nats; higher is better, and
   comparable across tokenizers since it is the probability of the same text), `p_seq` its mean exp (the chance
   that sampling at temperature 1 reproduces the oracle exactly) and `exact` the share of tasks whose every

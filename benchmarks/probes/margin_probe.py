@@ -128,7 +128,9 @@ def main() -> None:
         if method_spec(method, params.baselines).needs_composer and not Path(params.coldstart.out).exists():
             raise SystemExit(f"no cold-start composer at {params.coldstart.out}: run `lopd bank` and "
                              "`lopd coldstart` first")
-    log = (lambda m: print(m, file=sys.stderr))
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
     started = time.perf_counter()
     model, tokenizer = load_policy(params.model)
     tasks = mixed_tasks(params.envs.mix, "train", args.tasks, params.seed + PROBE_SEED_OFFSET)

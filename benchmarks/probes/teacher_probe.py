@@ -35,6 +35,7 @@ import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize
+from lopd_core.jsonio import write_json
 from lopd_core.lopd.composer import mean_embedding_norm
 from lopd_core.lopd.stages import make_retriever, open_bank
 from lopd_core.lopd.teacher_rollout import latent_rollout, task_latents
@@ -95,8 +96,9 @@ def main() -> None:
             results.setdefault(condition, {})[mode] = summary
             print(f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
                   f"reward {summary['reward_mean']:.3f}", file=sys.stderr, flush=True)
-    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n, "top_j": params.bank.top_j,
-              "model": params.model.name_or_path, "composers": composers, "results": results}
+    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n,
+              "top_j": params.bank.top_j, "model": params.model.name_or_path, "composers": composers,
+              "results": results}
     print("| condition | " + " | ".join(f"{m} success [95 % CI]" for m in args.modes) + " |")
     print("|---|" + "---|" * len(args.modes))
     for name, cells in results.items():
@@ -105,8 +107,7 @@ def main() -> None:
         print(f"| {name} | {row} |")
     print(json.dumps(report, indent=2))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

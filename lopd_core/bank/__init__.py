@@ -14,7 +14,6 @@ filter unless `same_world=True`) with the packaged MiniLM (embed.py), all tasks 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,18 +82,6 @@ class ExperienceBank:
         self._synced: tuple | None = None  # (parquet stat signature, content hash) the index was last checked at
         self._frame: pd.DataFrame | None = None
         self.last_embedded = 0  # texts embedded by the last index rebuild
-
-    @classmethod
-    def from_config(cls, cfg, embedder: Embedder | None = None) -> ExperienceBank:
-        """From a `bank:` config section (any object with the attributes below; missing ones take defaults)."""
-        get = lambda name, default=None: getattr(cfg, name, default)
-        emb = embedder or get_embedder(get("embed_device", "cpu"), get("embed_batch_size", 64))
-        hnsw = get("hnsw") or {}
-        if dataclasses.is_dataclass(hnsw):
-            hnsw = dataclasses.asdict(hnsw)
-        return cls(get("path", "data/bank/experience.parquet"), index_dir=get("index_dir") or None,
-                   chroma_url=get("chroma_url") or None, collection=get("collection", DEFAULT_COLLECTION),
-                   embedder=emb, hnsw={k: v for k, v in dict(hnsw).items() if v is not None})
 
     # --- parts ---------------------------------------------------------------------------------------------
     @property

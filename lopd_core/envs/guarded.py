@@ -12,8 +12,8 @@ imported in the trainer's process (its tasks are drawn there), so import-time co
 Either way, every `reset` and `step` of a plugin environment gets `envs.step_timeout_s`: a step that blocks
 must not hang `lopd envs check` or a cycle until `cycle.stage_timeout_s`. In the trainer's process the call runs
 in a daemon thread (Python cannot stop a thread: it is left behind, the environment is marked broken, the error
-raised; a plugin's step therefore cannot install signal handlers); isolated, the child's process group is killed. The error is one line naming the env, the task and the
-setting (`EnvironmentStepFailed`).
+raised; a plugin's step therefore cannot install signal handlers); isolated, the child's process group is killed.
+The error is one line naming the env, the task and the setting (`EnvironmentStepFailed`).
 
 Tool bugs (`internal_errors`: exceptions a declarative environment caught in a tool) are shown to the agent as
 "failed"; a rollout that meets one warns once per env and tool, so a broken tool is not silently trained on.

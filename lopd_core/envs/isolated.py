@@ -20,6 +20,7 @@ is RuntimeError, ValueError or TypeError (the contract checker tells a second `r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -48,15 +49,11 @@ ERRORS = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TypeError": T
 
 def _stop(proc: subprocess.Popen, workdir: str) -> None:
     """Kill the child's process group, reap it and remove its folder (also the instance's finalizer)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for stream in (proc.stdin, proc.stdout):
-        try:
+        with contextlib.suppress(OSError):
             stream.close()
-        except OSError:
-            pass
     proc.wait()
     _remove_tree(workdir)
 

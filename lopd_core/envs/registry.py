@@ -84,7 +84,8 @@ def _load(name: str, spec: str) -> type:
     cls = _import(spec)
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:
-        raise TypeError(f"env {name!r} ({spec}) is not an environment class: it lacks {', '.join(missing) or 'a class'}")
+        lacks = ", ".join(missing) or "a class"
+        raise TypeError(f"env {name!r} ({spec}) is not an environment class: it lacks {lacks}")
     if getattr(cls, "name", None) != name:
         raise ValueError(f"env {name!r} ({spec}): the class's name is {getattr(cls, 'name', None)!r}; register it "
                          f"under that name or set its `name = {name!r}` (tasks carry the name the engine resolves)")

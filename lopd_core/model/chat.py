@@ -36,7 +36,7 @@ PAD = "<|pad|>"
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END, EXP_START, EXP_END, TOOL_CALL, TOOL_CALL_END]
 
-# Jinja chat template saved with the tokenizer: renders the same text as `prompt_text` / `TrajectoryIds`, so a
+# Jinja chat template saved with the tokenizer: renders the same text as `first_turn_text` / `TrajectoryIds`, so a
 # plain Hugging Face user (`apply_chat_template`) talks to the exported student in the format it was trained on.
 # Messages may carry `experiences` (a list of strings) on the first user turn.
 CHAT_TEMPLATE = (
@@ -96,7 +96,6 @@ class ChatCodec:
         self.tokenizer = tokenizer
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.im_end_id
-        self._newline_ids = self.encode("\n")
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -31,6 +31,7 @@ one turn, a tool-call end token other than the turn's end (Llama 3.1's `<|eom_id
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -148,10 +149,8 @@ class ToolCallSyntax:
         if isinstance(payload, dict) and self.arguments_key in payload and "arguments" not in payload:
             payload = {("arguments" if k == self.arguments_key else k): v for k, v in payload.items()}
         if isinstance(payload, dict) and isinstance(payload.get("arguments"), str):
-            try:  # some templates write the arguments as a JSON string
+            with contextlib.suppress(ValueError):  # some templates write the arguments as a JSON string
                 payload["arguments"] = json.loads(payload["arguments"])
-            except ValueError:
-                pass
         return f"{TOOL_CALL}{json.dumps(payload)}{TOOL_CALL_END}"
 
 

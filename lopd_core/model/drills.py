@@ -1,8 +1,8 @@
 """Copy and lookup drills: short procedural conversations that teach the tiny base to read its context.
 
-Measured on the embedded default, a warm start on demonstrations alone leaves the base unable to copy: after
-446 steps it copied an argument from the instruction right 36 % of the time and predicted the most frequent
-value instead (a name, a product, a month). A pretrained LLM brings that skill; the tiny base must get it from
+A warm start on demonstrations alone leaves the embedded base unable to copy: it mostly predicts the most
+frequent value (a name, a product, a month) where the instruction holds the argument to copy
+(docs/experiments/2026-12-05-base-design-figures.md). A pretrained LLM brings that skill; the tiny base must get it from
 somewhere. The drills isolate it, in the same chat framing the tasks use:
 
 * **copy** — the user turn holds a few environment words; the answer repeats them in order;

@@ -1,10 +1,11 @@
 """Muon with the Newton–Schulz orthogonalisation batched over matrices of one shape.
 
 Why not `torch.optim.Muon` as it is: it orthogonalises one matrix at a time. The embedded base has fourteen
-small layer matrices (128 × 128, 64 × 128, 384 × 128, ...), so on a 2-core CPU its step spends most of its time
-in the overhead of some two hundred tiny products: ≈ 15–20 ms, a quarter of a warm-start step. Stacking the
-matrices that share a shape (after turning tall ones wide) makes that 3–4 batched products per iteration;
-the step then costs about half as much (`benchmarks/probes/warmstart_optimizer.py`).
+small layer matrices (128 × 128, 64 × 128, 384 × 128, ...), so on a small CPU its step spends most of its time
+in the overhead of some two hundred tiny products. Stacking the matrices that share a shape (after turning tall
+ones wide) makes that 3–4 batched products per iteration, and the overhead goes with them
+(`benchmarks/probes/warmstart_optimizer.py` measures both; the figures:
+docs/experiments/2026-12-05-base-design-figures.md).
 
 The arithmetic is torch's: Nesterov momentum as a lerp, the same quintic Newton–Schulz iteration, decoupled
 weight decay, and the `match_rms_adamw` learning-rate scale (0.2·sqrt(max(rows, cols))), so the same learning
@@ -12,10 +13,9 @@ rate and weight decay mean the same thing in both (`tests/model/test_warmstart.p
 
 One difference: on the CPU the iteration runs in float32, where torch runs it in bfloat16. bfloat16 is what an
 accelerator multiplies fastest; the machine the default base was first built on ran it at full speed too; but
-on a CPU without bf16 instructions (AVX2 only, as some 2-core machines here) each bfloat16 product takes a
-slow path 20-27× slower than float32 (a (4, 128, 384) stack: 43 ms against 1.6 ms). A warm start there ran
-571 steps in its time budget instead of ≈ 4,500 and built a base that solved nothing. float32 is also the
-more exact of the two.
+on a CPU without bf16 instructions (AVX2 only, as some small machines) each bfloat16 product takes a slow path
+many times slower than float32, so a time-budgeted warm start there runs a fraction of its steps and builds a
+base that solves nothing (the figures: same note). float32 is also the more exact of the two.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Why train one: the pipeline must run offline with no hub download, and a vocabulary fitted to tool names, JSON
 framing and instructions keeps sequences short for a tiny model on a CPU. A number or a word is always a piece
 of its own, never merged with the punctuation or space around it, so a copied name, id or amount is the same
-token(s) wherever it appears. The result is a standard `PreTrainedTokenizerFast` with the chat template and the tool-call/experience special tokens, saved
-next to the model so `AutoTokenizer.from_pretrained` loads it.
+token(s) wherever it appears. The result is a standard `PreTrainedTokenizerFast` with the chat template and the
+tool-call/experience special tokens, saved next to the model so `AutoTokenizer.from_pretrained` loads it.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
             # A JSON key with its quotes, colon, space and opening quote (`"owner": "`) is one piece: the token
             # right before a value then names the slot by itself, so copying the value into it is one
             # attention hop (not two: "which key came before this `": "`?", then "find that value"), and the
-            # same key in an experience is the same token, which induction can match. Measured at 4,400
-            # warm-start steps: log-likelihood of the oracle actions -11.5 -> -10.2 nats per task, first
-            # action wrong 102 -> 54 of 200 test_id tasks (greedy).
+            # same key in an experience is the same token, which induction can match (what it bought:
+            # docs/experiments/2026-12-05-base-design-figures.md).
             pre_tokenizers.Split(Regex(r"\"[A-Za-z_]+\": ?\"?|[A-Za-z][A-Za-z_]*"), behavior="isolated"),
             # A newline is always a token of its own, so turn framing (`user` `\n`) ends on a token boundary
             # whatever follows: the latent teacher splices its latents there into the student's ids.
             pre_tokenizers.Split("\n", behavior="isolated"),
             # A number is a piece of its own (`a71` -> `a` `71`) that BPE may keep whole: copying an id or an
             # amount from an observation is then copying one or two tokens, which a tiny model learns far
-            # sooner than a digit-by-digit chain (measured: single digits left every id miscopied).
+            # sooner than a digit-by-digit chain.
             pre_tokenizers.Digits(individual_digits=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]

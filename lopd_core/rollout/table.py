@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pandera.pandas as pa
 
-from lopd_core.envs import Task
+from lopd_core.outputs import atomic_write
 from lopd_core.rollout.engine import Trajectory
 
 
@@ -89,10 +89,8 @@ def validate_trajectories(frame: pd.DataFrame) -> pd.DataFrame:
 
 def write_trajectories(frame: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    validate_trajectories(frame).to_parquet(tmp, index=False)
-    tmp.replace(path)  # atomic: a crash never leaves half a table behind
+    with atomic_write(path) as fh:  # a crash never leaves half a table behind
+        validate_trajectories(frame).to_parquet(fh, index=False)
     return path
 
 
@@ -101,7 +99,3 @@ def read_trajectories(path: str | Path) -> pd.DataFrame:
     for col in ("token_ids", "action_mask", "sample_logprobs"):
         frame[col] = frame[col].map(list)
     return validate_trajectories(frame)
-
-
-def frame_tasks(frame: pd.DataFrame) -> list[Task]:
-    return [Task.from_json(s) for s in frame["task"]]

@@ -29,6 +29,7 @@ from lopd_core.bank import (
 )
 from lopd_core.bank import index as bank_index
 from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.outputs import OutputPathError
 from lopd_core.rollout.engine import Trajectory
 from lopd_core.rollout.table import trajectories_to_frame
 
@@ -106,7 +107,8 @@ def test_refresh_filters_dedups_and_records_provenance(tmp_path, solved):
     (t0, e0), (t1, e1), (t2, e2), (t3, e3) = solved[:4]
     first = _frame([(t0, e0, 1.0), (t1, e1, 0.5), (t2, e2, 0.0), (t0, e0, 1.0), (t3, e3, 1.0), (t0, _variant(e0), 1.0)])
     report = bank.refresh(first, min_reward=1.0, policy_version="base", cycle=0, created_at=T0)
-    assert (report.trajectories, report.below_min_reward, report.duplicates, report.added, report.total) == (6, 2, 1, 3, 3)
+    counts = (report.trajectories, report.below_min_reward, report.duplicates, report.added, report.total)
+    assert counts == (6, 2, 1, 3, 3)
 
     rows = bank.frame()
     assert sorted(rows["task_id"]) == sorted([t0.task_id, t0.task_id, t3.task_id])  # same task, two chains kept
@@ -195,7 +197,7 @@ def test_parquet_round_trip_and_atomic_write(tmp_path, solved, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match=r"bank\.parquet: disk full"):  # one line naming the file
         write_bank(rows.iloc[:2], path)
     assert path.read_bytes() == before and os.listdir(path.parent) == ["bank.parquet"]
 
@@ -324,13 +326,6 @@ def test_http_client_selected_when_url_configured(tmp_path, monkeypatch):
     local = ExperienceBank(tmp_path / "bank.parquet", index_dir=tmp_path / "idx", embedder=object())
     assert local.index.client == "local-client"
     assert made[-1][0] == "persistent" and made[-1][1]["path"] == str(tmp_path / "idx")
-
-    class Cfg:
-        path = str(tmp_path / "bank.parquet")
-        chroma_url = "http://10.0.0.5:8001"
-
-    from_cfg = ExperienceBank.from_config(Cfg(), embedder=object())
-    assert from_cfg.client_spec == bank_index.ClientSpec(kind="http", host="10.0.0.5", port=8001, ssl=False)
     assert ExperienceBank(tmp_path / "x.parquet").index_dir == tmp_path / "x.chroma"
 
 

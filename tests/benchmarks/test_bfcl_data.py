@@ -30,7 +30,7 @@ def test_v3_files_load_and_the_newest_version_wins(tmp_path):
 def test_missing_answers_are_named(tmp_path):
     write(tmp_path, "BFCL_v4_multiple.json", [ROW])
     write(tmp_path / "possible_answer", "BFCL_v4_multiple.json", [{"id": "other", "ground_truth": []}])
-    with pytest.raises(BfclDataError, match="no answer for 1 entries, e.g. 'simple_0'"):
+    with pytest.raises(BfclDataError, match=r"no answer for 1 entries, e\.g\. 'simple_0'"):
         load_category("multiple", tmp_path)
 
 

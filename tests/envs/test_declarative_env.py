@@ -1,6 +1,6 @@
 """The declarative tool environment: schemas from functions and specs, dispatch only through the declared table,
-validated arguments, checks as data, reward = share of checks passed, and the shared contract on every task of
-the example package (each one also solved by a scripted player, so every shipped task is winnable)."""
+validated arguments, checks as data, reward = share of checks passed, and every task of the example package
+solved by a scripted player, so every shipped task is winnable (the shared contract on them: test_contract.py)."""
 
 import json
 
@@ -8,7 +8,7 @@ import pytest
 from _plugin_fixture import NotesEnv
 from _plugin_fixture import solve_library as solve
 
-from lopd_core.envs import Task, check_env_contract, format_call
+from lopd_core.envs import Task, format_call
 from lopd_core.envs.declarative import DeclarativeToolEnv, ToolSpec, tool_table
 
 library = pytest.importorskip("lopd_example_env.library", reason="install examples/lopd-example-env")
@@ -80,7 +80,8 @@ def test_only_declared_tools_are_callable_and_bad_calls_are_observations():
     assert env.state() == {"notes": {}}  # no rejected call touched the state
     r = env.step(format_call("crash", {}))
     assert r.info["error"] == "failed" and env.internal_errors and "KeyError" in env.internal_errors[0]
-    assert env.step(format_call("add_note", {"title": "a", "text": "b"})).observation == '{"result": {"status": "added"}}'
+    added = env.step(format_call("add_note", {"title": "a", "text": "b"}))
+    assert added.observation == '{"result": {"status": "added"}}'
     assert env.step(format_call("add_note", {"title": "a", "text": "c"})).info["error"] == "exists"  # ToolError
     assert json.loads(env.step(format_call("count_notes", {})).observation) == {"result": 1}
 
@@ -119,10 +120,10 @@ def test_task_specs_are_validated(spec, why):
     assert why in DeclarativeToolEnv.validate_spec(spec)
 
 
-def test_every_example_task_keeps_the_contract_and_can_be_won():
+def test_every_example_task_can_be_won():
     for split in LibraryEnv.splits:
         tasks = LibraryEnv.make_tasks(split, 100, 0)
-        assert check_env_contract(LibraryEnv, tasks, scripted=solve) == len(tasks)
+        assert tasks
         for task in tasks:
             env, results = play(LibraryEnv, task, solve(task))
             assert results[-1].info["success"] and results[-1].reward == 1.0, task.task_id

@@ -53,7 +53,8 @@ def test_a_toolspec_whose_schema_names_another_parameter_fails_when_the_class_is
                                         r"<lambda>\(state, title\) does not take"):
         tool_table([ToolSpec(schema, lambda state, title: title)])
     with pytest.raises(TypeError, match="tool find: the schema declares parameter 'query'"):
-        type("Mismatched", (DeclarativeToolEnv,), {"name": "mismatched", "tools": (ToolSpec(schema, lambda state, title: 0),)})
+        tools = (ToolSpec(schema, lambda state, title: 0),)
+        type("Mismatched", (DeclarativeToolEnv,), {"name": "mismatched", "tools": tools})
     optional = {**schema, "parameters": {**schema["parameters"], "required": []}}
     with pytest.raises(TypeError, match="tool find: its function needs 'query', which the schema does not require"):
         tool_table([ToolSpec(optional, lambda state, query: query)])

@@ -57,7 +57,9 @@ def test_deployment_and_pretraining_streams_never_mix_worlds():
     assert {t.world for t in held_out} == set(split.pretrain)  # world-major: 128 tasks visit all 64 twice
     train = pretraining_tasks(envs, 400, seed=5)
     assert {t.world for t in train} <= set(split.pretrain)
-    content = lambda t: (t.world, t.template, t.instruction, str(t.spec))
+    def content(t):
+        return (t.world, t.template, t.instruction, str(t.spec))
+
     assert not {content(t) for t in train} & {content(t) for t in held_out}
 
 

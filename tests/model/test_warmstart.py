@@ -174,9 +174,10 @@ def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_pat
     from lopd_core.model.warmstart import build_base
 
     (tmp_path / "p.yaml").write_text("seed: 0\n")
-    params = load_params(tmp_path / "p.yaml", ["model.warmstart.demos=40", "model.warmstart.drills=10", "model.tiny.vocab_size=400",
-                                "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64",
-                                "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+    params = load_params(tmp_path / "p.yaml", ["model.warmstart.demos=40", "model.warmstart.drills=10",
+                                "model.tiny.vocab_size=400", "model.tiny.hidden_size=32",
+                                "model.tiny.intermediate_size=64", "model.tiny.num_heads=2",
+                                "model.tiny.num_kv_heads=1",
                                 "model.warmstart.time_budget_s=0.001", "model.warmstart.max_steps=3"])
     report = build_base(params, tmp_path / "base", log=lambda m: None)
     assert report.steps == 3

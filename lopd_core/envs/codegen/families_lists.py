@@ -72,9 +72,8 @@ def balanced(s):
     for c in s:
         if c in "([{":
             stack.append(c)
-        elif c in pairs:
-            if not stack or stack.pop() != pairs[c]:
-                return False
+        elif c in pairs and (not stack or stack.pop() != pairs[c]):
+            return False
     return not stack
 
 

@@ -147,11 +147,11 @@ def restrict_files(workdir: str, read_dirs: list[str]) -> dict:
         return {"landlock": 0, "why": f"unavailable: {os.strerror(ctypes.get_errno())}"}
 
     class RulesetAttr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+        _fields_ = (("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64))
 
     class PathBeneath(ctypes.Structure):
         _pack_ = 1
-        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+        _fields_ = (("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
     handled = (1 << 13) - 1  # ABI 1: EXECUTE .. MAKE_SYM
     handled |= FS_REFER if abi >= 2 else 0

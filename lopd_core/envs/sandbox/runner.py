@@ -43,6 +43,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -115,10 +116,8 @@ def _remove_tree(path: str) -> None:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _wait_group_gone(pgid: int, limit_s: float = 2.0) -> None:

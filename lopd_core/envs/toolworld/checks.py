@@ -33,11 +33,8 @@ def get_path(state: Any, path: list) -> Any:
     cur = state
     for key in path:
         if (
-            isinstance(cur, dict)
-            and key in cur
-            or isinstance(cur, list)
-            and isinstance(key, int)
-            and -len(cur) <= key < len(cur)
+            (isinstance(cur, dict) and key in cur)
+            or (isinstance(cur, list) and isinstance(key, int) and -len(cur) <= key < len(cur))
         ):
             cur = cur[key]
         else:

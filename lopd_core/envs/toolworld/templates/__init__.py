@@ -59,10 +59,6 @@ def template(name: str, domains: tuple[str, ...], oracle: OracleFn, split_group:
     return deco
 
 
-def templates_in(split_group: str) -> list[Template]:
-    return [t for t in TEMPLATES.values() if t.split_group == split_group]
-
-
 _MODULES = ("t_bank", "t_calendar", "t_shop", "t_files", "t_msg", "t_travel", "t_cross", "t_ood")
 for _m in _MODULES:
     importlib.import_module(f"{__name__}.{_m}")
