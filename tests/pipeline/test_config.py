@@ -267,3 +267,21 @@ def test_removed_dead_knob_is_rejected():
     # envs.train_tasks was read nowhere: a file that still sets it is told so rather than silently ignored
     with pytest.raises(ConfigError, match="envs.train_tasks: unknown key"):
         load_params("params.yaml", ["envs.train_tasks=4000"])
+
+
+def test_write_params_and_list_print_every_setting(tmp_path, capsys):
+    from pathlib import Path
+
+    from lopd_core.config import main
+
+    out = tmp_path / "p.yaml"
+    assert main(["--write-params", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == Path(__file__).resolve().parents[2].joinpath("params.yaml").read_text(
+        encoding="utf-8")
+    assert load_params(out).to_dict() == Params().to_dict()
+    capsys.readouterr()
+    assert main(["--list"]) == 0
+    listed = {line.split(" = ")[0].strip() for line in capsys.readouterr().out.splitlines() if " = " in line}
+    leaves = {key for key, _, value in _settings(Params()) if not dataclasses.is_dataclass(value)}
+    assert leaves <= listed, sorted(leaves - listed)
+    assert main(["--bogus"]) == 2
