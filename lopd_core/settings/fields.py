@@ -86,14 +86,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         (item_tp,) = typing.get_args(tp)[:1]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: got {value!r}, expected a list")
-        items = [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-        return value if isinstance(value, list) and all(a is b for a, b in zip(items, value)) else items
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]  # a copy: no alias of the caller's
     if origin is dict:
         _, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: got {value!r}, expected a mapping")
-        items = {str(k): coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
-        return value if all(isinstance(k, str) and items[k] is v for k, v in value.items()) else items
+        return {str(k): coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
