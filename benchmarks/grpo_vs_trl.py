@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import lopd_core  # noqa: F401  (offline defaults)
@@ -90,9 +91,9 @@ def run_ours(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_to
 
     p = Params()
     p.seed = seed
-    p.lopd.method, p.lopd.tasks_per_step, p.lopd.samples_per_task = "grpo", tasks, samples
-    p.lopd.lr_student, p.lopd.steps, p.lopd.micro_batch = lr, steps, 0
-    p.lopd.out_dir, p.lopd.csv = "/tmp/grpo_vs_trl/ours", "/tmp/grpo_vs_trl/ours/distill.csv"
+    p.lopd = replace(p.lopd, method="grpo", tasks_per_step=tasks, samples_per_task=samples, lr_student=lr,
+                     steps=steps, micro_batch=0, out_dir="/tmp/grpo_vs_trl/ours",
+                     csv="/tmp/grpo_vs_trl/ours/distill.csv")
     torch.manual_seed(seed)
     d = Distiller(p, model, tokenizer, lambda ts: [[] for _ in ts], composer=new_composer(p, model),
                   log=lambda m: None)

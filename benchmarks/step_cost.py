@@ -56,6 +56,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataclasses import replace
+
 import lopd_core  # noqa: F401
 from lopd_core.config import load_params
 from lopd_core.envs import make_tasks, run_oracle
@@ -137,9 +139,7 @@ def pg_student(model, kind: str, lora_rank: int):
 def distiller(model, tokenizer, mode: str, experiences, samples: int, params) -> Distiller:
     """A Distiller of `params` (its lopd.low_memory decides the order) on the fixed experiences."""
     params = copy.deepcopy(params)
-    params.lopd.student_mode = mode
-    params.lopd.samples_per_task = samples
-    params.lopd.steps = 1
+    params.lopd = replace(params.lopd, student_mode=mode, samples_per_task=samples, steps=1)
     c = params.composer
     composer = Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
                         num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
@@ -190,7 +190,7 @@ def memory_probe(args, params) -> None:
             for _ in range(2):
                 pg_update(student, opt, trajs, mb, chunk_group(args.samples, params.lopd.share_prompt))
         else:
-            params.lopd.micro_batch = mb
+            params.lopd = replace(params.lopd, micro_batch=mb)
             d = distiller(model, tokenizer, args.probe, experiences, args.samples, params)
             for _ in range(2):
                 d.update(tasks, trajs)
@@ -307,7 +307,7 @@ def main() -> None:
     results = []
     for mb in settings:
         p = copy.deepcopy(params)
-        p.lopd.micro_batch = mb
+        p.lopd = replace(p.lopd, micro_batch=mb)
         timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps)
         s = timing["seconds"]
         if args.device.startswith("cuda"):

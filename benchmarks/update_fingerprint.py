@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataclasses import replace
+
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import Params, TinyModelConfig
 from lopd_core.envs import make_tasks, run_oracle
@@ -79,12 +81,10 @@ def fingerprint(out_dir: str) -> dict:
     for name, overrides in CONFIGS.items():
         p = Params()
         p.seed = 0
-        p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
-        p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 3
-        p.lopd.out_dir, p.lopd.csv = f"{out_dir}/lopd", f"{out_dir}/distill.csv"
-        p.lopd.beta_init = 0.5
-        for key, value in overrides.items():
-            setattr(p.lopd, key, value)
+        p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
+        p.lopd = replace(p.lopd, **{"tasks_per_step": 3, "samples_per_task": 2, "steps": 3,
+                                    "out_dir": f"{out_dir}/lopd", "csv": f"{out_dir}/distill.csv", "beta_init": 0.5,
+                                    **overrides})
         model = copy.deepcopy(base)
         torch.manual_seed(0)
         composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,

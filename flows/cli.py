@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 
 import lopd_core  # noqa: F401  (applies the offline defaults before torch/transformers are imported)
@@ -29,7 +30,7 @@ from flows.compare_cli import add_compare_parser
 from flows.envs_cli import add_envs_parser
 from flows.pipeline_cli import add_pipeline_parsers
 from flows.sandbox_cli import add_sandbox_parser
-from lopd_core.config import DEFAULT_PARAMS, ConfigError, Params, load_params
+from lopd_core.config import DEFAULT_PARAMS, ConfigError, Params, load_params, settings_listing
 from lopd_core.distributed import is_main
 from lopd_core.errors import StateError
 from lopd_core.locks import FolderLocked
@@ -127,6 +128,15 @@ WRITES = {
 }
 
 
+def settings_epilog(command: str) -> str:
+    """The settings a command reads (tasks/stage_params.py; every one for a command not listed there), each with
+    its default and help as lopd_core/settings/ defines them: --help and params.yaml say the same."""
+    from tasks.stage_params import STAGES
+
+    only = STAGES[command].params if command in STAGES else ()
+    return "settings it reads (--set KEY=VALUE; default shown):\n" + "\n".join(settings_listing(Params(), only))
+
+
 # Commands that play environments: every environment of the mix is resolved before they start (one line if not).
 RESOLVES_ENVS = ("base", "bank", "coldstart", "distill", "evaluate", "cycle", "compare")
 
@@ -139,11 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--params", default=None, help="the run's configuration (default: params.yaml; only the "
                        "default may be missing, meaning every default)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override one parameter (repeatable), e.g. --set rollout.temperature=0.7")
+                       help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
+                       "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting")
 
     def stage(name: str, help_text: str, func):
         description = f"{help_text[0].upper()}{help_text[1:]}." + (f" Writes: {WRITES[name]}." if name in WRITES else "")
-        p = sub.add_parser(name, help=help_text, description=description)
+        p = sub.add_parser(name, help=help_text, description=textwrap.fill(description, 100),
+                           epilog=settings_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter)
         add_common(p)
         p.set_defaults(func=func, resolve_envs=name in RESOLVES_ENVS)
         return p

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import flow, task
@@ -77,7 +78,7 @@ def compare_run_task(work: str, params: Params, method: str, budget: int, bank: 
 
 def _pair_params(params: Params, world: str, seed: int) -> Params:
     p = copy.deepcopy(params)
-    p.seed, p.envs.deploy_worlds = seed, [world]
+    p.seed, p.envs = seed, replace(p.envs, deploy_worlds=[world])
     return p
 
 
@@ -85,7 +86,7 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
          phi0s: dict, preset, validation_n: int) -> dict:
     world, seed = pair
     p = _pair_params(params, world, seed)
-    p.lopd.lr_student, p.lopd.method = lr, method
+    p.lopd = replace(p.lopd, lr_student=lr, method=method)
     spec = method_spec(method, p.baselines)
     bank = banks.get(pair) if spec.uses_bank else None
     phi0 = phi0s.get(pair) if spec.needs_composer else None
@@ -101,7 +102,7 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
     phase = "tune" if validation_n else "final"
     key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
     work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-{world}-s{seed}-lr{lr:g}-{key[:10]}"
-    p.model.name_or_path = base
+    p.model = replace(p.model, name_or_path=base)
     return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
             "phase": phase, "validation_n": validation_n}
 

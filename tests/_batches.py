@@ -3,6 +3,8 @@ rewards of both signs, and oracle experience texts to retrieve."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
@@ -34,14 +36,11 @@ def step_params(tmp_path, **lopd) -> Params:
     """Params of one small LOPD step on that batch (3 tasks × 2 samples): the paper's LOPD, φ trained, at the
     paper's constant m and β starting at 0.5; `lopd` overrides any of the section's fields."""
     p = Params()
-    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
-    p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "plots" / "distill.csv")
-    p.lopd.checkpoint_every = 1
-    p.lopd.beta_init = 0.5
-    p.lopd.margin = 0.05  # the paper's constant m: what these tests exercise (the default prices it: auto)
-    for k, v in lopd.items():
-        setattr(p.lopd, k, v)
+    p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
+    # the paper's LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m: what these tests
+    # exercise (the default prices it: auto)
+    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 3, "samples_per_task": 2, "steps": 1,
+                                "out_dir": str(tmp_path / "lopd"), "csv": str(tmp_path / "plots" / "distill.csv"),
+                                "checkpoint_every": 1, "beta_init": 0.5, "margin": 0.05, **lopd})
     return p

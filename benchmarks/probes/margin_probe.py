@@ -36,6 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dataclasses import replace
+
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
 from lopd_core.envs.mix import mixed_tasks
@@ -57,7 +59,7 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], l
     """g(τ) and the mean KL(p_S ‖ p_T) over τ's action tokens, for every trajectory under `method`'s teacher at
     step 0 (learning rates 0: nothing moves). g + KL is the centred gap (probe only)."""
     p = copy.deepcopy(params)
-    p.lopd.method, p.lopd.lr_student, p.lopd.lr_composer = method, 0.0, 0.0
+    p.lopd = replace(p.lopd, method=method)
     spec = method_spec(method, p.baselines)
     torch.manual_seed(p.seed)
     model, tokenizer = load_policy(p.model)
@@ -68,6 +70,9 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], l
     bank = open_bank(p) if spec.uses_bank else None
     try:
         d = Distiller(p, model, tokenizer, method_retriever(spec, bank, p), composer=composer, log=log)
+        for opt in (d.opt_theta, d.opt_phi):  # learning rates 0 (no setting takes it): nothing moves
+            for group in opt.param_groups:
+                group["lr"] = 0.0
         g, kl, per = [], [], p.lopd.tasks_per_step
         for s in range(0, len(tasks), per):
             out = d.update(tasks[s:s + per], trajs[s * p.lopd.samples_per_task:(s + per) * p.lopd.samples_per_task])
@@ -123,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     params = load_params(args.params, args.overrides)
-    params.lopd.samples_per_task = args.samples
+    params.lopd = replace(params.lopd, samples_per_task=args.samples)
     for method in args.methods:
         if method_spec(method, params.baselines).needs_composer and not Path(params.coldstart.out).exists():
             raise SystemExit(f"no cold-start composer at {params.coldstart.out}: run `lopd bank` and "
@@ -135,7 +140,7 @@ def main() -> None:
     model, tokenizer = load_policy(params.model)
     tasks = mixed_tasks(params.envs.mix, "train", args.tasks, params.seed + PROBE_SEED_OFFSET)
     ro = params.rollout
-    sampling = Sampling(temperature=params.lopd.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
+    sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                         max_context=ro.max_context)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(args.samples)]
     trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,

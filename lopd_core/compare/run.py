@@ -55,9 +55,9 @@ def _with_eval(params: Params, splits, n: int, modes=REPORT_MODES, *, experience
                benchmarks: bool = False) -> Params:
     """A copy of params with the `eval` section narrowed to these splits, modes and tasks per split."""
     p = copy.deepcopy(params)
-    p.eval.splits, p.eval.n_per_split, p.eval.modes = list(splits), n, list(modes)
-    p.eval.with_experience = experience
-    p.eval.benchmarks = list(params.eval.benchmarks) if benchmarks else []
+    p.eval = dataclasses.replace(p.eval, splits=list(splits), n_per_split=n, modes=list(modes),
+                                 with_experience=experience,
+                                 benchmarks=list(params.eval.benchmarks) if benchmarks else [])
     return p
 
 
@@ -106,11 +106,11 @@ def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int,
     out.mkdir(parents=True, exist_ok=True)
     p = copy.deepcopy(params)
     steps, spent = plan_steps(p, method, budget, bank_rollouts)
-    p.lopd.method, p.lopd.steps = method, steps
-    p.lopd.out_dir, p.lopd.csv = str(out), str(out / "distill.csv")
-    p.coldstart.out = phi0 or ""  # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
+    p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
+    # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
+    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "")
     if bank_dir:
-        p.bank.dir, p.bank.index_dir = bank_dir, index_dir or p.bank.index_dir
+        p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
 
     marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
     probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)

@@ -338,7 +338,7 @@ class Distiller:
         requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(cfg.samples_per_task)]
         seeds = [sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
                  for i in range(len(requests))]
-        sampling = Sampling(temperature=cfg.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
+        sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context - self.splice_room,
                             max_observation_tokens=ro.max_observation_tokens)
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -345,10 +346,10 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
         hits = bank.retrieve(tasks, params.bank.top_j, True, same_world=True)  # bank.same_world: on by default
         assert nearest == [[h.experience_text for h in hs] for hs in hits]
         assert all(h.world == t.world for t, hs in zip(tasks, hits) for h in hs)
-        params.bank.same_world = False
+        params.bank = replace(params.bank, same_world=False)
         any_world = method_retriever(method_spec("lopd"), bank, params)(tasks)
         assert any_world == [[h.experience_text for h in hs] for hs in bank.retrieve(tasks, params.bank.top_j, True)]
-        params.bank.same_world = True
+        params.bank = replace(params.bank, same_world=True)
         rand = method_retriever(method_spec("lopd_random_retrieval"), bank, params)
         drawn = rand(tasks)
         assert drawn == rand(tasks)  # the same rows for the same task and seed

@@ -3,6 +3,7 @@ codegen rows, and a tiny distillation run that draws both environments' tasks.""
 
 import copy
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -130,10 +131,10 @@ def test_encoded_codegen_demo_supervises_only_the_answers(tiny_tokenizer):
 def test_a_tiny_mixed_distillation_draws_both_envs(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
     params = Params()
     params.seed = 0
-    params.envs.mix = {"toolworld": 0.5, "codegen": 0.5}
-    params.rollout.max_new_tokens, params.rollout.max_context = 16, 512
-    params.lopd.tasks_per_step, params.lopd.samples_per_task, params.lopd.steps = 2, 2, 2
-    params.lopd.out_dir, params.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
+    params.envs = replace(params.envs, mix={"toolworld": 0.5, "codegen": 0.5})
+    params.rollout = replace(params.rollout, max_new_tokens=16, max_context=512)
+    params.lopd = replace(params.lopd, tasks_per_step=2, samples_per_task=2, steps=2, out_dir=str(tmp_path / "lopd"),
+                          csv=str(tmp_path / "distill.csv"))
     seen = []
     real_rollout = trainer_mod.rollout
 

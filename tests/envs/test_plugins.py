@@ -3,6 +3,7 @@ between the pretraining stream (built-ins only) and the deployment stream (the w
 and `lopd envs check`."""
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -136,7 +137,7 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
 
     params = Params()
     params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 1.0})
-    params.eval.modes = ["greedy"]
+    params.eval = replace(params.eval, modes=["greedy"])
     shards = {(s.env, s.variant) for s in eval_shards(params)}
     assert {v for e, v in shards if e == "library"} == {"test_id", "test_ood"}
     assert {v for e, v in shards if e == "toolworld"} == {"test_id", "test_ood", "pretrain_test", "test_id+experience",

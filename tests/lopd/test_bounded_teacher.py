@@ -2,6 +2,7 @@
 room for the latents the teacher splices in, even when an environment floods every turn with observations."""
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -22,9 +23,9 @@ def clean_registry():
 def test_every_teacher_row_fits_max_context_with_its_latents(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
     p = Params()
     p.envs = EnvsConfig(mix={"flood": 1.0}, plugins={"flood": "_faulty_envs:FloodEnv"})
-    p.rollout.max_new_tokens, p.rollout.max_context, p.rollout.max_observation_tokens = 8, 200, 64
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
+    p.rollout = replace(p.rollout, max_new_tokens=8, max_context=200, max_observation_tokens=64)
+    p.lopd = replace(p.lopd, tasks_per_step=2, samples_per_task=2, steps=1, out_dir=str(tmp_path / "lopd"),
+                     csv=str(tmp_path / "distill.csv"))
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
     composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_every_new_method_is_in_params_yaml_and_its_presets():
     for preset in ("full", "smoke"):
         assert set(params.compare.presets[preset].methods) == set(M.METHOD_NAMES)
     text = Path("params.yaml").read_text()
-    start = text.index("  method: lopd")
+    start = text.index("\nlopd:")
     listing = text[start:text.index("\n  steps:", start)]  # the comment listing lopd.method's values
     assert all(name in listing for name in M.METHOD_NAMES)
     b = params.baselines
@@ -154,13 +155,10 @@ def test_every_new_method_is_in_params_yaml_and_its_presets():
 def _params(tmp_path, method: str, steps: int = 4, **baselines) -> Params:
     p = Params()
     p.seed = 0
-    p.lopd.method = method
-    p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, steps
-    p.lopd.checkpoint_every = 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "plots" / "distill.csv")
-    for k, v in baselines.items():
-        setattr(p.baselines, k, v)
+    p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
+    p.lopd = replace(p.lopd, method=method, tasks_per_step=2, samples_per_task=2, steps=steps, checkpoint_every=1,
+                     out_dir=str(tmp_path / "lopd"), csv=str(tmp_path / "plots" / "distill.csv"))
+    p.baselines = replace(p.baselines, **baselines)
     return p
 
 
@@ -251,11 +249,11 @@ def test_the_switch_step_is_a_share_of_lopd_steps():
     p = Params()
     spec = M.method_spec("lopd_then_grpo")
     for steps, fraction, switch in [(4, 0.5, 2), (1, 0.5, 1), (10, 0.25, 3), (8, 0.0, 0), (8, 1.0, 8)]:
-        p.lopd.steps, p.baselines.switch_fraction = steps, fraction
+        p.lopd, p.baselines = replace(p.lopd, steps=steps), replace(p.baselines, switch_fraction=fraction)
         assert M.switch_step(spec, p.lopd, p.baselines) == switch
         assert [M.phase_at(spec, s, p.lopd, p.baselines) for s in range(steps)] == [0] * switch + [1] * (steps - switch)
     assert M.switch_step(M.method_spec("lopd"), p.lopd, p.baselines) is None
-    p.lopd.method = "lopd_then_grpo"
+    p.lopd = replace(p.lopd, method="lopd_then_grpo")
     first, second = M.method_phases(M.resolve_method(p.lopd, p.baselines), p.lopd, p.baselines)
     assert first.needs_teacher_pass and not second.needs_teacher_pass and second.name == "grpo"
 
@@ -345,7 +343,7 @@ def test_a_refreshed_teacher_is_in_the_checkpoint(tmp_path, tiny_model, tiny_tok
 
 def test_lora_refresh_merges_the_adapter_and_starts_a_fresh_one(tmp_path, tiny_model, tiny_tokenizer, retriever):
     params = _params(tmp_path, "lopd_gated_refresh", steps=2, refresh_check_every=1)
-    params.lopd.student_mode, params.lopd.lora_rank = "lora", 2
+    params.lopd = replace(params.lopd, student_mode="lora", lora_rank=2)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     d.refresh_scorer = _scripted([1.0, 0.0, 0.5], [])
     ids = torch.tensor([[5, 6, 7, 8, 9]])
@@ -378,7 +376,7 @@ def test_lora_refresh_merges_the_adapter_and_starts_a_fresh_one(tmp_path, tiny_m
 
 def test_check_tasks_are_a_fixed_set_of_train_tasks_of_the_deployment_world():
     p = Params()
-    p.baselines.refresh_check_n = 5
+    p.baselines = replace(p.baselines, refresh_check_n=5)
     tasks = R.check_tasks(p)
     assert len(tasks) == 5 and tasks == R.check_tasks(copy.deepcopy(p))
     assert {t.split for t in tasks} == {"train"} and {t.world for t in tasks} <= set(p.envs.deploy_worlds)
@@ -391,7 +389,7 @@ def test_greedy_score_plays_the_tasks_greedily(tiny_model, tiny_tokenizer):
     from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
     p = Params()
-    p.rollout.max_new_tokens, p.rollout.max_context = 24, 640
+    p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
     tasks = make_tasks("toolworld", "train", 3, seed=7)
     codec = ChatCodec(tiny_tokenizer)
     score = R.greedy_score(tiny_model, codec, tasks, p.rollout, seed=0)

@@ -4,6 +4,7 @@ composer moves only where φ learns, β only where it acts, and a group without 
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -87,10 +88,8 @@ def batch(tiny_model, tiny_tokenizer):
 def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method):
     p = Params()
     p.seed = 0
-    p.lopd.method = method
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
-    p.lopd.beta_init = 0.5
+    p.lopd = replace(p.lopd, method=method, tasks_per_step=2, samples_per_task=2, steps=1,
+                     out_dir=str(tmp_path / "lopd"), csv=str(tmp_path / "distill.csv"), beta_init=0.5)
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
     composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,

@@ -4,6 +4,7 @@ the whole batch (every loss is normalised by the whole batch's token count, so c
 whole-batch gradient). Uses the tiny fixtures and the Distiller construction of tests/lopd/test_trainer.py."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,13 +28,12 @@ def batch(tiny_model, tiny_tokenizer):
 
 def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
     p = Params()
-    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 3, 2, 1
-    p.lopd.out_dir, p.lopd.csv = str(tmp_path / "lopd"), str(tmp_path / "distill.csv")
-    p.lopd.beta_init = 0.7  # β > 0, so the δ̄ term reaches the composer's gradient
-    for k, v in lopd.items():
-        setattr(p.lopd, k, v)
+    # the paper's LOPD, φ trained (the default method keeps φ = φ0); β > 0, so the δ̄ term reaches the composer's
+    # gradient
+    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 3, "samples_per_task": 2, "steps": 1,
+                                "out_dir": str(tmp_path / "lopd"), "csv": str(tmp_path / "distill.csv"),
+                                "beta_init": 0.7, **lopd})
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
     composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,

@@ -12,6 +12,7 @@ Uses the tiny fixtures of tests/conftest.py and the six-trajectory batch of test
 import copy
 import csv
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pandas as pd
@@ -290,7 +291,7 @@ def test_the_stage_prices_on_the_banks_stored_seed_successes(tmp_path, batch):
 
     _, trajs, _ = batch
     params = Params()
-    params.seed, params.bank.dir = 0, str(tmp_path / "bank")
+    params.seed, params.bank = 0, replace(params.bank, dir=str(tmp_path / "bank"))
     assert seed_successes(params) == []  # no seed table: step 1 prices
     write_trajectories(trajectories_to_frame(trajs), bank_paths(params)[1])
     rows = seed_successes(params)

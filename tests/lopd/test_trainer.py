@@ -6,6 +6,7 @@ import copy
 import csv
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -83,17 +84,13 @@ def test_lora_teacher_is_the_base_with_one_copy(tiny_model, tiny_tokenizer):
 
 def _params(tmp_path, **lopd):
     p = Params()
-    p.lopd.method = "lopd"  # the paper's LOPD, φ trained (the default method keeps φ = φ0)
     p.seed = 0
-    p.rollout.max_new_tokens = 24
-    p.rollout.max_context = 640
-    p.lopd.tasks_per_step, p.lopd.samples_per_task, p.lopd.steps = 2, 2, 3
-    p.lopd.checkpoint_every = 1
-    p.lopd.out_dir = str(tmp_path / "lopd")
-    p.lopd.margin = 0.05  # the paper's constant m: what these tests exercise (the default prices it: auto)
-    p.lopd.csv = str(tmp_path / "plots" / "distill.csv")
-    for k, v in lopd.items():
-        setattr(p.lopd, k, v)
+    p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
+    # the paper's LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m: what these tests
+    # exercise (the default prices it: auto)
+    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 2, "samples_per_task": 2, "steps": 3,
+                                "checkpoint_every": 1, "out_dir": str(tmp_path / "lopd"), "margin": 0.05,
+                                "csv": str(tmp_path / "plots" / "distill.csv"), **lopd})
     return p
 
 
@@ -217,7 +214,7 @@ def test_plain_data_turns_numpy_scalars_into_numbers_and_refuses_objects():
 def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_model, tiny_tokenizer):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     other = copy.deepcopy(params)
-    other.lopd.lr_student, other.lopd.margin, other.seed = 1e-3, 0.1, 1
+    other.lopd, other.seed = replace(other.lopd, lr_student=1e-3, margin=0.1), 1
     with pytest.raises(trainer_mod.CheckpointError) as info:
         trainer_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
     message = str(info.value)
@@ -231,7 +228,7 @@ def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_
 def test_a_longer_run_and_other_paths_resume_silently(tmp_path, tiny_model, tiny_tokenizer):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     longer = copy.deepcopy(params)
-    longer.lopd.steps, longer.lopd.checkpoint_every = 4, 2
+    longer.lopd = replace(longer.lopd, steps=4, checkpoint_every=2)
     logged = []
     d = _distiller(longer, tiny_model, tiny_tokenizer)
     d.log = logged.append
@@ -242,7 +239,7 @@ def test_a_longer_run_and_other_paths_resume_silently(tmp_path, tiny_model, tiny
 def test_resume_mismatch_warn_resumes_and_says_what_differs(tmp_path, tiny_model, tiny_tokenizer):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     other = copy.deepcopy(params)
-    other.lopd.lr_student, other.lopd.resume_mismatch = 1e-3, "warn"
+    other.lopd = replace(other.lopd, lr_student=1e-3, resume_mismatch="warn")
     logged = []
     d = _distiller(other, tiny_model, tiny_tokenizer)
     d.log = logged.append
@@ -253,10 +250,10 @@ def test_resume_mismatch_warn_resumes_and_says_what_differs(tmp_path, tiny_model
 def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model, tiny_tokenizer):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=2)
     shorter = copy.deepcopy(params)
-    shorter.lopd.steps = 1
+    shorter.lopd = replace(shorter.lopd, steps=1)
     with pytest.raises(trainer_mod.CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
         trainer_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
-    shorter.lopd.resume_mismatch = "warn"
+    shorter.lopd = replace(shorter.lopd, resume_mismatch="warn")
     logged = []
     d = _distiller(shorter, tiny_model, tiny_tokenizer)
     d.log = logged.append

@@ -2,6 +2,7 @@
 Prefect and MLflow on the tiny fixtures (slow)."""
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -41,7 +42,7 @@ def test_report_reach_fraction_and_not_reached(tmp_path):
 
 def test_budget_charges_the_bank_to_methods_that_read_it():
     p = Params()
-    p.lopd.tasks_per_step, p.lopd.samples_per_task = 2, 2
+    p.lopd = replace(p.lopd, tasks_per_step=2, samples_per_task=2)
     assert plan_steps(p, "grpo", 24, 8) == (6, 0)
     assert plan_steps(p, "lopd", 24, 8) == (4, 8)
     with pytest.raises(ValueError, match="no training step"):

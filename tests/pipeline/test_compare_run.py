@@ -4,6 +4,7 @@ bank during the run — in the run's own copy, the seed bank untouched — and i
 the cycle's evaluate stage does, so eval.json holds every environment of `envs.mix`."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -87,7 +88,7 @@ def test_the_mix_is_pooled_for_the_main_table_and_the_report_splits_are_added():
     assert pool_envs(results, ["toolworld"]) is results["toolworld"]
 
     p = Params()
-    p.eval.splits, p.eval.modes, p.eval.benchmarks = ["pretrain_test"], ["greedy"], ["humaneval"]
+    p.eval = replace(p.eval, splits=["pretrain_test"], modes=["greedy"], benchmarks=["humaneval"])
     q = final_eval_params(p, 7)
     assert (q.eval.splits, q.eval.modes, q.eval.n_per_split) == (["pretrain_test", "test_id", "test_ood"],
                                                                  ["greedy", "sampled"], 7)

@@ -1,8 +1,20 @@
-"""Configuration: the file loads to typed sections, overrides apply, and mistakes name key, value, expectation."""
+"""Configuration: the file loads to typed sections, overrides apply, bad values are refused naming the key and the
+value wherever they come from, and params.yaml and --help say what the definitions say."""
+
+import dataclasses
 
 import pytest
 
-from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.config import (
+    ConfigError,
+    EvalConfig,
+    LopdConfig,
+    ModelConfig,
+    Params,
+    RolloutConfig,
+    TinyModelConfig,
+    load_params,
+)
 
 
 def test_params_yaml_loads_and_matches_defaults():
@@ -28,42 +40,127 @@ def test_int_widens_to_float():
 def test_exponent_without_dot_is_a_number():
     # YAML 1.1 reads `3e-5` as a string; a float setting takes it as the number it spells.
     assert load_params("params.yaml", ["lopd.lr_student=3e-5"]).lopd.lr_student == 3e-5
-    with pytest.raises(ConfigError, match="a number"):
+    with pytest.raises(ConfigError, match=r"lopd\.lr_student: got 'fast'"):
         load_params("params.yaml", ["lopd.lr_student=fast"])
 
 
 @pytest.mark.parametrize(
-    "override, fragments",
+    "override, key, refused",
     [
-        ("rollout.temprature=0.5", ["rollout.temprature", "unknown key", "temperature"]),
-        ("rollout.temperature=-1", ["rollout.temperature", "-1", ">= 0"]),
-        ("rollout.batch_size=abc", ["rollout.batch_size", "'abc'", "an integer"]),
-        ("rollout.batch_size=true", ["rollout.batch_size", "True", "an integer"]),
-        ("eval.with_experience=1", ["eval.with_experience", "1", "true or false"]),
-        ("eval.modes=[greedy, beam]", ["eval.modes", "beam", "greedy, sampled"]),
-        ("model.dtype=fp8", ["model.dtype", "fp8", "one of"]),
-        ("envs.mix={nowhere: 1.0}", ["envs.mix", "nowhere", "known environments"]),
-        ("nosection.key=1", ["nosection", "unknown key"]),
-        ("model.tiny=3", ["model.tiny", "3", "mapping"]),
-        ("rollout.top_p=0", ["rollout.top_p", "(0, 1]"]),
-        ("model.warmstart.slip=1.5", ["model.warmstart.slip", "1.5", "[0, 1]"]),
+        ("rollout.temprature=0.5", "rollout.temprature", "0.5"),
+        ("rollout.temperature=-1", "rollout.temperature", "-1"),
+        ("rollout.batch_size=abc", "rollout.batch_size", "'abc'"),
+        ("rollout.batch_size=true", "rollout.batch_size", "True"),
+        ("eval.with_experience=1", "eval.with_experience", "1"),
+        ("eval.modes=[greedy, beam]", "eval.modes", "beam"),
+        ("model.dtype=fp8", "model.dtype", "fp8"),
+        ("envs.mix={nowhere: 1.0}", "envs.mix", "nowhere"),
+        ("nosection.key=1", "nosection", "1"),
+        ("model.tiny=3", "model.tiny", "3"),
+        ("rollout.top_p=0", "rollout.top_p", "0"),
+        ("model.warmstart.slip=1.5", "model.warmstart.slip", "1.5"),
+        ("lopd.method=nonsense", "lopd.method", "nonsense"),
+        ("lopd.steps=-1", "lopd.steps", "-1"),
+        ("lopd.margin=nan", "lopd.margin", "nan"),
     ],
 )
-def test_bad_values_fail_naming_key_value_and_expectation(override, fragments):
+def test_bad_values_are_refused_naming_key_and_value(override, key, refused):
     with pytest.raises(ConfigError) as info:
         load_params("params.yaml", [override])
-    for fragment in fragments:
-        assert fragment in str(info.value)
+    message = str(info.value)
+    assert message.startswith(f"{key}:") and refused in message, message
+
+
+@pytest.mark.parametrize("build, key, refused", [
+    (lambda: LopdConfig(method="nonsense", steps=-1), "lopd.method", "nonsense"),
+    (lambda: LopdConfig(steps=-1), "lopd.steps", "-1"),
+    (lambda: dataclasses.replace(Params().lopd, lr_student=0.0), "lopd.lr_student", "0.0"),
+    (lambda: RolloutConfig(temperature="hot"), "rollout.temperature", "hot"),
+    (lambda: TinyModelConfig(num_layers=0), "model.tiny.num_layers", "0"),
+    (lambda: ModelConfig(tiny={"num_layers": 0}), "model.tiny.num_layers", "0"),
+    (lambda: EvalConfig(modes=["beam"]), "eval.modes", "beam"),
+], ids=["method", "steps", "replace", "type", "nested", "nested-mapping", "list"])
+def test_sections_built_in_python_refuse_what_the_file_refuses(build, key, refused):
+    with pytest.raises(ConfigError) as info:
+        build()
+    message = str(info.value)
+    assert message.startswith(f"{key}:") and refused in message, message
+
+
+def test_sections_are_frozen_and_replace_checks_the_new_value():
+    params = Params()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.lopd.steps = 3
+    assert dataclasses.replace(params.lopd, steps=3).steps == 3
+    assert dataclasses.replace(params.rollout, temperature=1).temperature == 1.0  # ints widen, as in the file
+    assert all(dataclasses.is_dataclass(v) and type(v).__dataclass_params__.frozen
+               for v in vars(params).values() if dataclasses.is_dataclass(v))
+
+
+def test_every_method_of_the_table_is_a_valid_lopd_method():
+    from lopd_core.names import METHOD_NAMES
+
+    for name in METHOD_NAMES:
+        assert LopdConfig(method=name).method == name
+
+
+def test_training_rollouts_sample_from_one_section():
+    """lopd.temperature was a second temperature for the same rollouts: a file that sets it is sent to rollout."""
+    assert not any(f.name in ("temperature", "top_p", "max_new_tokens") for f in dataclasses.fields(LopdConfig))
+    with pytest.raises(ConfigError) as info:
+        load_params("params.yaml", ["lopd.temperature=0.5"])
+    assert str(info.value).startswith("lopd.temperature:") and "rollout.temperature" in str(info.value)
+
+
+def _settings(section, prefix=""):
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        yield f"{prefix}{f.name}", f, value
+        if dataclasses.is_dataclass(value):
+            yield from _settings(value, f"{prefix}{f.name}.")
+
+
+def test_every_setting_has_help():
+    missing = [key for key, f, _ in _settings(Params()) if not f.metadata.get("help", "").strip()]
+    assert not missing, missing
+
+
+def test_params_yaml_is_written_from_the_definitions():
+    """params.yaml's values and comments are the definitions' defaults and help: rewrite it with
+    `python -m lopd_core.config --write-params` after changing one."""
+    from pathlib import Path
+
+    from lopd_core.config import params_yaml
+
+    text = Path(__file__).resolve().parents[2].joinpath("params.yaml").read_text(encoding="utf-8")
+    assert text == params_yaml(Params()), "params.yaml is stale: run python -m lopd_core.config --write-params"
+    for key, f, value in _settings(Params()):
+        if not dataclasses.is_dataclass(value):
+            assert " ".join(f.metadata["help"].split())[:30] in " ".join(text.split()), key
+
+
+def test_command_help_lists_the_settings_it_reads_with_their_help():
+    import argparse
+
+    from flows.cli import build_parser
+    from lopd_core.settings.fields import help_of
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices["distill"].format_help().split())
+    assert "lopd.steps = 64" in text and " ".join(help_of(LopdConfig, "steps").split()) in text
+    assert "rollout.temperature = 1.0" in text
+    assert "eval.out" not in text  # distill does not read the eval section
 
 
 def test_malformed_override_and_missing_file(tmp_path):
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match="'rollout.temperature'"):
         load_params("params.yaml", ["rollout.temperature"])
-    with pytest.raises(ConfigError, match="no such params file"):
+    with pytest.raises(ConfigError, match="other.yaml"):
         load_params(tmp_path / "other.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a\n- b\n")
-    with pytest.raises(ConfigError, match="mapping of sections"):
+    with pytest.raises(ConfigError, match="bad.yaml"):
         load_params(bad)
 
 
@@ -122,19 +219,22 @@ def test_cli_reports_config_error(capsys):
 
     assert main(["evaluate", "--set", "rollout.batch_size=0"]) == 2
     err = capsys.readouterr().err
-    assert "rollout.batch_size" in err and "> 0" in err
+    assert "rollout.batch_size: got 0" in err
 
 
 def test_config_is_a_leaf_of_the_library():
     """Loading the configuration loads nothing of the library but the names it validates against: every
     command reads params.yaml, and the lower layers (model/, envs/) must not reach the trainer through it."""
+    import json
     import subprocess
     import sys
 
-    code = ("import sys, lopd_core.config; "
-            "print(sorted(m for m in sys.modules if m.startswith('lopd_core')))")
+    code = ("import json, sys, lopd_core.config; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lopd_core'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert eval(out) == ["lopd_core", "lopd_core.config", "lopd_core.names", "lopd_core.offline"]
+    loaded = set(json.loads(out))
+    assert loaded - {m for m in loaded if m.startswith("lopd_core.settings.")} == {
+        "lopd_core", "lopd_core.config", "lopd_core.names", "lopd_core.offline", "lopd_core.settings"}
 
 
 def test_names_equal_the_lists_their_modules_define():
@@ -169,14 +269,19 @@ def test_removed_dead_knob_is_rejected():
         load_params("params.yaml", ["envs.train_tasks=4000"])
 
 
-def test_warmstart_documents_which_length_settings_apply():
-    """epochs and time_budget_s are not read while max_steps > 0; the docstring and params.yaml say so."""
+def test_write_params_and_list_print_every_setting(tmp_path, capsys):
     from pathlib import Path
 
-    from lopd_core.config import WarmStartConfig
+    from lopd_core.config import main
 
-    assert "max_steps" in WarmStartConfig.__doc__ and "not read" in WarmStartConfig.__doc__
-    text = Path(__file__).resolve().parents[2].joinpath("params.yaml").read_text()
-    for key in ("epochs", "time_budget_s"):
-        line = next(l for l in text.splitlines() if l.strip().startswith(f"{key}:"))
-        assert "only when max_steps is 0" in line, line
+    out = tmp_path / "p.yaml"
+    assert main(["--write-params", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == Path(__file__).resolve().parents[2].joinpath("params.yaml").read_text(
+        encoding="utf-8")
+    assert load_params(out).to_dict() == Params().to_dict()
+    capsys.readouterr()
+    assert main(["--list"]) == 0
+    listed = {line.split(" = ")[0].strip() for line in capsys.readouterr().out.splitlines() if " = " in line}
+    leaves = {key for key, _, value in _settings(Params()) if not dataclasses.is_dataclass(value)}
+    assert leaves <= listed, sorted(leaves - listed)
+    assert main(["--bogus"]) == 2

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +45,7 @@ def test_top_k_above_the_vocabulary_is_rejected(tiny_model, tiny_tokenizer):
     from lopd_core.lopd.trainer import Distiller
 
     p = Params()
-    p.lopd.top_k = tiny_model.config.vocab_size + 5
+    p.lopd = replace(p.lopd, top_k=tiny_model.config.vocab_size + 5)
     composer = Composer(tiny_model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2)
     with pytest.raises(ConfigError, match="lopd.top_k"):
         Distiller(p, tiny_model, tiny_tokenizer, lambda tasks: [[] for _ in tasks], composer=composer,
@@ -63,7 +64,7 @@ def test_a_model_with_nan_weights_is_refused_at_load(tmp_path, tiny_model, tiny_
     broken.save_pretrained(tmp_path / "m")
     tiny_tokenizer.save_pretrained(tmp_path / "m")
     p = Params()
-    p.model.name_or_path = str(tmp_path / "m")
+    p.model = replace(p.model, name_or_path=str(tmp_path / "m"))
     with pytest.raises(NonFiniteWeights, match="non-finite weights"):
         load_policy(p.model)
 

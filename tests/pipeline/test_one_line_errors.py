@@ -6,6 +6,7 @@ against the vocabulary, evaluate's summary)."""
 import copy
 import os
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,7 +119,7 @@ def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(tmp_pa
     from lopd_core.lopd.trainer import Distiller
 
     p = Params()
-    p.lopd.out_dir = str(tmp_path / "lopd")
+    p.lopd = replace(p.lopd, out_dir=str(tmp_path / "lopd"))
     composer = Composer(tiny_model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2)
     d = Distiller(p, copy.deepcopy(tiny_model), tiny_tokenizer, lambda tasks: [[] for _ in tasks], composer=composer,
                   log=lambda m: None)

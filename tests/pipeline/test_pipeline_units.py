@@ -3,6 +3,7 @@ temporary SQLite file, export (loads as a plain HF model and answers a task), th
 wrappers through `.fn()`, and the static DVC / Prefect configuration."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -282,7 +283,7 @@ def test_cycle_summary_shows_every_environment_of_the_mix(tmp_path):
               "final_beta": 0.1, "final_delta": 0.0, "delta_mean": 0.0, "margin": 0.05, "promoted": False,
               "gate": {"student": 0.2, "champion": 0.2}, "cached": {}, "export": "x", "version": 1, "report": "r"}
     params = Params()
-    params.eval.modes = ["greedy"]
+    params.eval = replace(params.eval, modes=["greedy"])
     plain = "\n".join(summarize(record, params))
     assert "    test_id        greedy   25.0% [0.0, 100.0] -> 25.0%" in plain and "library" not in plain
     params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 0.5})

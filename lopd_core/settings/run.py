@@ -1,0 +1,101 @@
+"""Settings around a training run: evaluation (`eval`), MLflow (`tracking`), continual cycles and their promotion
+gate (`cycle`), the tool-use benchmarks (`bench`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES
+from lopd_core.settings.checks import any_of, in_range, non_negative, one_of, positive, subset_of
+from lopd_core.settings.fields import Section, setting
+
+
+@dataclass(frozen=True)
+class EvalConfig(Section):
+    """Held-out evaluation -> metrics/eval.json, greedy and sampled."""
+
+    SECTION = "eval"
+
+    n_per_split: int = setting(100, help="tasks per split", check=positive())
+    splits: list[str] = setting(
+        factory=lambda: ["test_id", "test_ood", "pretrain_test"],
+        check=subset_of("train", "test_id", "test_ood", "pretrain_test"),
+        help="test_id and test_ood in the deployment worlds; pretrain_test: held-out tasks of the pretraining "
+        "worlds (what adaptation forgets)")
+    modes: list[str] = setting(factory=lambda: ["greedy", "sampled"], check=subset_of("greedy", "sampled"),
+                               help="decoding modes: greedy | sampled")
+    temperature: float = setting(1.0, help="the sampled mode's temperature", check=positive())
+    with_experience: bool = setting(True, help="also report success with 1..num_experiences same-world oracle "
+                                    "successes as text in the first user turn, under <split>+experience")
+    num_experiences: int = setting(3, help="same-world successes in context for the +experience splits",
+                                   check=positive())
+    out: str = setting("metrics/eval.json", help="the metrics file")
+    benchmarks: list[str] = setting(factory=list, check=any_of("bfcl", "acebench", "humaneval"),
+                                    help="external benchmarks also run: bfcl, acebench, humaneval (settings under "
+                                    "bench); scores under their own names in out")
+
+
+@dataclass(frozen=True)
+class TrackingConfig(Section):
+    """MLflow lineage of `lopd cycle` (the environment variable MLFLOW_TRACKING_URI overrides mlflow_uri)."""
+
+    SECTION = "tracking"
+
+    mlflow_uri: str = setting("sqlite:///mlflow.db", help="the MLflow tracking store")
+    experiment: str = setting("lopd", help="the MLflow experiment")
+    registered_model: str = setting("lopd-student", help="every exported student becomes a version of this model")
+    champion_alias: str = setting("champion", help="moves to a version only when the promotion gate passes")
+
+
+@dataclass(frozen=True)
+class CycleConfig(Section):
+    """`lopd cycle`: continual self-improvement from the last promoted student, and the promotion gate.
+
+    The gate: the new student is promoted when its `gate_metric` under `gate_mode`, averaged over
+    `gate_splits` (held-out tasks, no experience in context), exceeds the champion's by more than `min_gain`.
+    """
+
+    SECTION = "cycle"
+
+    dir: str = setting("data/cycles", help="per-cycle work (content-addressed), champion.json, history.json, "
+                       "task cache")
+    refresh_teacher: bool = setting(True, help="the teacher of each cycle is the champion the student starts from "
+                                    "(false: the first base, every cycle)")
+    gate_metric: str = setting("reward_mean", help="success_rate | reward_mean (a weak base rarely succeeds: reward "
+                               "moves first)", check=one_of("success_rate", "reward_mean"))
+    gate_splits: list[str] = setting(factory=lambda: ["test_id", "test_ood"], check=subset_of("test_id", "test_ood"),
+                                     help="held-out splits the gate averages, judged without experience in context")
+    gate_mode: str = setting("greedy", help="greedy | sampled", check=one_of("greedy", "sampled"))
+    min_gain: float = setting(0.0, help="promote only if new > champion + min_gain on the gate's average (negative: "
+                              "promote whatever the numbers)", check=in_range(-1.0, 1.0))
+    stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())
+    report_dir: str = setting("reports/cycles", help="`lopd cycle`'s report (the DVC pipeline's: reports/run)")
+
+
+@dataclass(frozen=True)
+class BenchConfig(Section):
+    """Tool-use benchmarks (`lopd bench score|run bfcl|acebench`, and `eval.benchmarks`).
+
+    Data folders are settings. An empty bfcl_dir means the data inside the bfcl-eval package (installed with
+    `pip install --no-deps bfcl-eval==2026.3.23`); ACEBench has no package, so acebench_dir must point at a copy
+    of its data_all/ folder (or its parent).
+    """
+
+    SECTION = "bench"
+
+    bfcl_dir: str = setting("", help="empty: the data of the installed bfcl-eval package (pip install --no-deps)")
+    bfcl_categories: list[str] = setting(
+        factory=lambda: ["simple", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
+                         "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
+                         "multi_turn_base"],
+        check=subset_of(*BFCL_CATEGORIES), help="BFCL categories run")
+    acebench_dir: str = setting("", help="a copy of ACEBench's data_all/ (holding data_en/, data_zh/)")
+    acebench_categories: list[str] = setting(factory=lambda: ["normal", "special"],
+                                             check=subset_of(*ACEBENCH_GROUPS, *ACEBENCH_CATEGORIES),
+                                             help="groups or single categories (agent is not supported)")
+    acebench_languages: list[str] = setting(factory=lambda: ["en", "zh"], check=subset_of("en", "zh"),
+                                            help="en | zh")
+    limit: int = setting(0, help="test cases per category in a run (0: all)", check=non_negative())
+    max_new_tokens: int = setting(256, help="tokens per model answer", check=positive())
+    batch_size: int = setting(8, help="answers generated together", check=positive())
+    max_steps_per_turn: int = setting(5, help="BFCL multi-turn: model answers per user turn", check=positive())
