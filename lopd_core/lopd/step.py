@@ -1,5 +1,5 @@
 """The pieces of one LOPD training step (DESIGN §3, steps 2-5): typed containers between the phases and pure
-functions for their arithmetic. `Distiller.update` (trainer.py) composes them in the order of the algorithm:
+functions for their arithmetic. `update.update` (update.py) composes them in the order of the algorithm:
 
   rollout_batch      trajectories -> `RolloutBatch`: ids, masks, sampling log-probs, advantages, normalisers
   score_teacher      step 2 on some rows -> `TeacherScores` (graph to the latents when the caller keeps one);
@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,6 +35,9 @@ from lopd_core import distributed as D
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.prefix import score_actions_shared
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
+
+if TYPE_CHECKING:
+    from lopd_core.lopd.dashboard import DashboardRow
 
 STUDENT_LOSSES = ("topk", "full", "sampled", "grpo", "grpo+kl")
 
@@ -265,6 +269,11 @@ class StudentLoss:
     def reads_teacher_logits(self) -> bool:
         return self.kind == "full"
 
+    @property
+    def needs_pg_advantage(self) -> bool:
+        """A policy-gradient term (GRPO, Skill-SD, lopd_rl's): the batch carries group-relative advantages."""
+        return self.kind in ("grpo", "grpo+kl") or self.rl_weight > 0
+
 
 def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: StudentTargets | None,
                        loss: StudentLoss, *, pg_advantage: Tensor | None = None,
@@ -361,12 +370,10 @@ class StepSums:
 
 @dataclass
 class StepResult:
-    """What one update reports. Read as attributes; the probes under benchmarks/ also read it as a mapping."""
+    """What one update reports."""
 
-    row: dict  # plots/distill.csv (CSV_COLUMNS)
-    diagnostics: dict  # plots/distill_diagnostics.csv (DIAGNOSTIC_COLUMNS)
+    row: DashboardRow  # plots/distill.csv (dashboard.py)
+    diagnostics: dict  # plots/distill_diagnostics.csv (dashboard.DIAGNOSTIC_COLUMNS)
     trajectory_gaps: list[float]  # per trajectory (every rank's, in task order): mean log p_T,φ − log p_S,old
     trajectory_kl: list[float]  # per trajectory: mean KL(p_S,old ‖ p_T,φ) over its action tokens
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
+    trajectories: list = field(default_factory=list)  # this rank's rollouts of the step (a growing bank's input)

@@ -112,23 +112,23 @@ def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, meth
     phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
     ema0 = [p.detach().clone() for p in d.ema_lm.parameters()] if d.ema_lm is not None else None
     out = d.update(tasks, trajs)
-    row = out["row"]
-    assert math.isfinite(row["distill_loss"]) and d.state.skipped_updates == 0
+    row = out.row
+    assert math.isfinite(row.distill_loss) and d.state.skipped_updates == 0
     moved = [n for n, p in d.trainable.named_parameters() if not torch.equal(p, theta0[n])]
     assert len(moved) >= len(theta0) // 2, moved  # the student learned (every method has a signal here)
     phi_moved = any(not torch.equal(p, phi0[n]) for n, p in d.composer.named_parameters())
     assert phi_moved == spec.composer_trainable
-    assert (d.state.beta != 0.5) == spec.composer_trainable or row["delta"] == pytest.approx(d.margin)
+    assert (d.state.beta != 0.5) == spec.composer_trainable or row.delta == pytest.approx(d.margin)
     if spec.teacher_context == "latent":
-        assert row["latent_norm_ratio"] == pytest.approx(1.0, rel=1e-3)
+        assert row.latent_norm_ratio == pytest.approx(1.0, rel=1e-3)
     if not d.teacher_pass:
-        assert math.isnan(row["delta"])
+        assert math.isnan(row.delta)
     else:  # δ̄ = mean over trajectories of A(τ) g(τ), from the per-trajectory gaps the update returns
-        gaps = torch.tensor(out["trajectory_gaps"], dtype=torch.float64)
+        gaps = torch.tensor(out.trajectory_gaps, dtype=torch.float64)
         n = torch.tensor([sum(t.action_mask[1:]) for t in trajs], dtype=torch.float64)
         adv = L.advantages(torch.tensor([t.reward for t in trajs])).double()
         assert len(gaps) == len(trajs) and gaps.abs().sum() > 0
-        assert row["delta"] == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
+        assert row.delta == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
     if ema0 is not None:
         assert any(not torch.equal(a, b) for a, b in zip(ema0, d.ema_lm.parameters()))
 
@@ -140,8 +140,8 @@ def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_toke
         t.success = False
     d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, "sdpo")
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
-    row = d.update(tasks, failed)["row"]
-    assert row["distill_loss"] == 0.0
+    row = d.update(tasks, failed).row
+    assert row.distill_loss == 0.0
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
 
 

@@ -119,7 +119,7 @@ def test_grpo_ratio_is_against_the_sampling_logprobs(tmp_path, tiny_model, tiny_
     ratio_one = L.clipped_policy_loss(current, current, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
     assert abs(float(expected - ratio_one)) > 1e-3  # what the step used to compute differs
     row = d.update(tasks, shifted).row
-    assert row["distill_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+    assert row.distill_loss == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
 
 
 # --- c. δ̄ over trajectories ----------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_delta_bar_is_the_mean_over_trajectories(tmp_path, tiny_model, tiny_toke
     per_trajectory = float((adv * gaps)[n > 0].mean())  # one vote per trajectory
     token_mean = float((n * adv * gaps).sum() / n.sum())  # what the step used to log
     assert len(set(n.tolist())) > 1 and abs(per_trajectory - token_mean) > 1e-4  # the two differ here
-    assert out.row["delta"] == pytest.approx(per_trajectory, rel=1e-4, abs=1e-7)
+    assert out.row.delta == pytest.approx(per_trajectory, rel=1e-4, abs=1e-7)
 
 
 # --- d. no experience, no block ------------------------------------------------------------------------------
