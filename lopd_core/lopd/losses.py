@@ -28,6 +28,7 @@ Student losses (the student policy p_S learns toward the teacher p_T, a frozen b
     and a fact (this world's convention, one token the teacher puts most of its mass on) less reliably; the forward
     direction charges the student for every bucket the teacher weighs, whatever the student's own mass there.
   * `mixed_kl_topk` — (1 − w) · reverse + w · forward per token, w = `lopd.kl_mix` (0: exactly the reverse KL).
+  * `forward_kl_full` — KL(p_T || p_S) over the full vocabulary (the cold start's KL toward the text reader).
   * `truncated_importance_weight` — min(p_S(a) / p_sample(a), cap), detached, for the sampled-token estimator
     only: rollouts drawn at a temperature (or top-p) other than p_S's draw a from p_sample, and the weight turns
     the estimator's expectation back into one under p_S; the cap bounds its variance (truncated importance
@@ -230,9 +231,7 @@ def reverse_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_siz
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
-            f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}"
-        )
+        raise ValueError(f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}")
     n = student_logits.shape[0]
     if n == 0:
         return student_logits.new_zeros(0, dtype=_f32(student_logits).dtype)
@@ -246,6 +245,12 @@ def reverse_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_siz
         else:
             chunks.append(_full_kl_rows(s, t))
     return torch.cat(chunks)
+
+
+def forward_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
+    """Exact KL(p_T || p_S) over the full vocabulary, per token (N, V), (N, V) -> (N,): `reverse_kl_full`'s sum
+    with the roles swapped, the gradient reaching p_S through the log-ratio (the cold start's text-to-latent KL)."""
+    return reverse_kl_full(teacher_logits, student_logits, chunk_size=chunk_size)
 
 
 def reverse_kl_sampled(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Tensor:
@@ -367,19 +372,14 @@ def anchor_loss(latents: Tensor, anchor_latents: Tensor) -> Tensor:
     return (_f32(latents) - _f32(anchor_latents).detach()).pow(2).mean()
 
 
-def composer_loss(
-    kl_phi: Tensor,
-    delta_bar: Tensor,
-    *,
-    beta: float,
-    margin: float,
-    anchor: Tensor | float,
-    anchor_weight: float,
-) -> Tensor:
+def composer_loss(kl_phi: Tensor, delta_bar: Tensor, *, beta: float, margin: float, anchor: Tensor | float,
+                  anchor_weight: float) -> Tensor:
     """loss_φ = KL(sg[p_S,old] || p_T,φ) + β · (m − δ̄) + λ · anchor, scalar.
 
     kl_phi, delta_bar, anchor: scalars (0-dim tensors, already averaged; a float anchor is allowed, e.g. 0 when
-    the anchor is off). β is a plain float, a constant of the step: ∂loss/∂δ̄ = −β pushes δ̄ up.
+    the anchor is off). β is a plain float, a constant of the step: ∂loss/∂δ̄ = −β pushes δ̄ up. The composer
+    is trained through this function: whole in reference.py; in update.py in pieces that add up to it (it is
+    linear in its terms), each micro-batch's shares of KL and δ̄, then the anchor with m.
     """
     for name, value in (("kl_phi", kl_phi), ("delta_bar", delta_bar), ("anchor", anchor)):
         if isinstance(value, Tensor) and value.dim() != 0:

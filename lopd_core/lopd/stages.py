@@ -160,7 +160,7 @@ def run_coldstart(params: Params, log=print) -> dict:
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
     with pretraining_retriever(params, trajectories) as retriever:
-        rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
+        run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
                                max_experience_tokens=params.composer.max_experience_tokens, log=log)
@@ -171,7 +171,8 @@ def run_coldstart(params: Params, log=print) -> dict:
         torch.save(composer.state_dict(), tmp)
         tmp.replace(out)
     D.barrier()
-    return {"successes": len(successes), "first": rows[0], "last": rows[-1], "out": str(out)}
+    return {"successes": len(successes), "first": run.rows[0], "last": run.rows[-1],
+            "skipped_updates": run.skipped_updates, "out": str(out)}
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
