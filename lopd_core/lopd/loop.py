@@ -63,7 +63,7 @@ def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin
 def check_divergence(distiller: Distiller, total_steps: int) -> None:
     """Fail as soon as the skipped updates exceed the allowed share of the whole run's updates (from then on
     the run cannot end under it), before a diverged model is checkpointed or exported."""
-    per_step = 2 if any(spec.composer_trainable for spec in distiller.phases) else 1
+    per_step = 2 if any(spec.composer.trainable for spec in distiller.phases) else 1
     allowed = distiller.cfg.max_skipped_share * total_steps * per_step
     skipped = distiller.state.skipped_updates
     if skipped > allowed:
@@ -79,7 +79,7 @@ def _report(distiller: Distiller, r: DashboardRow, total: int) -> None:
                   f"loss {r.distill_loss:.4f} δ̄ {r.delta:+.4f} β {r.beta:.3f} ({r.step_seconds:.1f}s)")
     history = distiller.state.history
     recent = [h["row"]["kl_phi"] for h in history[-DIVERGENCE_WINDOW - 1:-1] if math.isfinite(h["row"]["kl_phi"])]
-    if distiller.method.composer_trainable and margin_by_divergence(recent, r.kl_phi, r.delta, distiller.margin):
+    if distiller.method.composer.trainable and margin_by_divergence(recent, r.kl_phi, r.delta, distiller.margin):
         distiller.log(f"distill: step {r.step}: warning: δ̄ {r.delta:.3f} ≥ m = {distiller.margin:.4g} only "
                       f"because the teacher moved away from the student (reverse KL {r.kl_phi:.3f}, over "
                       f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "

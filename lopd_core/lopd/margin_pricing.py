@@ -66,7 +66,7 @@ def _chunk_gaps(d: Distiller, ids, masks, latents, keys) -> tuple[torch.Tensor, 
     """Per row of a chunk: Σ over its action tokens of log p_T,φ0(a) − log p_S(a), and its action tokens."""
     with teacher_lm(d) as lm:
         scores = S.score_teacher(lm, ids, masks, latents, keys, framing=d.framing, share_prompt=d.cfg.share_prompt,
-                                 top_k=d.cfg.top_k, temperature=d.method.teacher_temperature)
+                                 top_k=d.cfg.top_k, temperature=d.method.teacher.temperature)
     sbatch = build_batch(d.student, ids, masks)
     s_lp = torch.log_softmax(action_logits(d.student, sbatch), dim=-1)  # (n, V)
     if not torch.equal(sbatch.action_ids, scores.action_ids):

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from lopd_core.envs import Task
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import margin as MG
-from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
 from lopd_core.lopd.composer import compose_latents
 from lopd_core.lopd.dashboard import TEACHER_COLUMNS, DashboardRow
@@ -54,7 +54,7 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     loss_theta = (per_token if signal is None else per_token * signal[rows]).sum() / n_signal
     s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) the pre-update student, sg[p_S,old]
     # ---- 4. the composer loss: loss_φ = KL(sg[p_S,old] ‖ p_T,φ) + β·(m − δ̄) + λ·anchor, one tensor
-    trains_phi = spec.needs_composer and spec.composer_trainable
+    trains_phi = spec.needs_composer and spec.composer.trainable
     kl_phi = delta_bar = anchor = torch.zeros((), device=device)
     gaps = torch.zeros(len(ids), dtype=torch.float64)  # per trajectory: Σ log p_T,φ(a) − log p_S,old(a)
     if scores is not None:
@@ -67,7 +67,7 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     if trains_phi:
         anchor = L.anchor_loss(flat, torch.cat(d.anchor_latents(experiences)).to(device))
     loss_phi = L.composer_loss(kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor,
-                               anchor_weight=spec.anchor_weight)
+                               anchor_weight=spec.composer.anchor_weight)
     # ---- the optimizer steps: θ on loss_θ, φ on loss_φ
     grad_theta, grad_phi = optimizer_steps(d, loss_theta, loss_phi if trains_phi else None)
     # ---- 5. dual ascent on β (only for a composer that learns)
@@ -97,9 +97,9 @@ def teacher_inputs(d: Distiller, tasks: list[Task], trajs: list):
     spec, group, device = d.method, d.cfg.samples_per_task, d.composer.queries.device
     per_task = d.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
     experiences = [per_task[i // group] for i in range(len(trajs))]
-    texts = M.text_contexts(spec, tasks, trajs, per_task, group)
+    texts = B.text_contexts(spec, tasks, trajs, per_task, group)
     latents = compose_latents(d.composer, d.encoder, experiences) if spec.needs_composer else None
-    signal = None if spec.teacher_context != "sibling" else torch.tensor([t is not None for t in texts], device=device)
+    signal = None if spec.teacher.context != "sibling" else torch.tensor([t is not None for t in texts], device=device)
     return experiences, latents, texts, signal
 
 
@@ -109,7 +109,7 @@ def teacher_scores(d: Distiller, batch: S.RolloutBatch, latents, texts, *, graph
         ctx = latents if texts is None else context_embeddings(d, lm, texts, [len(r) for r in batch.token_ids])
         ctx = None if ctx is None else [c if graph else c.detach() for c in ctx]
         return S.score_teacher(lm, batch.token_ids, batch.action_masks, ctx, None, framing=d.framing,
-                               share_prompt=False, top_k=d.cfg.top_k, temperature=d.method.teacher_temperature,
+                               share_prompt=False, top_k=d.cfg.top_k, temperature=d.method.teacher.temperature,
                                keep_logits=d.student_loss.reads_teacher_logits)
 
 
@@ -127,6 +127,6 @@ def optimizer_steps(d: Distiller, loss_theta: torch.Tensor, loss_phi: torch.Tens
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, d.cfg.max_grad_norm)))
     d.opt_theta.step()
     if d.ema_lm is not None:
-        M.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
+        B.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
     d.opt_phi.step()
     return norms[0], norms[1]

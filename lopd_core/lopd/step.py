@@ -248,18 +248,19 @@ class StudentLoss:
 
     @classmethod
     def resolve(cls, method, lopd, baselines) -> StudentLoss:
-        """`method` a resolved MethodSpec; `lopd`, `baselines` the config sections (checked at load)."""
-        distills = method.loss in ("reverse_kl", "reverse_kl+grpo")
-        kind = lopd.student_loss if distills else method.loss
+        """`method` a resolved MethodSpec (its `student` part is read); `lopd`, `baselines` the config sections
+        (checked at load)."""
+        setup = method.student
+        kind = lopd.student_loss if setup.distills else setup.loss
         if kind not in STUDENT_LOSSES:
             raise ValueError(f"unknown student loss {kind!r}; expected one of {', '.join(STUDENT_LOSSES)}")
-        if distills and method.kl_mix > 0 and kind != "topk":
-            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {method.kl_mix:g}) is a top-k loss, "
+        if setup.distills and setup.kl_mix > 0 and kind != "topk":
+            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {setup.kl_mix:g}) is a top-k loss, "
                              f"got lopd.student_loss={kind!r}")
         return cls(kind, lopd.importance_cap if lopd.importance_weight else None, baselines.grpo_clip,
-                   method.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
-                   baselines.rl_weight if method.loss == "reverse_kl+grpo" else 0.0,
-                   method.kl_mix if distills else 0.0)
+                   setup.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
+                   baselines.rl_weight if setup.loss == "reverse_kl+grpo" else 0.0,
+                   setup.kl_mix if setup.distills else 0.0)
 
     @property
     def reads_sample_logprobs(self) -> bool:

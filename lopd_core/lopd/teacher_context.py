@@ -18,7 +18,7 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.envs import Task
-from lopd_core.lopd import methods as M
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import step as S
 
 if TYPE_CHECKING:
@@ -44,12 +44,12 @@ def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.Rollo
     spec, group, device = d.method, d.cfg.samples_per_task, d.composer.queries.device
     per_task = d.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
     # Baselines whose teacher reads text (or nothing) instead of latents: the composer reads nothing.
-    text_context = M.text_contexts(spec, tasks, trajs, per_task, group)  # (B,) or None
+    text_context = B.text_contexts(spec, tasks, trajs, per_task, group)  # (B,) or None
     experiences = [per_task[i // group] if spec.needs_composer else [] for i in range(len(trajs))]
     # A trajectory without a context (SDPO's groups without a success) gives no signal: its tokens leave
     # the student loss and its normaliser. (Decided by the method, so every rank takes the same branch.)
     signal, n_signal = None, batch.n_tokens
-    if spec.teacher_context == "sibling":
+    if spec.teacher.context == "sibling":
         has = torch.tensor([c is not None for c in text_context])
         signal = has.float().to(device)
         n_signal = max(int(D.global_sum([int(batch.token_counts[has].sum())])[0]), 1)
@@ -60,22 +60,22 @@ def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.Rollo
     if texts:
         states, state_mask = d.encoder.encode(texts)
         context.encoded = (states.to(device), state_mask.to(device))
-        if d.low_memory or not spec.composer_trainable:  # graph rebuilt at the end (or never: φ = φ0)
+        if d.low_memory or not spec.composer.trainable:  # graph rebuilt at the end (or never: φ = φ0)
             with torch.no_grad():
                 context.latents = d.composer(*context.encoded)
         else:
             context.composed = d.composer(*context.encoded)  # (U, K, D), graph to φ
             context.latents = context.composed.detach()
-        context.latents.requires_grad_(spec.composer_trainable)
+        context.latents.requires_grad_(spec.composer.trainable)
     return context
 
 
 def teacher_lm(d: Distiller):
     """The teacher's weights for this method, as a context manager: the frozen base θ̄, the live student or its
     EMA."""
-    if d.method.teacher_weights == "frozen_base":
+    if d.method.teacher.weights == "frozen_base":
         return d.teacher.active()
-    return nullcontext(d.ema_lm if d.method.teacher_weights == "ema" else d.student)
+    return nullcontext(d.ema_lm if d.method.teacher.weights == "ema" else d.student)
 
 
 def row_latents(d: Distiller, context: TeacherContext, i: int) -> torch.Tensor:

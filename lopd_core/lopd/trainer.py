@@ -38,6 +38,7 @@ from lopd_core.config import ConfigError, Params
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.errors import TrainingDiverged  # noqa: F401  re-exported: callers catch it from here
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import checkpoints as C
 from lopd_core.lopd import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.lopd import margin as MG
@@ -155,8 +156,8 @@ class Distiller:
             base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank, teacher=teacher_base)
         self.encoder = ExperienceEncoder(self.teacher, self.tokenizer,
                                          max_tokens=self.params.composer.max_experience_tokens)
-        self.composer = composer.train().requires_grad_(self.method.composer_trainable)
-        self.ema_lm = M.ema_copy(self.student) if self.method.teacher_weights == "ema" else None
+        self.composer = composer.train().requires_grad_(self.method.composer.trainable)
+        self.ema_lm = B.ema_copy(self.student) if self.method.teacher.weights == "ema" else None
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
         self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
@@ -168,7 +169,8 @@ class Distiller:
     def margin(self) -> float | None:
         """The margin m this run trains with: the method's own (0 for lopd_no_margin), else `lopd.margin`, or with
         `lopd.margin: auto` the priced one (None until `price_margin` or the first step has priced it)."""
-        return self.method.margin if self.method.margin is not None else self.state.margin
+        own = self.method.composer.margin
+        return own if own is not None else self.state.margin
 
     @property
     def low_memory(self) -> bool:
@@ -213,7 +215,7 @@ class Distiller:
                         seed=self.params.seed * 1_000_003 + s, seeds=seeds)
         self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
         out = self.update(tasks, trajs, started=started)
-        if self.method.teacher_refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
+        if self.method.teacher.refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
             self._refresh_check(out)
         return out
 

@@ -30,8 +30,8 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.envs import Task
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import losses as L
-from lopd_core.lopd import methods as M
 from lopd_core.lopd import step as S
 from lopd_core.lopd.dashboard import ComposerStep, step_result
 from lopd_core.lopd.teacher import action_logits, build_batch
@@ -86,7 +86,7 @@ def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S
     with timed(sums, "composer"):
         composer = step_composer(d, context, totals, beta)  # 4. anchor + latents' gradient, one backward
     delta_bar = totals["delta"]
-    if d.method.composer_trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
+    if d.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
         d.state.beta = L.dual_ascent(beta, margin=d.margin, delta_bar=delta_bar, lr=d.cfg.beta_lr)
     d.state.step += 1
     return step_result(d, batch, sums, totals, beta=beta, grad_theta=grad_theta, composer=composer,
@@ -102,7 +102,7 @@ def run_chunk(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, chun
     log-probs, padded inputs) is released when it returns, before the next chunk starts."""
     with timed(sums, "student"):
         sbatch = build_batch(d.student, *batch.rows(chunk))
-    graph = d.method.needs_composer and d.method.composer_trainable and train_composer
+    graph = d.method.needs_composer and d.method.composer.trainable and train_composer
     if not d.teacher_pass:  # GRPO without a reference KL: the student alone
         with timed(sums, "student"):
             student_backward(d, batch, context, chunk, sbatch, None, sums, keep_old=True)
@@ -158,7 +158,7 @@ def score_rows(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, row
         ctx, keys = rows_context(d, lm, context, ids, rows)
         check_teacher_rows(d, ids, ctx)
         scores = S.score_teacher(lm, ids, masks, ctx, keys, framing=d.framing, share_prompt=d.cfg.share_prompt,
-                                 top_k=d.cfg.top_k, temperature=d.method.teacher_temperature,
+                                 top_k=d.cfg.top_k, temperature=d.method.teacher.temperature,
                                  keep_logits=d.student_loss.reads_teacher_logits)
     sums.add_teacher(scores)
     return scores
@@ -217,7 +217,7 @@ def step_student(d: Distiller, distill_loss: float) -> float:
     if math.isfinite(distill_loss) and math.isfinite(grad):
         d.opt_theta.step()
         if d.ema_lm is not None:  # SDPO's EMA teacher follows the student
-            M.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
+            B.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
     else:
         d.state.skipped_updates += 1
         d.log(f"distill: step {d.state.step + 1}: non-finite student loss/gradient, update skipped")
@@ -238,7 +238,7 @@ def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float)
     anchor = anchor_share * L.anchor_loss(flat, anchor_target)
     zero = torch.zeros((), device=flat.device)
     piece = L.composer_loss(zero, zero, beta=beta, margin=d.margin, anchor=anchor,
-                            anchor_weight=d.method.anchor_weight)
+                            anchor_weight=d.method.composer.anchor_weight)
     tensors, grads = [piece], [None]
     if context.latents.grad is not None:
         tensors.append(composed)
@@ -254,14 +254,14 @@ def step_composer(d: Distiller, context: TeacherContext, totals: dict[str, float
     flat = torch.zeros((0, width), device=d.composer.queries.device)  # (Σ J_τ·K, D) the step's latents
     anchor = torch.zeros(())
     d.opt_phi.zero_grad(set_to_none=True)
-    if context.latents is not None and d.method.composer_trainable:  # (φ = φ0: frozen-composer ablation)
+    if context.latents is not None and d.method.composer.trainable:  # (φ = φ0: frozen-composer ablation)
         flat, anchor = composer_anchor_backward(d, context, beta)
     elif context.latents is not None:  # φ = φ0: nothing to learn, but the dashboard still shows their scale
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()
     anchor_v = D.global_sum([float(anchor)])[0]
     D.sum_gradients(d.composer.parameters())
     loss_phi = float(L.composer_loss(torch.tensor(totals["kl"]), torch.tensor(totals["delta"]), beta=beta,
-                                     margin=d.margin, anchor=anchor_v, anchor_weight=d.method.anchor_weight))
+                                     margin=d.margin, anchor=anchor_v, anchor_weight=d.method.composer.anchor_weight))
     grad = grad_norm(d.composer.parameters(), d.cfg.max_grad_norm)
     if math.isfinite(loss_phi) and math.isfinite(grad):
         d.opt_phi.step()

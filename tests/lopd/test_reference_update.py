@@ -101,6 +101,6 @@ def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_to
     assert fast.state.beta == pytest.approx(slow.state.beta, abs=TOL)
     # the comparison is not of two updates that did nothing: every θ moved, and φ and β moved where they learn
     assert all(not torch.equal(p, theta0[n]) for n, p in fast.trainable.named_parameters() if n in theta0)
-    learns = fast.method.composer_trainable
+    learns = fast.method.composer.trainable
     assert all(torch.equal(p, phi0[n]) != learns for n, p in fast.composer.named_parameters()), COMPARED[method]
     assert (fast.state.beta != beta0) == learns, COMPARED[method]

@@ -74,8 +74,9 @@ def test_the_importance_weight_loads_where_it_weighs_a_sampled_token():
     assert load_params("params.yaml", ["lopd.importance_weight=true", "lopd.method=skill_sd"]).lopd.method == "skill_sd"
     assert load_params("params.yaml", ["lopd.low_memory=true", "lopd.teacher_micro_batch=2"]).lopd.low_memory
     # the config's method families are the methods table's
-    assert set(POLICY_GRADIENT_METHODS) == {n for n, s in M.METHODS.items() if s.loss in ("grpo", "grpo+kl")}
-    assert set(SAMPLED_KL_METHODS) == {n for n, s in M.METHODS.items() if s.loss == "grpo+kl"}
+    assert set(POLICY_GRADIENT_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss in ("grpo", "grpo+kl")}
+    assert set(SAMPLED_KL_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss == "grpo+kl"}
+    assert (POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS) == (M.POLICY_GRADIENT_METHODS, M.SAMPLED_KL_METHODS)
 
 
 def test_the_trainer_rejects_a_section_built_by_hand(tmp_path, tiny_model, tiny_tokenizer, batch):
@@ -198,7 +199,7 @@ def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, 
     params = _params(tmp_path, method="lopd_no_margin")
     assert params.lopd.margin == 0.05
     d = _distiller(params, tiny_model, tiny_tokenizer, batch[2])
-    assert d.method.margin == 0.0 and d.margin == 0.0 and d.method.anchor_weight == params.lopd.anchor_weight
+    assert d.method.margin == 0.0 and d.margin == 0.0 and d.method.composer.anchor_weight == params.lopd.anchor_weight
     assert M.resolve_method(params.lopd, params.baselines).margin == 0.0
 
     from flows.pipeline_cli import cmd_report
