@@ -4,6 +4,9 @@ composer moves only where φ learns, β only where it acts, and a group without 
 
 import copy
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +56,22 @@ def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
     assert not M.method_spec("grpo").needs_teacher_pass and not M.method_spec("grpo").uses_bank
     with pytest.raises(ValueError, match="unknown method"):
         M.method_spec("ppo")
+
+
+def test_the_methods_table_is_a_leaf_the_configuration_can_import():
+    # lopd_core.config validates lopd.method against METHOD_NAMES: importing the table must not load the
+    # configuration (a cycle), torch or the trainer
+    code = ("import sys, lopd_core.lopd.methods as m; "
+            "print(sorted(k for k in sys.modules if k.startswith(('lopd_core.', 'torch'))))")
+    root = Path(__file__).resolve().parents[2]  # `python -c` puts its working folder on the path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert out.strip() == "['lopd_core.lopd', 'lopd_core.lopd.methods', 'lopd_core.offline']"
+
+
+def test_every_text_context_has_one_builder():
+    text = {c for c in M.TEACHER_CONTEXTS if c not in ("latent", "none")}
+    assert set(B.CONTEXT_BUILDERS) == text
+    assert {s.teacher.context for s in M.METHODS.values()} <= set(M.TEACHER_CONTEXTS)
 
 
 def test_skill_text_keeps_the_tool_sequence_only():
