@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ def fingerprint(out_dir: str) -> dict:
         steps = []
         for _ in range(3):
             r = d.update(tasks, trajs)
-            steps.append({"row": {k: v for k, v in r.row.items() if k != "step_seconds"},
+            steps.append({"row": {k: v for k, v in asdict(r.row).items() if k != "step_seconds"},
                           "diagnostics": {k: v for k, v in r.diagnostics.items() if not k.endswith("_s")},
                           "gaps": r.trajectory_gaps, "kl": r.trajectory_kl})
         out[name] = {"steps": steps, "beta": d.state.beta,

@@ -139,8 +139,8 @@ def check_lopd_step(model, tokenizer, batch, params, device: str, mode: str, dty
     peak = _peak_mb(device, before_alloc)
     moved = sum(not torch.equal(p.detach(), trainable[n]) for n, p in d.trainable.named_parameters() if n in trainable)
     moved_phi = sum(not torch.equal(p.detach(), composer[n]) for n, p in d.composer.named_parameters() if n in composer)
-    losses = {k: second.row[k] for k in ("distill_loss", "kl_phi", "delta", "beta") if k in second.row}
-    finite = all(math.isfinite(float(v)) for v in list(losses.values()) + [first.row.get("distill_loss", 0.0)])
+    losses = {k: getattr(second.row, k) for k in ("distill_loss", "kl_phi", "delta", "beta")}
+    finite = all(math.isfinite(float(v)) for v in list(losses.values()) + [first.row.distill_loss])
     return {"ok": finite and moved == len(trainable) and moved_phi == len(composer),
             "mode": mode, "dtype": str(dtype).removeprefix("torch."), "trajectories": len(trajs),
             "action_tokens": sum(t.num_action_tokens for t in trajs), "seconds_second_update": round(seconds, 3),

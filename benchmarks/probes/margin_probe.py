@@ -76,7 +76,7 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], l
         g, kl, per = [], [], p.lopd.tasks_per_step
         for s in range(0, len(tasks), per):
             out = d.update(tasks[s:s + per], trajs[s * p.lopd.samples_per_task:(s + per) * p.lopd.samples_per_task])
-            g += out["trajectory_gaps"]
+            g += out.trajectory_gaps
             kl += out["trajectory_kl"]
     finally:
         if bank is not None:

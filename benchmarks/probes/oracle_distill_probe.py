@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import types
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -87,7 +88,7 @@ def main() -> None:
     curve = []
     for s in range(args.steps):
         batch = train[s * args.tasks_per_step:(s + 1) * args.tasks_per_step]
-        row = distiller.update(batch, oracle_trajectories(batch, codec))["row"]
+        row = asdict(distiller.update(batch, oracle_trajectories(batch, codec)).row)
         curve.append({k: round(row[k], 4) for k in ("step", "distill_loss", "delta", "beta")})
         print(json.dumps(curve[-1]), file=sys.stderr, flush=True)
     after = held_out(distiller.student, codec, evaluation)

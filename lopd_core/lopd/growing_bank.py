@@ -41,8 +41,8 @@ def copy_input_bank(source_parquet: Path, out_dir: str | Path) -> tuple[Path, Pa
 
 
 class BankGrowth:
-    """`run_distill`'s per-step hook: collects the step's trajectories, refreshes the bank every `every`
-    steps and at the end. `added` counts the rows it added."""
+    """`run_distill`'s per-step hook: collects the step's trajectories (`StepResult.trajectories`), refreshes
+    the bank every `every` steps and at the end. `added` counts the rows it added."""
 
     def __init__(self, bank: ExperienceBank, *, every: int, min_reward: float, cycle: int, total_steps: int,
                  log=print):
@@ -53,7 +53,7 @@ class BankGrowth:
         self.refreshes: list[dict] = []
 
     def __call__(self, distiller, result) -> None:
-        self.pending.extend(distiller.last_trajectories)
+        self.pending.extend(result.trajectories)
         step = distiller.state.step
         if step % self.every == 0 or step >= self.total_steps:
             self.refresh(step)

@@ -28,6 +28,7 @@ Student losses (the student policy p_S learns toward the teacher p_T, a frozen b
     and a fact (this world's convention, one token the teacher puts most of its mass on) less reliably; the forward
     direction charges the student for every bucket the teacher weighs, whatever the student's own mass there.
   * `mixed_kl_topk` — (1 − w) · reverse + w · forward per token, w = `lopd.kl_mix` (0: exactly the reverse KL).
+  * `forward_kl_full` — KL(p_T || p_S) over the full vocabulary (the cold start's KL toward the text reader).
   * `truncated_importance_weight` — min(p_S(a) / p_sample(a), cap), detached, for the sampled-token estimator
     only: rollouts drawn at a temperature (or top-p) other than p_S's draw a from p_sample, and the weight turns
     the estimator's expectation back into one under p_S; the cap bounds its variance (truncated importance
@@ -230,9 +231,7 @@ def reverse_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_siz
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
-            f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}"
-        )
+        raise ValueError(f"logit shapes differ: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}")
     n = student_logits.shape[0]
     if n == 0:
         return student_logits.new_zeros(0, dtype=_f32(student_logits).dtype)
@@ -246,6 +245,12 @@ def reverse_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_siz
         else:
             chunks.append(_full_kl_rows(s, t))
     return torch.cat(chunks)
+
+
+def forward_kl_full(student_logits: Tensor, teacher_logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
+    """Exact KL(p_T || p_S) over the full vocabulary, per token (N, V), (N, V) -> (N,): `reverse_kl_full`'s sum
+    with the roles swapped, the gradient reaching p_S through the log-ratio (the cold start's text-to-latent KL)."""
+    return reverse_kl_full(teacher_logits, student_logits, chunk_size=chunk_size)
 
 
 def reverse_kl_sampled(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Tensor:
@@ -367,19 +372,14 @@ def anchor_loss(latents: Tensor, anchor_latents: Tensor) -> Tensor:
     return (_f32(latents) - _f32(anchor_latents).detach()).pow(2).mean()
 
 
-def composer_loss(
-    kl_phi: Tensor,
-    delta_bar: Tensor,
-    *,
-    beta: float,
-    margin: float,
-    anchor: Tensor | float,
-    anchor_weight: float,
-) -> Tensor:
+def composer_loss(kl_phi: Tensor, delta_bar: Tensor, *, beta: float, margin: float, anchor: Tensor | float,
+                  anchor_weight: float) -> Tensor:
     """loss_φ = KL(sg[p_S,old] || p_T,φ) + β · (m − δ̄) + λ · anchor, scalar.
 
     kl_phi, delta_bar, anchor: scalars (0-dim tensors, already averaged; a float anchor is allowed, e.g. 0 when
-    the anchor is off). β is a plain float, a constant of the step: ∂loss/∂δ̄ = −β pushes δ̄ up.
+    the anchor is off). β is a plain float, a constant of the step: ∂loss/∂δ̄ = −β pushes δ̄ up. The composer
+    is trained through this function: whole in reference.py; in update.py in pieces that add up to it (it is
+    linear in its terms), each micro-batch's shares of KL and δ̄, then the anchor with m.
     """
     for name, value in (("kl_phi", kl_phi), ("delta_bar", delta_bar), ("anchor", anchor)):
         if isinstance(value, Tensor) and value.dim() != 0:
@@ -387,48 +387,9 @@ def composer_loss(
     return _f32(kl_phi) + float(beta) * (float(margin) - _f32(delta_bar)) + float(anchor_weight) * anchor
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Baselines: group-relative policy gradient (GRPO) and its KL to a reference
-# ---------------------------------------------------------------------------------------------------------
-
-
-def group_relative_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-4) -> Tensor:
-    """GRPO's advantage, rewards (B,) and group_ids (B,) -> (B,): (r − mean_g r) / (std_g r + eps).
-
-    std is the population std of the group (divided by G, not G − 1); a group whose rewards are all equal gets
-    advantage 0 for every member (no signal), and `eps` keeps a near-constant group from blowing up.
-    """
-    centred = advantages(rewards, kind="group", group_ids=group_ids)  # (B,) r − group mean
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    var = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=centred.dtype,
-                      device=centred.device).index_add(0, inverse, centred.pow(2))  # (G,) Σ (r − mean)²
-    counts = torch.bincount(inverse, minlength=var.numel()).to(centred.dtype)  # (G,)
-    std = (var / counts.clamp(min=1.0)).sqrt()[inverse]  # (B,)
-    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))  # equal rewards: exactly 0
-
-
-def clipped_policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantage: Tensor, *, clip: float = 0.2
-) -> Tensor:
-    """PPO-clip surrogate per token, to minimise: −min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A), ρ = p_θ(a) / p_old(a).
-
-    logprobs (N,) with grad; old_logprobs (N,) (detached here); advantage (N,), the token's trajectory
-    advantage -> (N,). The trainer passes the rollout's sampling log-probs as p_old: the distribution the
-    tokens were actually drawn from. With one optimizer step per batch, sampling at temperature 1 and top-p 1,
-    ρ is 1 up to float rounding and this is plain policy gradient −A·log p_θ in gradient; at another
-    temperature or top-p, ρ is the importance ratio from the sampler to the policy, and the clip bounds it.
-    """
-    if clip <= 0:
-        raise ValueError(f"clip must be > 0, got {clip}")
-    log_ratio = _f32(logprobs) - _f32(old_logprobs).detach()
-    ratio = torch.exp(log_ratio.clamp(max=20.0))  # (N,), the clamp only guards exp against overflow
-    a = _f32(advantage).detach()
-    return -torch.minimum(ratio * a, ratio.clamp(1.0 - clip, 1.0 + clip) * a)
-
-
-def reference_kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """Per-token estimator of KL(p_θ ‖ p_ref) on sampled tokens a ~ p_θ: exp(q − s) − (q − s) − 1 with
-    s = log p_θ(a), q = log p_ref(a) (Schulman's k3: unbiased, always ≥ 0, low variance). (N,), (N,) -> (N,);
-    the reference gets no gradient."""
-    d = _f32(ref_logprobs).detach() - _f32(logprobs)
-    return torch.exp(d.clamp(max=20.0)) - d - 1.0
+# The baselines' policy-gradient losses, where the trainer and the tests read every loss.
+from lopd_core.lopd.pg_losses import (  # noqa: F401  (last: pg_losses reads `advantages`)
+    clipped_policy_loss,
+    group_relative_advantages,
+    reference_kl_k3,
+)

@@ -1,8 +1,11 @@
 """Baselines and ablations as settings of the one training loop (DESIGN §3 "Baselines and ablations").
 
-A method is not a class or a copy of the loop: it is a `MethodSpec` that says three things the trainer reads
-where it builds the teacher's input and picks the student's loss —
-  * teacher_context — what the teacher reads in the first user turn (at the slot where LOPD splices latents):
+A method is not a class or a copy of the loop: it is one row of `METHODS`, a `MethodSpec` of three small frozen
+parts the trainer reads — `TeacherSetup` (what the teacher reads and with which weights), `StudentSetup` (the
+student's loss) and `ComposerSetup` (whether φ learns, under which m and λ) — resolved once per run
+(`resolve_method`). Adding a method is one row, plus at most one text-context builder (baselines.py,
+`CONTEXT_BUILDERS`) when its teacher reads a new kind of text.
+  * teacher.context — what the teacher reads in the first user turn (at the slot where LOPD splices latents):
       latent           composer latents from the retrieved experiences (LOPD)
       text_experience  the same retrieved experiences as plain text
       golden           the oracle's solution of this very task, as text (OPSD's privileged answer)
@@ -10,9 +13,9 @@ where it builds the teacher's input and picks the student's loss —
       skill            a skill abstracted from the retrieved experiences: their tool sequence, no arguments
                        (Skill-SD abstracts with an LLM; a deterministic abstraction is what a tiny base allows)
       none             nothing (GRPO's reference, the sharpened-teacher control)
-  * teacher_weights — frozen_base (θ̄, the policy at the start), student (the live student, no gradient) or
+  * teacher.weights — frozen_base (θ̄, the policy at the start), student (the live student, no gradient) or
     ema (an exponential moving average of the student);
-  * loss — reverse_kl (the distillation losses of `lopd.student_loss`), grpo (group-relative advantages,
+  * student.loss — reverse_kl (the distillation losses of `lopd.student_loss`), grpo (group-relative advantages,
     PPO-clip, plus `baselines.grpo_kl` · KL to the frozen base when > 0), grpo+kl (GRPO plus
     `baselines.skill_kl` · the sampled-token reverse KL toward the teacher: Skill-SD) or reverse_kl+grpo
     (`lopd_rl`, beyond the paper: LOPD's distillation loss plus `baselines.rl_weight` · the GRPO term on the
@@ -28,10 +31,10 @@ Past the teacher's ceiling (a distilled student stops at its teacher), three arm
     column is the index of the phase a row trained in (0 LOPD, 1 GRPO; a number, since every column of that CSV
     is logged as an MLflow metric), and GRPO without a reference KL runs no teacher pass, so the teacher's
     columns are empty from the switch on. The composer and β stand still in the GRPO phase;
-  * `teacher_refresh` gated — the frozen teacher base θ̄ is replaced by the current student within the stage,
+  * `teacher.refresh` gated — the frozen teacher base θ̄ is replaced by the current student within the stage,
     only where a held-out greedy check shows the student ahead (`lopd_gated_refresh`; teacher_refresh.py; the
     CSV's `teacher_refreshes` counts them);
-  * `kl_mix` — the forward-KL and mixed arms above. The composer's own KL(sg[p_S,old] ‖ p_T,φ) is unchanged.
+  * `student.kl_mix` — the forward-KL and mixed arms above. The composer's own KL(sg[p_S,old] ‖ p_T,φ) is unchanged.
 
 Text contexts go through the same splice as latents: the embeddings of the text's ids placed in the latent slot
 are exactly the conversation with that text in its first user turn (tests/lopd/test_trainer.py checks this).
@@ -39,78 +42,114 @@ are exactly the conversation with that text in its first user turn (tests/lopd/t
 The two controls: `sharpened_teacher` (frozen base at `baselines.sharpen_temperature` < 1, no context) and
 `lopd_random_retrieval` (random bank rows instead of the nearest) tell a gain from experience apart from a gain
 from distilling toward any sharper distribution.
+
+This module imports nothing of the library, so that the configuration can validate `lopd.method` against
+`METHOD_NAMES` (and the method families below) without loading the trainer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import random
-from dataclasses import dataclass, replace
-
-from lopd_core.config import MARGIN_AUTO
-from lopd_core.envs import Task, run_oracle
-from lopd_core.experience import format_experience
+from dataclasses import dataclass, field, replace
 
 TEACHER_CONTEXTS = ("latent", "text_experience", "golden", "sibling", "skill", "none")
-TEACHER_WEIGHTS = ("frozen_base", "student", "ema")
-LOSSES = ("reverse_kl", "grpo", "grpo+kl", "reverse_kl+grpo")
+
+
+@dataclass(frozen=True)
+class TeacherSetup:
+    """What the teacher reads in its latent slot, and with which weights."""
+
+    context: str  # one of TEACHER_CONTEXTS
+    weights: str = "frozen_base"  # frozen_base (θ̄) | student (live, no gradient) | ema
+    temperature: float = 1.0  # the teacher's log-probs are those of softmax(logits / T)
+    retrieval: str = "nearest"  # nearest | random (the bank rows a bank-reading teacher is given)
+    refresh: str = "never"  # never | gated: θ̄ ← student where the held-out check shows the student ahead
+
+    @property
+    def uses_bank(self) -> bool:
+        return self.context in ("latent", "text_experience", "skill")
+
+    @property
+    def reads_latents(self) -> bool:
+        return self.context == "latent"
+
+
+@dataclass(frozen=True)
+class StudentSetup:
+    """The student's loss: which family, and its method-level weights."""
+
+    loss: str = "reverse_kl"  # reverse_kl | grpo | grpo+kl | reverse_kl+grpo
+    reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
+    kl_mix: float = 0.0  # w of (1 − w)·reverse + w·forward KL when lopd.kl_mix is 0 (resolved: the run's w)
+
+    @property
+    def distills(self) -> bool:
+        """Distils toward the teacher (lopd.student_loss applies), rather than a policy gradient alone."""
+        return self.loss in ("reverse_kl", "reverse_kl+grpo")
+
+
+@dataclass(frozen=True)
+class ComposerSetup:
+    """Whether φ learns, and under which margin m and anchor weight λ (None: the lopd section's)."""
+
+    trainable: bool = False  # φ learns (LOPD); False keeps φ = φ0 (or there is no composer)
+    margin: float | None = None  # overrides lopd.margin; resolved, None: `lopd.margin: auto`, priced by the run
+    anchor_weight: float | None = None  # overrides lopd.anchor_weight
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    teacher_context: str
-    teacher_weights: str = "frozen_base"
-    loss: str = "reverse_kl"
-    composer_trainable: bool = False  # φ learns (LOPD); False keeps φ = φ0 (or there is no composer)
-    margin: float | None = None  # overrides lopd.margin; resolved, None: `lopd.margin: auto`, priced by the run
-    anchor_weight: float | None = None  # overrides lopd.anchor_weight
-    retrieval: str = "nearest"  # nearest | random
-    teacher_temperature: float = 1.0  # the teacher's log-probs are those of softmax(logits / T)
-    reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
-    kl_mix: float = 0.0  # w of (1 − w)·reverse + w·forward KL when lopd.kl_mix is 0 (resolved: the run's w)
+    teacher: TeacherSetup
+    student: StudentSetup = field(default_factory=StudentSetup)
+    composer: ComposerSetup = field(default_factory=ComposerSetup)
     then: str | None = None  # the method trained after baselines.switch_fraction of lopd.steps (one phase: None)
-    teacher_refresh: str = "never"  # never | gated: θ̄ ← student where the held-out check shows the student ahead
 
     @property
     def uses_bank(self) -> bool:
         """Reads retrieved experiences: the bank's seed rollouts count against this method's budget."""
-        return self.teacher_context in ("latent", "text_experience", "skill")
+        return self.teacher.uses_bank
 
     @property
     def needs_composer(self) -> bool:
-        return self.teacher_context == "latent"
+        return self.teacher.reads_latents
 
     @property
-    def is_lopd_variant(self) -> bool:
-        return self.needs_composer
+    def margin(self) -> float | None:
+        """The m this method trains with (resolved: the method's own, else lopd.margin; None: priced by the run)."""
+        return self.composer.margin
 
     @property
     def needs_teacher_pass(self) -> bool:
         """GRPO without a reference KL never runs a second model."""
-        return self.loss != "grpo" or self.teacher_context != "none" or self.reference_kl > 0
+        return self.student.loss != "grpo" or self.teacher.context != "none" or self.student.reference_kl > 0
 
 
+_LOPD = ComposerSetup(trainable=True)
 METHODS: dict[str, MethodSpec] = {s.name: s for s in [
-    MethodSpec("lopd", "latent", composer_trainable=True),
-    MethodSpec("grpo", "none", loss="grpo"),
-    MethodSpec("opsd", "golden"),
-    MethodSpec("sdpo", "sibling", teacher_weights="ema"),
-    MethodSpec("skill_sd", "skill", teacher_weights="student", loss="grpo+kl"),
-    MethodSpec("text_experience", "text_experience"),
-    MethodSpec("lopd_frozen_composer", "latent", composer_trainable=False),
-    MethodSpec("lopd_no_margin", "latent", composer_trainable=True, margin=0.0),
-    MethodSpec("lopd_no_anchor", "latent", composer_trainable=True, anchor_weight=0.0),
-    MethodSpec("sharpened_teacher", "none", teacher_temperature=0.5),
-    MethodSpec("lopd_random_retrieval", "latent", composer_trainable=True, retrieval="random"),
-    MethodSpec("lopd_rl", "latent", composer_trainable=True, loss="reverse_kl+grpo"),
-    MethodSpec("lopd_then_grpo", "latent", composer_trainable=True, then="grpo"),
-    MethodSpec("lopd_gated_refresh", "latent", composer_trainable=True, teacher_refresh="gated"),
-    MethodSpec("lopd_forward_kl", "latent", composer_trainable=True, kl_mix=1.0),
-    MethodSpec("lopd_mixed_kl", "latent", composer_trainable=True, kl_mix=0.5),
+    MethodSpec("lopd", TeacherSetup("latent"), composer=_LOPD),
+    MethodSpec("grpo", TeacherSetup("none"), StudentSetup("grpo")),
+    MethodSpec("opsd", TeacherSetup("golden")),
+    MethodSpec("sdpo", TeacherSetup("sibling", weights="ema")),
+    MethodSpec("skill_sd", TeacherSetup("skill", weights="student"), StudentSetup("grpo+kl")),
+    MethodSpec("text_experience", TeacherSetup("text_experience")),
+    MethodSpec("lopd_frozen_composer", TeacherSetup("latent")),
+    MethodSpec("lopd_no_margin", TeacherSetup("latent"), composer=replace(_LOPD, margin=0.0)),
+    MethodSpec("lopd_no_anchor", TeacherSetup("latent"), composer=replace(_LOPD, anchor_weight=0.0)),
+    MethodSpec("sharpened_teacher", TeacherSetup("none", temperature=0.5)),
+    MethodSpec("lopd_random_retrieval", TeacherSetup("latent", retrieval="random"), composer=_LOPD),
+    MethodSpec("lopd_rl", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo"), _LOPD),
+    MethodSpec("lopd_then_grpo", TeacherSetup("latent"), composer=_LOPD, then="grpo"),
+    MethodSpec("lopd_gated_refresh", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
+    MethodSpec("lopd_forward_kl", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
+    MethodSpec("lopd_mixed_kl", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
 ]}
-METHOD_NAMES = tuple(METHODS)
+METHOD_NAMES = tuple(METHODS)  # the order is the order reports list them in
+# The families the configuration's cross-key rules name (lopd.importance_weight, lopd.kl_mix, lopd.student_loss)
+POLICY_GRADIENT_METHODS = tuple(n for n, s in METHODS.items() if not s.student.distills)
+SAMPLED_KL_METHODS = tuple(n for n, s in METHODS.items() if s.student.loss == "grpo+kl")
+KL_MIX_METHODS = tuple(n for n, s in METHODS.items() if s.student.kl_mix > 0)
+FORWARD_KL_METHODS = tuple(n for n, s in METHODS.items() if s.student.kl_mix == 1.0)
 
 
 def method_spec(name: str, baselines=None) -> MethodSpec:
@@ -119,13 +158,14 @@ def method_spec(name: str, baselines=None) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHOD_NAMES)}")
     spec = METHODS[name]
-    if baselines is not None:
-        if name == "sdpo":
-            spec = replace(spec, teacher_weights=baselines.sdpo_teacher)
-        if name == "sharpened_teacher":
-            spec = replace(spec, teacher_temperature=baselines.sharpen_temperature)
-        if name == "grpo":
-            spec = replace(spec, reference_kl=baselines.grpo_kl)
+    if baselines is None:
+        return spec
+    if name == "sdpo":
+        return replace(spec, teacher=replace(spec.teacher, weights=baselines.sdpo_teacher))
+    if name == "sharpened_teacher":
+        return replace(spec, teacher=replace(spec.teacher, temperature=baselines.sharpen_temperature))
+    if name == "grpo":
+        return replace(spec, student=replace(spec.student, reference_kl=baselines.grpo_kl))
     return spec
 
 
@@ -137,19 +177,21 @@ def resolve_method(lopd, baselines) -> MethodSpec:
     `lopd.margin: auto` (and no margin of the method's own) the margin is None: the run prices it at its start
     (margin.py), and the reports read the m it used from the CSV's `margin` column."""
     spec = method_spec(lopd.method, baselines)
-    spec = replace(spec, kl_mix=kl_mix_of(spec, lopd))  # the run's w: lopd.kl_mix where set, else the method's
-    own = None if lopd.margin == MARGIN_AUTO else float(lopd.margin)
-    return replace(spec, margin=own if spec.margin is None else spec.margin,
-                   anchor_weight=lopd.anchor_weight if spec.anchor_weight is None else spec.anchor_weight)
+    student = replace(spec.student, kl_mix=kl_mix_of(spec, lopd))  # the run's w: lopd.kl_mix where set
+    own = None if isinstance(lopd.margin, str) else float(lopd.margin)  # a string is `auto` (the config checks)
+    c = spec.composer
+    composer = replace(c, margin=own if c.margin is None else c.margin,
+                       anchor_weight=lopd.anchor_weight if c.anchor_weight is None else c.anchor_weight)
+    return replace(spec, student=student, composer=composer)
 
 
 def kl_mix_of(spec: MethodSpec, lopd) -> float:
     """The w of a distilling method's top-k loss (1 − w)·reverse + w·forward: `lopd.kl_mix` where it is set
     (> 0), else the method's own (`lopd_mixed_kl` 0.5, `lopd_forward_kl` 1, the others 0: pure reverse KL). A
     policy-gradient method has none (the config refuses lopd.kl_mix > 0 with one)."""
-    if spec.loss not in ("reverse_kl", "reverse_kl+grpo"):
+    if not spec.student.distills:
         return 0.0
-    return float(lopd.kl_mix) if lopd.kl_mix > 0 else spec.kl_mix
+    return float(lopd.kl_mix) if lopd.kl_mix > 0 else spec.student.kl_mix
 
 
 def switch_step(spec: MethodSpec, lopd, baselines) -> int | None:
@@ -167,7 +209,9 @@ def method_phases(first: MethodSpec, lopd, baselines) -> tuple[MethodSpec, ...]:
     `baselines` knobs (its margin and anchor weight carried over, so the reports read one m for the run)."""
     if first.then is None:
         return (first,)
-    second = replace(method_spec(first.then, baselines), margin=first.margin, anchor_weight=first.anchor_weight)
+    second = method_spec(first.then, baselines)
+    second = replace(second, composer=replace(second.composer, margin=first.composer.margin,
+                                              anchor_weight=first.composer.anchor_weight))
     return first, second
 
 
@@ -176,98 +220,3 @@ def phase_at(spec: MethodSpec, step: int, lopd, baselines) -> int:
     function of the step alone, so a run resumed past the switch trains where the uninterrupted run would."""
     switch = switch_step(spec, lopd, baselines)
     return 0 if switch is None or step < switch else 1
-
-
-# ---- text contexts -----------------------------------------------------------------------------------------
-
-_GOLDEN: dict[str, str] = {}
-
-
-def golden_text(task: Task) -> str:
-    """The oracle's solution of `task` as an experience text (cached: the oracle is deterministic per task)."""
-    key = task.to_json()
-    if key not in _GOLDEN:
-        _, _, env = run_oracle(task)
-        _GOLDEN[key] = format_experience(task.instruction, env.episode)
-    return _GOLDEN[key]
-
-
-def sibling_texts(trajs: list, group_size: int) -> list[str | None]:
-    """Per trajectory, a successful sibling of its group as text: the first other success of the group, else
-    its own when it is the group's only success; None when the group has none (SDPO: no signal)."""
-    out: list[str | None] = []
-    for i, t in enumerate(trajs):
-        g = i // group_size
-        group = range(g * group_size, min((g + 1) * group_size, len(trajs)))
-        wins = [j for j in group if trajs[j].success]
-        pick = next((j for j in wins if j != i), wins[0] if wins else None)
-        out.append(None if pick is None else format_experience(trajs[pick].task.instruction,
-                                                               trajs[pick].episode))
-    return out
-
-
-def skill_text(experiences: list[str]) -> str:
-    """A skill abstracted from experience texts: the distinct tool sequences they used, arguments and results
-    dropped (what transfers across instances of a world), plus the rule of ending with an answer."""
-    chains = []
-    for text in experiences:
-        tools = [line.split(" ", 1)[0] for line in text.split("\n")[1:] if line and not line.startswith("answer:")]
-        chain = " -> ".join(tools)
-        if chain and chain not in chains:
-            chains.append(chain)
-    if not chains:
-        return ""
-    return "skill: " + " | ".join(chains) + " -> answer"
-
-
-def random_retriever(bank_texts: list[str], j: int, seed: int):
-    """The `lopd_random_retrieval` control: J bank rows drawn at random per task, the same rows for the same
-    task and seed (so a resumed run reads the same latents)."""
-    texts = list(bank_texts)
-
-    def retrieve(tasks: list[Task]) -> list[list[str]]:
-        out = []
-        for t in tasks:
-            digest = hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()
-            rng = random.Random(int(digest[:12], 16))
-            out.append(rng.sample(texts, min(j, len(texts))))
-        return out
-
-    return retrieve
-
-
-def text_contexts(spec: MethodSpec, tasks: list[Task], trajs: list, per_task: list[list[str]],
-                  group_size: int) -> list[str | None] | None:
-    """What the teacher reads as text, per trajectory (None: no signal for that trajectory); None for the
-    methods whose teacher reads latents or nothing."""
-    kind = spec.teacher_context
-    if kind in ("latent", "none"):
-        return None
-    if kind == "sibling":
-        return sibling_texts(trajs, group_size)
-    out: list[str | None] = []
-    for i in range(len(trajs)):
-        g = i // group_size
-        if kind == "text_experience":
-            out.append("\n".join(per_task[g]))  # joined as the chat format joins experiences
-        elif kind == "golden":
-            out.append(golden_text(tasks[g]))
-        else:  # skill
-            out.append(skill_text(per_task[g]))
-    return out
-
-
-def ema_copy(model):
-    """A frozen copy of the student that `update_ema` keeps as an exponential moving average."""
-    import copy
-
-    return copy.deepcopy(model).eval().requires_grad_(False)
-
-
-def update_ema(ema, model, decay: float) -> None:
-    """θ_ema ← decay·θ_ema + (1 − decay)·θ, parameter by parameter (the copies share their layout)."""
-    import torch
-
-    with torch.no_grad():
-        for e, p in zip(ema.parameters(), model.parameters(), strict=True):
-            e.lerp_(p.detach().to(e.dtype), 1.0 - decay)

@@ -20,6 +20,7 @@ from lopd_core.bank import ExperienceBank, read_bank
 from lopd_core.config import Params, RetrievalSettings
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import margin as MG
 from lopd_core.lopd import methods as M
 from lopd_core.lopd.coldstart import train_coldstart
@@ -68,8 +69,8 @@ def method_retriever(spec, bank: ExperienceBank | None, params: Params):
     `lopd_random_retrieval` control) or the J nearest. One rule for `lopd distill` and `lopd compare`."""
     if bank is None or not spec.uses_bank:
         return no_retrieval
-    if spec.retrieval == "random":
-        return M.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
+    if spec.teacher.retrieval == "random":
+        return B.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
     return make_retriever(bank, params.bank.retrieval)
 
 
@@ -137,7 +138,7 @@ def pricing_source(spec, bank: ExperienceBank | None, params: Params,
     copying, not experience). None where nothing is priced before step 1 (margin.py)."""
     if not rows or bank is None or not spec.needs_composer:
         return None
-    if spec.retrieval == "random":
+    if spec.teacher.retrieval == "random":
         return MG.PricingSource(rows, method_retriever(spec, bank, params))
     others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
     return MG.PricingSource(rows, make_retriever(bank, others))
@@ -160,7 +161,7 @@ def run_coldstart(params: Params, log=print) -> dict:
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
     with pretraining_retriever(params, trajectories) as retriever:
-        rows = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
+        run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
                                max_experience_tokens=params.composer.max_experience_tokens, log=log)
@@ -171,7 +172,8 @@ def run_coldstart(params: Params, log=print) -> dict:
         torch.save(composer.state_dict(), tmp)
         tmp.replace(out)
     D.barrier()
-    return {"successes": len(successes), "first": rows[0], "last": rows[-1], "out": str(out)}
+    return {"successes": len(successes), "first": run.rows[0], "last": run.rows[-1],
+            "skipped_updates": run.skipped_updates, "out": str(out)}
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
@@ -195,9 +197,9 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
     composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
                              mean_embedding_norm(model))
     seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
-    priced = M.resolve_method(params.lopd, params.baselines).margin is None  # `lopd.margin: auto`
+    priced = M.resolve_method(params.lopd, params.baselines).composer.margin is None  # `lopd.margin: auto`
     pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)
-    grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.retrieval != "random")
+    grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.teacher.retrieval != "random")
     if grows:  # the stage's own copy of its input bank, grown in place (growing_bank.py)
         parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
         params = dataclasses.replace(params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent),

@@ -1,5 +1,5 @@
 """The pieces of one LOPD training step (DESIGN §3, steps 2-5): typed containers between the phases and pure
-functions for their arithmetic. `Distiller.update` (trainer.py) composes them in the order of the algorithm:
+functions for their arithmetic. `update.update` (update.py) composes them in the order of the algorithm:
 
   rollout_batch      trajectories -> `RolloutBatch`: ids, masks, sampling log-probs, advantages, normalisers
   score_teacher      step 2 on some rows -> `TeacherScores` (graph to the latents when the caller keeps one);
@@ -7,7 +7,7 @@ functions for their arithmetic. `Distiller.update` (trainer.py) composes them in
   student_token_loss step 3: the student's per-token loss for its `StudentLoss` (resolved once per run)
   composer_terms     step 4: per-token KL(sg[p_S,old] ‖ p_T,φ) and per-trajectory δ(τ) on the same scores
   StepSums           each chunk's share of the batch's means, and per-trajectory sums for the diagnostics
-  StepResult         the dashboard row (plots/distill.csv), the diagnostics row and the per-trajectory gaps
+  StepResult         the dashboard row (dashboard.py), the diagnostics row, the per-trajectory gaps, the rollouts
 
 What each mean is divided by, and why:
   * the student loss and the composer's KL are token means over the whole batch (every rank's tokens): each
@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,6 +35,9 @@ from lopd_core import distributed as D
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.prefix import score_actions_shared
 from lopd_core.lopd.teacher import Framing, action_logits, build_batch
+
+if TYPE_CHECKING:
+    from lopd_core.lopd.dashboard import DashboardRow
 
 STUDENT_LOSSES = ("topk", "full", "sampled", "grpo", "grpo+kl")
 
@@ -244,18 +248,19 @@ class StudentLoss:
 
     @classmethod
     def resolve(cls, method, lopd, baselines) -> StudentLoss:
-        """`method` a resolved MethodSpec; `lopd`, `baselines` the config sections (checked at load)."""
-        distills = method.loss in ("reverse_kl", "reverse_kl+grpo")
-        kind = lopd.student_loss if distills else method.loss
+        """`method` a resolved MethodSpec (its `student` part is read); `lopd`, `baselines` the config sections
+        (checked at load)."""
+        setup = method.student
+        kind = lopd.student_loss if setup.distills else setup.loss
         if kind not in STUDENT_LOSSES:
             raise ValueError(f"unknown student loss {kind!r}; expected one of {', '.join(STUDENT_LOSSES)}")
-        if distills and method.kl_mix > 0 and kind != "topk":
-            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {method.kl_mix:g}) is a top-k loss, "
+        if setup.distills and setup.kl_mix > 0 and kind != "topk":
+            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {setup.kl_mix:g}) is a top-k loss, "
                              f"got lopd.student_loss={kind!r}")
         return cls(kind, lopd.importance_cap if lopd.importance_weight else None, baselines.grpo_clip,
-                   method.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
-                   baselines.rl_weight if method.loss == "reverse_kl+grpo" else 0.0,
-                   method.kl_mix if distills else 0.0)
+                   setup.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
+                   baselines.rl_weight if setup.loss == "reverse_kl+grpo" else 0.0,
+                   setup.kl_mix if setup.distills else 0.0)
 
     @property
     def reads_sample_logprobs(self) -> bool:
@@ -264,6 +269,11 @@ class StudentLoss:
     @property
     def reads_teacher_logits(self) -> bool:
         return self.kind == "full"
+
+    @property
+    def needs_pg_advantage(self) -> bool:
+        """A policy-gradient term (GRPO, Skill-SD, lopd_rl's): the batch carries group-relative advantages."""
+        return self.kind in ("grpo", "grpo+kl") or self.rl_weight > 0
 
 
 def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: StudentTargets | None,
@@ -361,12 +371,10 @@ class StepSums:
 
 @dataclass
 class StepResult:
-    """What one update reports. Read as attributes; the probes under benchmarks/ also read it as a mapping."""
+    """What one update reports."""
 
-    row: dict  # plots/distill.csv (CSV_COLUMNS)
-    diagnostics: dict  # plots/distill_diagnostics.csv (DIAGNOSTIC_COLUMNS)
+    row: DashboardRow  # plots/distill.csv (dashboard.py)
+    diagnostics: dict  # plots/distill_diagnostics.csv (dashboard.DIAGNOSTIC_COLUMNS)
     trajectory_gaps: list[float]  # per trajectory (every rank's, in task order): mean log p_T,φ − log p_S,old
     trajectory_kl: list[float]  # per trajectory: mean KL(p_S,old ‖ p_T,φ) over its action tokens
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
+    trajectories: list = field(default_factory=list)  # this rank's rollouts of the step (a growing bank's input)

@@ -5,7 +5,7 @@ nothing left to pull it toward. `cycle.refresh_teacher` moves θ̄ to the promot
 moves it within a stage, and only when a held-out check shows the student ahead — gated, not on a clock, so a
 student that has not overtaken its teacher never teaches itself.
 
-The check (`Distiller._refresh_check`, every `baselines.refresh_check_every` steps):
+The check (`refresh_check`, every `baselines.refresh_check_every` steps):
   * tasks: `baselines.refresh_check_n` train-split tasks of the deployment worlds from their own seed stream
     (`check_tasks`), the same tasks at every check. The check decides what trains next, so it reads no test_id or
     test_ood task (those stay the final evaluation's); its own stream keeps it apart from the training batches
@@ -33,7 +33,8 @@ cycle.refresh_teacher does; its cached encodings and φ0's cached anchor latents
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +45,10 @@ from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 REFRESH_SEED_OFFSET = 303  # the check's tasks come from their own seed stream (training draws seed + 17, bank 101)
 METRICS = ("success", "reward")
+
+if TYPE_CHECKING:
+    from lopd_core.lopd.step import StepResult
+    from lopd_core.lopd.trainer import Distiller
 
 
 @dataclass(frozen=True)
@@ -116,3 +121,34 @@ def _merge_adapter_into_base(peft_model) -> None:
             base = module.get_base_layer()
             base.weight.add_(module.get_delta_weight(name).to(base.weight.dtype))
             module.reset_lora_parameters(name, True)
+
+
+def refresh_check(d: Distiller, out: StepResult) -> None:
+    """The held-out check after this step, and θ̄ ← student where the student is ahead (module docstring). The
+    teacher base is scored once; after a refresh its score is the student's. Fills the step's row and
+    diagnostics with the check's figures."""
+    b = d.params.baselines
+    student = d.refresh_scorer(d.student)
+    if d.state.refresh_teacher_score is None:
+        with d.teacher.active() as lm:
+            teacher = d.refresh_scorer(lm)
+    else:
+        teacher = CheckScore(**d.state.refresh_teacher_score)
+    refreshed = should_refresh(student, teacher, metric=b.refresh_metric, min_gain=b.refresh_min_gain)
+    if refreshed:
+        if refresh_teacher_weights(d.trainable, d.student, d.teacher):
+            d.opt_theta.state.clear()  # a fresh adapter: the old one's moments do not apply
+        d.encoder.cache.clear()  # encodings and φ0's latents of the old base
+        d.clear_anchor_cache()
+        d.state.teacher_refreshes += 1
+    d.state.refresh_teacher_score = (student if refreshed else teacher).to_dict()
+    d.state.refresh_checks.append({"step": d.state.step, "metric": b.refresh_metric, "student": student.to_dict(),
+                                   "teacher": teacher.to_dict(), "refreshed": refreshed})
+    out.row = replace(out.row, teacher_refreshes=d.state.teacher_refreshes)
+    out.diagnostics.update(refresh_student=student.value(b.refresh_metric),
+                           refresh_teacher=teacher.value(b.refresh_metric))
+    d.log(f"distill: step {d.state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
+          f"{b.refresh_metric}): student {student.value(b.refresh_metric):.3f} vs teacher base "
+          f"{teacher.value(b.refresh_metric):.3f} -> "
+          + (f"refreshed (θ̄ ← student, refresh {d.state.teacher_refreshes})" if refreshed else
+             f"kept (needs a gain > {b.refresh_min_gain:g})"))

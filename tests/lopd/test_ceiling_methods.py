@@ -130,8 +130,9 @@ def test_meaningless_mixes_and_settings_fail_at_load(overrides, fragments):
 
 
 def test_the_configs_method_families_are_the_methods_table():
-    assert set(KL_MIX_METHODS) == {n for n, s in M.METHODS.items() if s.kl_mix > 0}
-    assert set(FORWARD_KL_METHODS) == {n for n, s in M.METHODS.items() if s.kl_mix == 1.0}
+    assert set(KL_MIX_METHODS) == {n for n, s in M.METHODS.items() if s.student.kl_mix > 0} == set(M.KL_MIX_METHODS)
+    assert set(FORWARD_KL_METHODS) == {n for n, s in M.METHODS.items() if s.student.kl_mix == 1.0}
+    assert set(FORWARD_KL_METHODS) == set(M.FORWARD_KL_METHODS)
 
 
 def test_every_new_method_is_in_params_yaml_and_its_presets():

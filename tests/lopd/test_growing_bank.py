@@ -24,10 +24,10 @@ def test_student_successes_join_the_bank_every_n_steps(tmp_path, tiny_tokenizer)
     trajs = _successes(tiny_tokenizer, 12, seed=3)
     bank = ExperienceBank(tmp_path / "bank" / "experience.parquet", index_dir=tmp_path / "index")
     growth = BankGrowth(bank, every=2, min_reward=1.0, cycle=4, total_steps=3, log=lambda *_: None)
-    distiller = SimpleNamespace(state=SimpleNamespace(step=0), last_trajectories=[])
+    distiller = SimpleNamespace(state=SimpleNamespace(step=0))
     for step, batch in enumerate((trajs[:4], trajs[4:8], trajs[8:] + trajs[:2]), start=1):
-        distiller.state.step, distiller.last_trajectories = step, batch
-        growth(distiller, None)
+        distiller.state.step = step
+        growth(distiller, SimpleNamespace(trajectories=batch))
         if step == 1:
             assert len(bank) == 0  # not yet: every 2 steps
     assert [r["step"] for r in growth.refreshes] == [2, 3]  # every 2 steps, and at the stage's end

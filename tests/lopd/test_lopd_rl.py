@@ -42,5 +42,5 @@ def test_lopd_rl_is_lopds_loss_plus_the_weighted_grpo_term():
 def test_lopd_rl_is_a_method_of_the_one_loop_with_its_weight_in_baselines():
     params = load_params("params.yaml", ["lopd.method=lopd_rl", "baselines.rl_weight=0.5"])
     spec = resolve_method(params.lopd, params.baselines)
-    assert spec.teacher_context == "latent" and spec.composer_trainable and spec.uses_bank
+    assert spec.teacher.context == "latent" and spec.composer.trainable and spec.uses_bank
     assert params.baselines.rl_weight == 0.5

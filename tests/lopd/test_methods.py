@@ -4,7 +4,10 @@ composer moves only where φ learns, β only where it acts, and a group without 
 
 import copy
 import math
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch
 from lopd_core.config import Params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
+from lopd_core.lopd import baselines as B
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import trainer as trainer_mod
@@ -48,25 +52,41 @@ def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
                                    "sharpened_teacher", "lopd_random_retrieval", "lopd_rl", "lopd_then_grpo",
                                    "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl"}
     p = Params()
-    assert M.method_spec("sharpened_teacher", p.baselines).teacher_temperature == 0.5
-    assert M.method_spec("sdpo", p.baselines).teacher_weights == "ema"
+    assert M.method_spec("sharpened_teacher", p.baselines).teacher.temperature == 0.5
+    assert M.method_spec("sdpo", p.baselines).teacher.weights == "ema"
     assert not M.method_spec("grpo").needs_teacher_pass and not M.method_spec("grpo").uses_bank
     with pytest.raises(ValueError, match="unknown method"):
         M.method_spec("ppo")
 
 
+def test_the_methods_table_is_a_leaf_the_configuration_can_import():
+    # lopd_core.config validates lopd.method against METHOD_NAMES: importing the table must not load the
+    # configuration (a cycle), torch or the trainer
+    code = ("import sys, lopd_core.lopd.methods as m; "
+            "print(sorted(k for k in sys.modules if k.startswith(('lopd_core.', 'torch'))))")
+    root = Path(__file__).resolve().parents[2]  # `python -c` puts its working folder on the path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert out.strip() == "['lopd_core.lopd', 'lopd_core.lopd.methods', 'lopd_core.offline']"
+
+
+def test_every_text_context_has_one_builder():
+    text = {c for c in M.TEACHER_CONTEXTS if c not in ("latent", "none")}
+    assert set(B.CONTEXT_BUILDERS) == text
+    assert {s.teacher.context for s in M.METHODS.values()} <= set(M.TEACHER_CONTEXTS)
+
+
 def test_skill_text_keeps_the_tool_sequence_only():
     exp = [("[aurora] pay Bob 5\nlookup_contact {\"name\": \"Bob\"} -> {\"id\": \"c1\"}\n"
             "bank_transfer {\"to\": \"c1\"} -> ok\nanswer: done")]
-    assert M.skill_text(exp * 2) == "skill: lookup_contact -> bank_transfer -> answer"
-    assert M.skill_text([]) == ""
+    assert B.skill_text(exp * 2) == "skill: lookup_contact -> bank_transfer -> answer"
+    assert B.skill_text([]) == ""
 
 
 def test_random_retrieval_is_seeded_per_task():
     tasks = make_tasks("toolworld", "train", 3, seed=5)
-    r = M.random_retriever([f"row {i}" for i in range(20)], 3, seed=1)
+    r = B.random_retriever([f"row {i}" for i in range(20)], 3, seed=1)
     assert r(tasks) == r(list(tasks)) and len(r(tasks)[0]) == 3
-    assert r(tasks) != M.random_retriever([f"row {i}" for i in range(20)], 3, seed=2)(tasks)
+    assert r(tasks) != B.random_retriever([f"row {i}" for i in range(20)], 3, seed=2)(tasks)
 
 
 @pytest.fixture(scope="module")
@@ -102,34 +122,43 @@ def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method):
     return d
 
 
+def _moved(module, before: dict) -> set[str]:
+    return {n for n, p in module.named_parameters() if n in before and not torch.equal(p, before[n])}
+
+
+def _unmoved(module, before: dict) -> set[str]:
+    return set(before) - _moved(module, before)
+
+
 @pytest.mark.parametrize("method", M.METHOD_NAMES)
 def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, method):
     tasks, trajs, retriever = batch
     d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method)
     spec = d.method
-    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters() if p.requires_grad}
+    frozen0 = {n: p.detach().clone() for n, p in d.teacher.lm.named_parameters() if not p.requires_grad}
     phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
-    ema0 = [p.detach().clone() for p in d.ema_lm.parameters()] if d.ema_lm is not None else None
+    ema0 = {n: p.detach().clone() for n, p in d.ema_lm.named_parameters()} if d.ema_lm is not None else {}
     out = d.update(tasks, trajs)
-    row = out["row"]
-    assert math.isfinite(row["distill_loss"]) and d.state.skipped_updates == 0
-    moved = [n for n, p in d.trainable.named_parameters() if not torch.equal(p, theta0[n])]
-    assert len(moved) >= len(theta0) // 2, moved  # the student learned (every method has a signal here)
-    phi_moved = any(not torch.equal(p, phi0[n]) for n, p in d.composer.named_parameters())
-    assert phi_moved == spec.composer_trainable
-    assert (d.state.beta != 0.5) == spec.composer_trainable or row["delta"] == pytest.approx(d.margin)
-    if spec.teacher_context == "latent":
-        assert row["latent_norm_ratio"] == pytest.approx(1.0, rel=1e-3)
+    row = out.row
+    assert math.isfinite(row.distill_loss) and d.state.skipped_updates == 0
+    # every parameter that learns moved (every method has a signal here), and none that is frozen did
+    assert theta0 and _unmoved(d.trainable, theta0) == set(), "student parameters that did not move"
+    assert _moved(d.teacher.lm, frozen0) == set(), "the frozen teacher's weights moved"
+    phi_unmoved = _unmoved(d.composer, phi0)
+    assert phi_unmoved == (set(phi0) if not spec.composer.trainable else set()), phi_unmoved
+    assert _unmoved(d.ema_lm, ema0) == set() if ema0 else d.ema_lm is None
+    assert (d.state.beta != 0.5) == spec.composer.trainable or row.delta == pytest.approx(d.margin)
+    if spec.teacher.context == "latent":
+        assert row.latent_norm_ratio == pytest.approx(1.0, rel=1e-3)
     if not d.teacher_pass:
-        assert math.isnan(row["delta"])
+        assert math.isnan(row.delta)
     else:  # δ̄ = mean over trajectories of A(τ) g(τ), from the per-trajectory gaps the update returns
-        gaps = torch.tensor(out["trajectory_gaps"], dtype=torch.float64)
+        gaps = torch.tensor(out.trajectory_gaps, dtype=torch.float64)
         n = torch.tensor([sum(t.action_mask[1:]) for t in trajs], dtype=torch.float64)
         adv = L.advantages(torch.tensor([t.reward for t in trajs])).double()
         assert len(gaps) == len(trajs) and gaps.abs().sum() > 0
-        assert row["delta"] == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
-    if ema0 is not None:
-        assert any(not torch.equal(a, b) for a, b in zip(ema0, d.ema_lm.parameters()))
+        assert row.delta == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
 
 
 def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_tokenizer, batch, tmp_path):
@@ -139,8 +168,8 @@ def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_toke
         t.success = False
     d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, "sdpo")
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
-    row = d.update(tasks, failed)["row"]
-    assert row["distill_loss"] == 0.0
+    row = d.update(tasks, failed).row
+    assert row.distill_loss == 0.0
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
 
 
@@ -149,9 +178,9 @@ def test_text_experience_teacher_reads_the_retrieved_text(tiny_model, tiny_token
     # turn, so its log-probs equal a plain forward of the frozen base over that conversation.
     tasks, trajs, retriever = batch
     spec = M.method_spec("text_experience")
-    contexts = M.text_contexts(spec, tasks, trajs, retriever(tasks), 2)
+    contexts = B.text_contexts(spec, tasks, trajs, retriever(tasks), 2)
     assert contexts[0] == "\n".join(retriever(tasks)[0])
-    golden = M.text_contexts(M.method_spec("opsd"), tasks, trajs, retriever(tasks), 2)
+    golden = B.text_contexts(M.method_spec("opsd"), tasks, trajs, retriever(tasks), 2)
     assert golden[0] == golden[1] and golden[0].startswith(tasks[0].instruction)
-    sib = M.sibling_texts(trajs, 2)
+    sib = B.sibling_texts(trajs, 2)
     assert sib[0] == sib[1] and sib[2] is None and sib[3] is None  # group 0's success, group 1 has none

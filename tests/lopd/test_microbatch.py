@@ -4,7 +4,7 @@ the whole batch (every loss is normalised by the whole batch's token count, so c
 whole-batch gradient). Uses the tiny fixtures and the Distiller construction of tests/lopd/test_trainer.py."""
 
 import copy
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -80,7 +80,7 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
         for n, p in getattr(chunked, name).named_parameters():
             torch.testing.assert_close(p, a[n], atol=1e-7, rtol=1e-5, msg=f"{name}.{n}")
     assert any(not torch.equal(p, theta0[n]) for n, p in chunked.trainable.named_parameters() if n in theta0)
-    ra, rb = out_a["row"], out_b["row"]
+    ra, rb = asdict(out_a.row), asdict(out_b.row)
     assert ra["anchor"] > 0 and ra["kl_phi"] > 1e-4 and ra["delta"] != 0
     assert ra.keys() == rb.keys()
     for k in ra:
@@ -88,7 +88,7 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
             assert rb[k] == pytest.approx(ra[k], rel=2e-5, abs=1e-7), k
     assert chunked.state.beta == pytest.approx(whole.state.beta, rel=1e-6)
     for k in ("margin_success", "margin_failure", "latent_norm"):
-        assert out_b["diagnostics"][k] == pytest.approx(out_a["diagnostics"][k], rel=1e-5, abs=1e-6), k
+        assert out_b.diagnostics[k] == pytest.approx(out_a.diagnostics[k], rel=1e-5, abs=1e-6), k
 
 
 def test_tail_logsumexp_is_the_tail_of_topk_support_logprobs():
@@ -116,7 +116,7 @@ def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whol
     for n, p in part.trainable.named_parameters():
         torch.testing.assert_close(p, a[n], atol=1e-7, rtol=1e-5, msg=n)
     for k in ("delta", "kl_phi", "distill_loss"):
-        assert out_b["row"][k] == pytest.approx(out_a["row"][k], rel=2e-5, abs=1e-7), k
+        assert getattr(out_b.row, k) == pytest.approx(getattr(out_a.row, k), rel=2e-5, abs=1e-7), k
     assert part.state.beta == pytest.approx(full.state.beta, rel=1e-6)
     moved = [n for n, p in part.composer.named_parameters() if not torch.equal(p, phi0[n])]
     assert moved, "the picked chunk must still train the composer"
@@ -151,7 +151,7 @@ def test_sharing_the_prompt_changes_no_update(tiny_model, tiny_tokenizer, batch,
         a = dict(getattr(plain, name).named_parameters())
         for n, p in getattr(shared, name).named_parameters():
             torch.testing.assert_close(p, a[n], atol=1e-6, rtol=1e-4, msg=f"{name}.{n}")
-    ra, rb = out_a["row"], out_b["row"]
+    ra, rb = asdict(out_a.row), asdict(out_b.row)
     assert ra["kl_phi"] > 1e-4
     for k in ra:
         if k != "step_seconds":

@@ -11,6 +11,7 @@ Uses the tiny fixtures of tests/conftest.py and the six-trajectory batch of test
 
 import copy
 import csv
+import dataclasses
 import math
 from dataclasses import replace
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from _batches import oracle_texts, six_trajectories, step_params
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.lopd import losses as L
 from lopd_core.lopd import margin as MG
+from lopd_core.lopd import margin_pricing
 from lopd_core.lopd import methods as M
 from lopd_core.lopd import trainer as trainer_mod
 from lopd_core.lopd.composer import Composer, mean_embedding_norm
@@ -109,10 +111,10 @@ def test_auto_prices_on_the_first_steps_successes_without_stored_ones(tmp_path, 
     assert d.margin is None
     out = d.update(tasks, trajs)
     gap = _success_gap(out)
-    assert gap > 0 and d.margin == pytest.approx(gap, abs=1e-6) and out.row["margin"] == d.margin
+    assert gap > 0 and d.margin == pytest.approx(gap, abs=1e-6) and out.row.margin == d.margin
     assert d.state.margin_pricing["source"] == "step 1 successes"
     # the step's dual ascent used the priced m
-    assert d.state.beta == pytest.approx(max(0.0, 0.5 + 0.5 * (d.margin - out.row["delta"])), abs=1e-6)
+    assert d.state.beta == pytest.approx(max(0.0, 0.5 + 0.5 * (d.margin - out.row.delta)), abs=1e-6)
 
 
 def test_a_gap_at_or_below_zero_prices_zero_and_says_so(tmp_path, tiny_model, tiny_tokenizer, batch, monkeypatch):
@@ -120,7 +122,7 @@ def test_a_gap_at_or_below_zero_prices_zero_and_says_so(tmp_path, tiny_model, ti
     logs = []
     d = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever),
                    log=logs.append)
-    monkeypatch.setattr(d, "_seed_gap", lambda rows, retriever: (-0.004, len(rows)))
+    monkeypatch.setattr(margin_pricing, "seed_gap", lambda d, rows, retriever: (-0.004, len(rows)))
     d.price_margin()
     assert d.margin == 0.0 and any("cannot be met by privilege" in line for line in logs)
     failed = [copy.copy(t) for t in trajs]
@@ -128,7 +130,7 @@ def test_a_gap_at_or_below_zero_prices_zero_and_says_so(tmp_path, tiny_model, ti
         t.success = False
     e = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer, retriever, log=logs.append)
     out = e.update(tasks, failed)  # step 1 has no success to price on
-    assert e.margin == 0.0 and out.row["margin"] == 0.0 and math.isnan(out.row["delta_success"])
+    assert e.margin == 0.0 and out.row.margin == 0.0 and math.isnan(out.row.delta_success)
     assert any("no successful trajectory" in line for line in logs)
 
 
@@ -148,7 +150,7 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
     _, trajs, retriever = batch
     params = _params(tmp_path)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever))
-    monkeypatch.setattr(d, "_seed_gap", lambda rows, retriever: (0.03, len(rows)))
+    monkeypatch.setattr(margin_pricing, "seed_gap", lambda d, rows, retriever: (0.03, len(rows)))
     trainer_mod.run_distill(d)
     assert d.margin == pytest.approx(0.015)
     resumed = _distiller(params, tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever))
@@ -156,7 +158,7 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
     def reprice(*_a):
         raise AssertionError("a resumed run re-priced its margin")
 
-    monkeypatch.setattr(resumed, "_seed_gap", reprice)
+    monkeypatch.setattr(margin_pricing, "seed_gap", reprice)
     trainer_mod.run_distill(resumed, steps=2)
     assert resumed.state.step == 2 and resumed.margin == pytest.approx(0.015)
     assert resumed.state.margin_pricing == d.state.margin_pricing
@@ -175,16 +177,16 @@ def test_the_csv_has_the_margin_and_deltas_parts(tmp_path, tiny_model, tiny_toke
     d = _distiller(_params(tmp_path, margin=0.05), tiny_model, tiny_tokenizer, retriever)
     out = d.update(tasks, trajs)
     row = out.row
-    assert row["margin"] == 0.05
+    assert row.margin == 0.05
     # continuous A = 2r − 1 is 1 on a success: δ's success part is the successes' mean gap
-    assert row["delta_success"] == pytest.approx(_success_gap(out), abs=1e-6)
+    assert row.delta_success == pytest.approx(_success_gap(out), abs=1e-6)
     advantage = [2 * r - 1 for r in (1.0, 0.0, 0.5, 1.0, 0.0, 0.25)]
     failures = [i for i in range(6) if i not in SUCCESSES]
-    assert row["delta_failure"] == pytest.approx(
+    assert row.delta_failure == pytest.approx(
         sum(advantage[i] * out.trajectory_gaps[i] for i in failures) / len(failures), abs=1e-6)
     # δ̄ is one vote per trajectory: the parts mixed by their trajectory counts
-    assert row["delta"] == pytest.approx((2 * row["delta_success"] + 4 * row["delta_failure"]) / 6, abs=1e-6)
-    trainer_mod._write_rows(tmp_path / "d.csv", cols, [{**row, "delta_success": math.nan}])
+    assert row.delta == pytest.approx((2 * row.delta_success + 4 * row.delta_failure) / 6, abs=1e-6)
+    trainer_mod._write_rows(tmp_path / "d.csv", cols, [{**dataclasses.asdict(row), "delta_success": math.nan}])
     frame = pd.read_csv(tmp_path / "d.csv")
     assert list(frame.columns) == cols and math.isnan(frame["delta_success"][0])
 

@@ -74,8 +74,9 @@ def test_the_importance_weight_loads_where_it_weighs_a_sampled_token():
     assert load_params("params.yaml", ["lopd.importance_weight=true", "lopd.method=skill_sd"]).lopd.method == "skill_sd"
     assert load_params("params.yaml", ["lopd.low_memory=true", "lopd.teacher_micro_batch=2"]).lopd.low_memory
     # the config's method families are the methods table's
-    assert set(POLICY_GRADIENT_METHODS) == {n for n, s in M.METHODS.items() if s.loss in ("grpo", "grpo+kl")}
-    assert set(SAMPLED_KL_METHODS) == {n for n, s in M.METHODS.items() if s.loss == "grpo+kl"}
+    assert set(POLICY_GRADIENT_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss in ("grpo", "grpo+kl")}
+    assert set(SAMPLED_KL_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss == "grpo+kl"}
+    assert (POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS) == (M.POLICY_GRADIENT_METHODS, M.SAMPLED_KL_METHODS)
 
 
 def test_the_trainer_rejects_a_section_built_by_hand(tmp_path, tiny_model, tiny_tokenizer, batch):
@@ -119,7 +120,7 @@ def test_grpo_ratio_is_against_the_sampling_logprobs(tmp_path, tiny_model, tiny_
     ratio_one = L.clipped_policy_loss(current, current, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
     assert abs(float(expected - ratio_one)) > 1e-3  # what the step used to compute differs
     row = d.update(tasks, shifted).row
-    assert row["distill_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+    assert row.distill_loss == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
 
 
 # --- c. δ̄ over trajectories ----------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def test_delta_bar_is_the_mean_over_trajectories(tmp_path, tiny_model, tiny_toke
     per_trajectory = float((adv * gaps)[n > 0].mean())  # one vote per trajectory
     token_mean = float((n * adv * gaps).sum() / n.sum())  # what the step used to log
     assert len(set(n.tolist())) > 1 and abs(per_trajectory - token_mean) > 1e-4  # the two differ here
-    assert out.row["delta"] == pytest.approx(per_trajectory, rel=1e-4, abs=1e-7)
+    assert out.row.delta == pytest.approx(per_trajectory, rel=1e-4, abs=1e-7)
 
 
 # --- d. no experience, no block ------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, 
     params = _params(tmp_path, method="lopd_no_margin")
     assert params.lopd.margin == 0.05
     d = _distiller(params, tiny_model, tiny_tokenizer, batch[2])
-    assert d.method.margin == 0.0 and d.margin == 0.0 and d.method.anchor_weight == params.lopd.anchor_weight
+    assert d.method.margin == 0.0 and d.margin == 0.0 and d.method.composer.anchor_weight == params.lopd.anchor_weight
     assert M.resolve_method(params.lopd, params.baselines).margin == 0.0
 
     from flows.pipeline_cli import cmd_report
