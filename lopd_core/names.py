@@ -1,21 +1,14 @@
-"""The names a configuration may use, as plain data: methods, BFCL categories, ACEBench categories and groups.
+"""The names a configuration may use, as plain data: BFCL categories, ACEBench categories and groups.
 
 Why a module of its own: `lopd_core.config` validates these names at load time, and it must stay a leaf —
 importing the trainer or the benchmark loaders to learn a list of strings would make every command that reads
 params.yaml load most of the library, and would let the lower layers (model/, envs/) reach the trainer through
-the configuration. The modules that own these names (lopd/methods.py, benchmarks/bfcl/data.py,
-benchmarks/acebench/data.py) keep defining them; tests/pipeline/test_config.py checks that the copies here equal theirs,
-so the two cannot drift apart unnoticed.
+the configuration. The method names are not here: lopd/methods.py imports nothing, so the config reads its
+table directly. The benchmark modules (benchmarks/bfcl/data.py, benchmarks/acebench/data.py) load data files, so
+their names are copied here and tests/pipeline/test_config.py checks that the copies equal theirs.
 
 Imports nothing.
 """
-
-# lopd_core/lopd/methods.py: METHOD_NAMES (the order is the order reports list them in)
-METHOD_NAMES = (
-    "lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience", "lopd_frozen_composer", "lopd_no_margin",
-    "lopd_no_anchor", "sharpened_teacher", "lopd_random_retrieval", "lopd_rl", "lopd_then_grpo",
-    "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl",
-)
 
 # lopd_core/benchmarks/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
 BFCL_CATEGORIES = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lopd_core.names import METHOD_NAMES
+from lopd_core.lopd.methods import METHOD_NAMES
 from lopd_core.settings.checks import (
     MARGIN_AUTO,
     ConfigError,
