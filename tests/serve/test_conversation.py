@@ -1,0 +1,40 @@
+"""Rendering and replies in ids: a served conversation's ids are the rollout engine's for the same turns, and a
+sampled tool call comes back as OpenAI `tool_calls` only for a declared tool."""
+
+from __future__ import annotations
+
+import json
+
+from lopd_core.model.chat import ChatCodec
+from lopd_serve.conversation import call_text, parse_messages, render, reply
+from lopd_serve.protocol import ChatRequest
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_render_matches_the_engine_layout(tiny_tokenizer):
+    chat = ChatCodec(tiny_tokenizer)
+    call = {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"key": "a"})}}
+    req = ChatRequest(messages=[{"role": "system", "content": "tools: lookup(key)"},
+                                {"role": "user", "content": "find a"},
+                                {"role": "assistant", "content": None, "tool_calls": [call]},
+                                {"role": "tool", "content": "7"}], tools=TOOLS)
+    ids = render(chat, parse_messages(req, max_messages=10))
+    # what the rollout engine builds for the same episode: start, the action closed by <|im_end|>, observation
+    expected = chat.start("tools: lookup(key)", "find a").token_ids
+    expected += chat.action_ids(call_text("lookup", {"key": "a"})) + chat.observation_ids("7")
+    assert ids.token_ids == expected and not any(ids.action_mask)
+
+
+def test_reply_maps_calls_to_declared_tools_only(tiny_tokenizer):
+    chat = ChatCodec(tiny_tokenizer)
+    sampled = chat.action_ids(call_text("lookup", {"key": "a"}))
+    message, finish, _ = reply(chat, sampled, stopped=True, declared={"lookup"}, tool_choice="auto")
+    assert finish == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "lookup"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"key": "a"}
+    message, finish, _ = reply(chat, sampled, stopped=True, declared={"other"}, tool_choice="auto")
+    assert finish == "stop" and "lookup" in message["content"]  # never a call to an undeclared tool
+    message, finish, _ = reply(chat, sampled, stopped=True, declared={"lookup"}, tool_choice="none")
+    assert finish == "stop" and message["content"]
+    message, finish, _ = reply(chat, chat.encode("partial"), stopped=False, declared=set(), tool_choice=None)
+    assert finish == "length"
