@@ -73,9 +73,9 @@ class ServeConfig:
     @staticmethod
     def from_dict(raw: dict) -> ServeConfig:
         known = {f.name: f for f in fields(ServeConfig)}
-        for key in raw:
+        for key, value in raw.items():
             if key not in known:
-                raise ServeConfigError(f"serve.{key}: unknown key (value {raw[key]!r}); expected one of: "
+                raise ServeConfigError(f"serve.{key}: unknown key (value {value!r}); expected one of: "
                                        f"{', '.join(known)}")
         values = {}
         for key, value in raw.items():

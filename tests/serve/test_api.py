@@ -93,7 +93,7 @@ def _error(response, status):
 
 def test_bad_requests_are_4xx_json(live):
     url = live.url + "/chat/completions"
-    post = lambda body, **kw: httpx.post(url, json=body, **kw)  # noqa: E731
+    post = lambda body, **kw: httpx.post(url, json=body, **kw)
     base = {"model": "tiny", "messages": first_turn(), "max_tokens": 4}
     assert _error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}),
                   400)["code"] == "invalid_json"
