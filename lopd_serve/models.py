@@ -89,8 +89,11 @@ class Registry:
         out = self.cache_dir / self.registered_model / number
         if not (out / ".complete").exists():  # a download cut short is fetched again
             out.mkdir(parents=True, exist_ok=True)
-            mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.registered_model}/{number}",
-                                                dst_path=str(out), tracking_uri=self.tracking_uri)
+            # the version's storage location, asked of this client: a `models:/` URI would be resolved against
+            # the process-wide registry URI instead of this one
+            source = self.client.get_model_version_download_uri(self.registered_model, number)
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out),
+                                                tracking_uri=self.tracking_uri)
             (out / ".complete").write_text(number)
         return out
 

@@ -1,0 +1,47 @@
+"""Hot swap from the registry: moving the `champion` alias (as the promotion gate does) makes a running server
+load the new version in the background and switch between requests, with no request failing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import LiveServer
+from tests.serve.test_end_to_end import _converse
+
+
+@pytest.mark.slow
+def test_alias_move_swaps_the_served_version(tiny_checkpoints, tmp_path):
+    from mlflow import MlflowClient
+
+    from lopd_serve.config import ServeConfig
+    from lopd_serve.server import build_app
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    registry = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    registry.create_registered_model("lopd-student")
+    first = registry.create_model_version("lopd-student", source=str(tiny_checkpoints[0])).version
+    registry.set_registered_model_alias("lopd-student", "champion", first)
+    cfg = ServeConfig.from_dict({"tracking_uri": uri, "poll_s": 0.2, "store_dir": str(tmp_path / "traces"),
+                                 "model_cache_dir": str(tmp_path / "cache"), "device": "cpu",
+                                 "max_messages": 128})
+    with LiveServer(build_app(cfg)) as live:
+        assert httpx.get(live.root + "/health").json()["model_version"] == f"lopd-student/{first}"
+        failures, versions = [], []
+        threads = [threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+        second = registry.create_model_version("lopd-student", source=str(tiny_checkpoints[1])).version
+        registry.set_registered_model_alias("lopd-student", "champion", second)  # the gate promotes
+        deadline = time.monotonic() + 60
+        while httpx.get(live.root + "/health").json()["model_version"] != f"lopd-student/{second}":
+            assert time.monotonic() < deadline, "the server never picked up the new champion"
+            time.sleep(0.1)
+        for t in threads:
+            t.join(timeout=300)
+    assert failures == []
+    assert f"lopd-student/{second}" in versions
