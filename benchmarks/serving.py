@@ -44,7 +44,29 @@ def tiny_checkpoint(folder: Path) -> Path:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(int(round(q * (len(ordered) - 1))), len(ordered) - 1)]
+    return ordered[min(round(q * (len(ordered) - 1)), len(ordered) - 1)]
+
+
+def clients(client, messages: list[dict], level: int, per_client: int, max_tokens: int):
+    """`level` threads, each sending `per_client` requests in turn; returns latencies, tokens and wall time."""
+    latencies, tokens, lock = [], [], threading.Lock()
+
+    def worker(k: int) -> None:
+        for i in range(per_client):
+            t0 = time.perf_counter()
+            r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
+                                               seed=1000 * k + i, temperature=1.0)
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+                tokens.append(r.usage.completion_tokens)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(level)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, tokens, time.perf_counter() - started
 
 
 def main() -> int:
@@ -89,27 +111,8 @@ def main() -> int:
 
     results = {}
     for level in [int(x) for x in args.levels.split(",")]:
-        latencies, tokens = [], []
-        lock = threading.Lock()
         per_client = max(args.requests // level, 1)
-
-        def worker(k: int) -> None:
-            for i in range(per_client):
-                t0 = time.perf_counter()
-                r = client.chat.completions.create(model="m", messages=messages, max_tokens=args.max_tokens,
-                                                   seed=1000 * k + i, temperature=1.0)
-                with lock:
-                    latencies.append(time.perf_counter() - t0)
-                    tokens.append(r.usage.completion_tokens)
-
-        started = time.perf_counter()
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(level)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        server_s = time.perf_counter() - started
-
+        latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
         engine_tokens, t0 = 0, time.perf_counter()
         for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
             turns = generate_turn(loaded.model, [context] * level,

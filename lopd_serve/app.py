@@ -82,6 +82,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     batcher = Batcher(window_s=cfg.batch_window_ms / 1000, max_batch=cfg.max_batch, seed=cfg.seed)
     sessions = SessionTable(cfg.max_sessions, idle_s=900.0)
     key = cfg.api_key()
+    recorded: dict[str, str] = {}  # trajectory id -> session, of what this process wrote (feedback targets)
 
     async def poll_registry():
         while True:
@@ -201,6 +202,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
             if plan.turn == 0:
                 record["tools"] = parsed.tools
             await asyncio.to_thread(store.append, record)  # on disk before the client hears of it
+            recorded[plan.trajectory_id] = session.id
             if plan.turn == 0:
                 session.ids = type(segment)()
                 session.trajectory_id, session.version, session.tools_key = (plan.trajectory_id, loaded.version,
@@ -235,6 +237,9 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
         if not trajectory_id:
             raise ApiError(404, f"session {fb.session!r}: no conversation recorded (or it was closed for "
                            "idleness: name trajectory_id)", "unknown_session", param="session")
+        if recorded.get(trajectory_id) != fb.session:  # a label must land on a conversation of that session
+            raise ApiError(404, f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} "
+                           "served by this process", "unknown_trajectory", param="trajectory_id")
         room()
         record = {"kind": "feedback", "session": fb.session, "trajectory_id": trajectory_id,
                   "reward": fb.reward, "success": fb.success, "checks": fb.checks, "time": time.time()}

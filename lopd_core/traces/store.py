@@ -157,8 +157,10 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
             row["ended"] = float(rec["time"])
         elif rec["kind"] == "feedback":
             row = rows.get(rec["trajectory_id"])
-            if row is None:
-                raise TraceStoreError(f"feedback for unknown trajectory {rec['trajectory_id']}")
+            if row is None:  # its turns are in segments moved away (after a snapshot): nothing to label here
+                warnings.warn(f"feedback for trajectory {rec['trajectory_id']} whose turns are not in this store: "
+                              "skipped", stacklevel=2)
+                continue
             row.update(labeled=True, reward=float(rec["reward"]), success=bool(rec["success"]),
                        checks=json.dumps(rec.get("checks")))  # the latest feedback wins
         else:

@@ -116,6 +116,11 @@ def test_bad_requests_are_4xx_json(live):
     assert _error(httpx.post(fb, json={"session": "fb", "reward": 1.5, "success": False}), 422)
     assert _error(httpx.post(fb, json={"session": "fb", "reward": 0.5, "success": True}), 422)
     assert _error(httpx.post(fb, json={"session": "nobody", "reward": 0.5, "success": False}), 404)
+    assert _error(httpx.post(fb, json={"session": "fb", "trajectory_id": "traj-made-up", "reward": 0.5,
+                                       "success": False}), 404)["code"] == "unknown_trajectory"
+    anonymous = post(base).json()["lopd"]  # no session named: label it by the ids the response gave
+    assert httpx.post(fb, json={"session": anonymous["session"], "trajectory_id": anonymous["trajectory_id"],
+                                "reward": 0.0, "success": False}).status_code == 200
     assert httpx.get(live.root + "/health").status_code == 200  # still serving
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lopd_core.model.chat import ChatCodec
 from lopd_serve.conversation import call_text, parse_messages, render, reply
 from lopd_serve.protocol import ChatRequest
@@ -38,3 +40,53 @@ def test_reply_maps_calls_to_declared_tools_only(tiny_tokenizer):
     assert finish == "stop" and message["content"]
     message, finish, _ = reply(chat, chat.encode("partial"), stopped=False, declared=set(), tool_choice=None)
     assert finish == "length"
+
+
+def test_an_echoed_tool_call_matches_the_reply_it_came_from(tiny_tokenizer):
+    """A client sends the call back with its own id and re-serialized arguments: still the same message."""
+    chat = ChatCodec(tiny_tokenizer)
+    sampled = chat.action_ids(call_text("lookup", {"key": "a", "n": 2}))
+    _, _, key = reply(chat, sampled, stopped=True, declared={"lookup"}, tool_choice="auto")
+    echoed = {"role": "assistant", "tool_calls": [{"id": "mine", "type": "function", "function": {
+        "name": "lookup", "arguments": '{"n":2,  "key":"a"}'}}]}
+    req = ChatRequest(messages=[{"role": "user", "content": "q"}, echoed, {"role": "tool", "content": "7"}],
+                      tools=TOOLS)
+    assert parse_messages(req, max_messages=10).keys[2] == key
+
+
+def test_a_streamed_tool_call_arrives_whole():
+    import asyncio
+
+    from lopd_serve.app import _events
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    body = {"id": "c", "created": 0, "model": "m", "system_fingerprint": "v", "lopd": {},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                         "finish_reason": "tool_calls"}], "usage": {}}
+
+    async def collect():
+        return [e async for e in _events(body, None, [], 0)]
+    events = asyncio.run(collect())
+    assert events[-1] == "data: [DONE]\n\n"
+    payloads = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert payloads[1]["choices"][0]["delta"]["tool_calls"][0]["function"] == call["function"]
+    assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("builder", ["hermes", "llama"])
+def test_a_later_user_turn_renders_as_the_models_own_template(builder):
+    """With a model's own chat template, the whole forced conversation, a second user message included, is
+    what `apply_chat_template` gives for it."""
+    from lopd_core.model.chat_template import TemplateChat
+    from lopd_core.model.loading import add_experience_tokens
+    from tests.model._foreign_tokenizers import hermes_tokenizer, llama_tokenizer
+
+    tok = {"hermes": hermes_tokenizer, "llama": llama_tokenizer}[builder]()
+    add_experience_tokens(tok)
+    chat = TemplateChat(tok)
+    messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find a"},
+                {"role": "assistant", "content": "It is 7."}, {"role": "user", "content": "and b?"}]
+    ids = render(chat, parse_messages(ChatRequest(messages=messages), max_messages=10))
+    expected = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False, **chat.template_kwargs))
+    assert ids.token_ids == expected

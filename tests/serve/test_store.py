@@ -70,3 +70,21 @@ def test_schema_catches_a_bad_record_and_snapshot_round_trips(tmp_path):
     store.append(turn("bad", 0, mask=(0, 2, 1)))  # a mask that is not 0/1
     with pytest.raises(pandera.errors.SchemaErrors):
         read_traces(tmp_path / "s")
+
+
+def test_snapshot_command_writes_traces_and_rollout_rows(tmp_path):
+    from flows.cli import main
+    from lopd_core.rollout.table import read_trajectories
+
+    store = TraceStore(tmp_path / "s", segment_bytes=10**6, max_bytes=10**7)
+    for tid in ("a", "b"):
+        store.append(turn(tid, 0))
+    store.append({"kind": "feedback", "session": "s", "trajectory_id": "b", "reward": 0.5, "success": False,
+                  "checks": None, "time": 3.0})
+    store.close()
+    assert main(["serve", "snapshot", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "t.parquet")]) == 0
+    assert len(read_snapshot(tmp_path / "t.parquet")) == 2
+    assert main(["serve", "snapshot", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "r.parquet"),
+                 "--as-trajectories"]) == 0
+    rows = read_trajectories(tmp_path / "r.parquet")  # the rollout table's own reader
+    assert list(rows["task_id"]) == ["b"] and rows["reward"][0] == 0.5 and not rows["success"][0]
