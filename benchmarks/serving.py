@@ -1,21 +1,26 @@
 """`lopd serve` against the in-process batched engine: generated tokens/s and request latency at 1, 4 and 16
 concurrent clients, in one run, on one model.
 
-Each client is a thread sending chat completions (each its own session, the same first turn, its own seed) over
-HTTP with the official openai package; the server batches what arrives within its window. The engine side runs
+The server is `lopd serve` in a process of its own; each client is a thread here sending chat completions (each
+its own session, the same first turn, its own seed) over HTTP with the official openai package; the server
+batches what arrives within its window. The engine side runs
 `generate_turn` directly on batches of the same size and the same contexts: the ratio server/engine is what
 HTTP, JSON, sessions, trace writes (fsync per request) and the batching window cost, and server c16/c1 is what
 batching buys. A tiny random model (or --model DIR) on CPU by default: the ratios, not the absolute figures, are
 what carries over.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 32] [--max-tokens 32]
+    PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] [--max-tokens 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -72,37 +77,40 @@ def clients(client, messages: list[dict], level: int, per_client: int, max_token
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", default="1,4,16")
     args = parser.parse_args()
 
+    import httpx
     import openai
     import torch
-    import uvicorn
 
     from lopd_core.rollout.engine import Sampling, generate_turn
-    from lopd_core.traces import TraceStore
-    from lopd_serve.app import create_app
-    from lopd_serve.config import ServeConfig
-    from lopd_serve.models import ModelHolder, load_checkpoint
+    from lopd_serve.models import load_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
     folder = Path(args.model) if args.model else tiny_checkpoint(work / "model")
-    cfg = ServeConfig.from_dict({"poll_s": 0.0, "store_dir": str(work / "traces"), "device": "cpu",
-                                 "max_batch": 16})
     loaded = load_checkpoint(folder, device="cpu")
-    app = create_app(cfg, ModelHolder(loaded, device="cpu"),
-                     TraceStore(cfg.store_dir, segment_bytes=cfg.store_segment_bytes, max_bytes=cfg.store_max_bytes))
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
+    # The server in a process of its own, as deployed: clients here would otherwise share its interpreter lock.
+    root = Path(__file__).resolve().parents[1]
+    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port", str(port),
+                               "--store", str(work / "traces"), "--poll-s", "0"], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    health = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(health, timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start") from None
+            time.sleep(0.2)
     url = f"http://127.0.0.1:{port}/v1"
     messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find key a"}]
     context = loaded.chat.start(messages[0]["content"], messages[1]["content"]).token_ids
@@ -128,10 +136,12 @@ def main() -> int:
             "latency_p50_s": round(statistics.median(latencies), 4),
             "latency_p95_s": round(percentile(latencies, 0.95), 4),
             "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1)}
-    server.should_exit = True
+    stats = httpx.get(health).json()
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
     levels = sorted(results)
     out = {"device": "cpu", "torch_threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
-           "batches": app.state.batcher.batches, "rows": app.state.batcher.rows, "levels": results,
+           "server_batches": stats["batches"], "server_requests": stats["batched_requests"], "levels": results,
            f"server_c{levels[-1]}_over_c{levels[0]}": round(results[levels[-1]]["server_tokens_per_s"]
                                                             / results[levels[0]]["server_tokens_per_s"], 2)}
     print(json.dumps(out, indent=2))

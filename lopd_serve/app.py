@@ -147,6 +147,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     @app.get("/health")
     async def health():
         return {"status": "ok", "model_version": holder.current.version, "sessions": len(sessions.sessions),
+                "batches": batcher.batches, "batched_requests": batcher.rows,
                 "store": {"dir": str(store.dir), "bytes": store.total_bytes, "max_bytes": store.max_bytes}}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
