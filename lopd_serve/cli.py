@@ -19,7 +19,7 @@ def _config(args):
 
     return ServeConfig.load(args.params, model=getattr(args, "model", None), host=getattr(args, "host", None),
                             port=getattr(args, "port", None), store_dir=getattr(args, "store", None),
-                            poll_s=getattr(args, "poll_s", None))
+                            poll_s=getattr(args, "poll_s", None), device=getattr(args, "device", None))
 
 
 def cmd_serve(params, args) -> int:
@@ -81,6 +81,7 @@ def add_serve_parsers(sub, add_common) -> None:
     serve.add_argument("--store", default=None, help="trace store folder (default serve.store_dir)")
     serve.add_argument("--poll-s", dest="poll_s", type=float, default=None,
                        help="seconds between checks of the registry alias (0: never)")
+    serve.add_argument("--device", default=None, help="auto (cuda when available), cpu, cuda, cuda:1, ...")
     serve.set_defaults(func=cmd_serve, resolve_envs=False)
     inner = serve.add_subparsers(dest="serve_command")
 
