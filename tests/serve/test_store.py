@@ -88,3 +88,15 @@ def test_snapshot_command_writes_traces_and_rollout_rows(tmp_path):
                  "--as-trajectories"]) == 0
     rows = read_trajectories(tmp_path / "r.parquet")  # the rollout table's own reader
     assert list(rows["task_id"]) == ["b"] and rows["reward"][0] == 0.5 and not rows["success"][0]
+
+
+def test_the_trace_library_stays_below_the_server():
+    """lopd_core/traces is library: it must not load the web framework, the tracking client or the orchestrator."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lopd_core.traces; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'starlette', 'mlflow', "
+            "'prefect', 'openai', 'lopd_serve', 'tasks', 'flows'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
