@@ -3,14 +3,43 @@ load the new version in the background and switch between requests, with no requ
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import pytest
 
+from tests._servers import offline_env
 from tests.serve.conftest import LiveServer
 from tests.serve.test_end_to_end import _converse
+
+_REGISTER = """
+import sys
+import mlflow, mlflow.transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+uri, folder = sys.argv[1], sys.argv[2]
+mlflow.set_tracking_uri(uri)
+mlflow.set_registry_uri(uri)
+with mlflow.start_run():
+    info = mlflow.transformers.log_model(
+        transformers_model={"model": AutoModelForCausalLM.from_pretrained(folder),
+                            "tokenizer": AutoTokenizer.from_pretrained(folder)},
+        name="student", task="text-generation", pip_requirements=["torch"], registered_model_name="lopd-student")
+print("VERSION", info.registered_model_version)
+"""
+
+
+def register_as_the_cycle_does(uri: str, folder) -> str:
+    """A version logged with MLflow's transformers flavor (weights and tokenizer in separate folders), as the
+    cycle's registration logs the exported student (tasks/tracking.py). In a child process: MLflow's
+    process-wide tracking URI (and the environment variable it sets) must not leak into other tests."""
+    out = subprocess.run([sys.executable, "-c", _REGISTER, uri, str(folder)], check=False, capture_output=True,
+                         text=True,
+                         env=offline_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split("VERSION", 1)[1].split()[0]
 
 
 @pytest.mark.slow
@@ -22,8 +51,7 @@ def test_alias_move_swaps_the_served_version(tiny_checkpoints, tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     registry = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    registry.create_registered_model("lopd-student")
-    first = registry.create_model_version("lopd-student", source=str(tiny_checkpoints[0])).version
+    first = register_as_the_cycle_does(uri, tiny_checkpoints[0])
     registry.set_registered_model_alias("lopd-student", "champion", first)
     cfg = ServeConfig.from_dict({"tracking_uri": uri, "poll_s": 0.2, "store_dir": str(tmp_path / "traces"),
                                  "model_cache_dir": str(tmp_path / "cache"), "device": "cpu",
