@@ -36,8 +36,7 @@ def register_as_the_cycle_does(uri: str, folder) -> str:
     cycle's registration logs the exported student (tasks/tracking.py). In a child process: MLflow's
     process-wide tracking URI (and the environment variable it sets) must not leak into other tests."""
     out = subprocess.run([sys.executable, "-c", _REGISTER, uri, str(folder)], check=False, capture_output=True,
-                         text=True,
-                         env=offline_env(), timeout=300)
+                         text=True, env=offline_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split("VERSION", 1)[1].split()[0]
 
