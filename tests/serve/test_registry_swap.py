@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,7 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 uri, folder = sys.argv[1], sys.argv[2]
 mlflow.set_tracking_uri(uri)
 mlflow.set_registry_uri(uri)
-with mlflow.start_run():
+experiment = mlflow.create_experiment("serve-test", artifact_location=sys.argv[3])  # not ./mlruns of the cwd
+with mlflow.start_run(experiment_id=experiment):
     info = mlflow.transformers.log_model(
         transformers_model={"model": AutoModelForCausalLM.from_pretrained(folder),
                             "tokenizer": AutoTokenizer.from_pretrained(folder)},
@@ -31,12 +33,12 @@ print("VERSION", info.registered_model_version)
 """
 
 
-def register_as_the_cycle_does(uri: str, folder) -> str:
+def register_as_the_cycle_does(uri: str, folder, cwd) -> str:
     """A version logged with MLflow's transformers flavor (weights and tokenizer in separate folders), as the
     cycle's registration logs the exported student (tasks/tracking.py). In a child process: MLflow's
     process-wide tracking URI (and the environment variable it sets) must not leak into other tests."""
-    out = subprocess.run([sys.executable, "-c", _REGISTER, uri, str(folder)], check=False, capture_output=True,
-                         text=True, env=offline_env(), timeout=300)
+    out = subprocess.run([sys.executable, "-c", _REGISTER, uri, str(folder), Path(cwd, "artifacts").as_uri()], check=False, capture_output=True,
+                         text=True, env=offline_env(), timeout=300, cwd=cwd)  # artifacts land in cwd/mlruns
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split("VERSION", 1)[1].split()[0]
 
@@ -50,7 +52,7 @@ def test_alias_move_swaps_the_served_version(tiny_checkpoints, tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     registry = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    first = register_as_the_cycle_does(uri, tiny_checkpoints[0])
+    first = register_as_the_cycle_does(uri, tiny_checkpoints[0], tmp_path)
     registry.set_registered_model_alias("lopd-student", "champion", first)
     cfg = ServeConfig.from_dict({"tracking_uri": uri, "poll_s": 0.2, "store_dir": str(tmp_path / "traces"),
                                  "model_cache_dir": str(tmp_path / "cache"), "device": "cpu",
