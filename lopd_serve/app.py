@@ -204,16 +204,8 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
                 record["tools"] = parsed.tools
             await asyncio.to_thread(store.append, record)  # on disk before the client hears of it
             recorded[plan.trajectory_id] = session.id
-            if plan.turn == 0:
-                session.ids = type(segment)()
-                session.trajectory_id, session.version, session.tools_key = (plan.trajectory_id, loaded.version,
-                                                                             tools_key)
-                session.num_turns = 0
-            session.ids.token_ids += segment.token_ids
-            session.ids.action_mask += segment.action_mask
-            session.ids.sample_logprobs += segment.sample_logprobs
-            session.keys = parsed.keys + [reply_key]
-            session.num_turns += 1
+            session.advance(plan, segment, version=loaded.version, tools_key=tools_key,
+                            keys=parsed.keys + [reply_key])
         body = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
                 "model": loaded.name, "system_fingerprint": loaded.version,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],

@@ -31,6 +31,17 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
+    def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
+        """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
+        if plan.turn == 0:
+            self.trajectory_id, self.version, self.tools_key = plan.trajectory_id, version, tools_key
+            self.ids, self.num_turns = TrajectoryIds(), 0
+        self.ids.token_ids += segment.token_ids
+        self.ids.action_mask += segment.action_mask
+        self.ids.sample_logprobs += segment.sample_logprobs
+        self.keys = keys
+        self.num_turns += 1
+
 
 @dataclass
 class Plan:
