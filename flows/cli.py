@@ -34,6 +34,7 @@ from lopd_core.config import DEFAULT_PARAMS, ConfigError, Params, load_params, s
 from lopd_core.distributed import is_main
 from lopd_core.errors import StateError
 from lopd_core.locks import FolderLocked
+from lopd_serve.cli import add_serve_parsers
 
 
 def _log(message: str) -> None:
@@ -176,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub, add_common)
     add_sandbox_parser(sub, add_common)
     add_envs_parser(sub, add_common)
+    add_serve_parsers(sub, add_common)
     return parser
 
 

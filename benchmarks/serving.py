@@ -1,0 +1,152 @@
+"""`lopd serve` against the in-process batched engine: generated tokens/s and request latency at 1, 4 and 16
+concurrent clients, in one run, on one model.
+
+The server is `lopd serve` in a process of its own; each client is a thread here sending chat completions (each
+its own session, the same first turn, its own seed) over HTTP with the official openai package; the server
+batches what arrives within its window. The engine side runs
+`generate_turn` directly on batches of the same size and the same contexts: the ratio server/engine is what
+HTTP, JSON, sessions, trace writes (fsync per request) and the batching window cost, and server c16/c1 is what
+batching buys. A tiny random model (or --model DIR) on CPU by default: the ratios, not the absolute figures, are
+what carries over.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] [--max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import lopd_core  # noqa: F401  (offline defaults)
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    import torch
+
+    from lopd_core.config import TinyModelConfig
+    from lopd_core.model.demos import build_demos
+    from lopd_core.model.loading import tiny_qwen3
+    from lopd_core.model.tokenizer import train_tokenizer
+
+    demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
+    tokenizer = train_tokenizer((d.text() for d in demos), vocab_size=600)
+    torch.manual_seed(0)
+    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    tiny_qwen3(cfg, tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(round(q * (len(ordered) - 1)), len(ordered) - 1)]
+
+
+def clients(client, messages: list[dict], level: int, per_client: int, max_tokens: int):
+    """`level` threads, each sending `per_client` requests in turn; returns latencies, tokens and wall time."""
+    latencies, tokens, lock = [], [], threading.Lock()
+
+    def worker(k: int) -> None:
+        for i in range(per_client):
+            t0 = time.perf_counter()
+            r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
+                                               seed=1000 * k + i, temperature=1.0)
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+                tokens.append(r.usage.completion_tokens)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(level)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, tokens, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--levels", default="1,4,16")
+    args = parser.parse_args()
+
+    import httpx
+    import openai
+    import torch
+
+    from lopd_core.rollout.engine import Sampling, generate_turn
+    from lopd_serve.models import load_checkpoint
+
+    work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
+    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model")
+    loaded = load_checkpoint(folder, device="cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The server in a process of its own, as deployed: clients here would otherwise share its interpreter lock.
+    root = Path(__file__).resolve().parents[1]
+    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port", str(port),
+                               "--store", str(work / "traces"), "--poll-s", "0"], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    health = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(health, timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start") from None
+            time.sleep(0.2)
+    url = f"http://127.0.0.1:{port}/v1"
+    messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find key a"}]
+    context = loaded.chat.start(messages[0]["content"], messages[1]["content"]).token_ids
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=0)  # warm up
+
+    results = {}
+    for level in [int(x) for x in args.levels.split(",")]:
+        per_client = max(args.requests // level, 1)
+        latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
+        engine_tokens, t0 = 0, time.perf_counter()
+        for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
+            turns = generate_turn(loaded.model, [context] * level,
+                                  sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
+                                  stop_id=loaded.chat.im_end_id, pad_id=loaded.chat.pad_id,
+                                  generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)])
+            engine_tokens += sum(len(ids) for ids, _ in turns)
+        engine_s = time.perf_counter() - t0
+        results[level] = {
+            "requests": len(latencies), "server_tokens_per_s": round(sum(tokens) / server_s, 1),
+            "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
+            "server_over_engine": round((sum(tokens) / server_s) / (engine_tokens / engine_s), 3),
+            "latency_p50_s": round(statistics.median(latencies), 4),
+            "latency_p95_s": round(percentile(latencies, 0.95), 4),
+            "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1)}
+    stats = httpx.get(health).json()
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+    levels = sorted(results)
+    out = {"device": "cpu", "torch_threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
+           "server_batches": stats["batches"], "server_requests": stats["batched_requests"], "levels": results,
+           f"server_c{levels[-1]}_over_c{levels[0]}": round(results[levels[-1]]["server_tokens_per_s"]
+                                                            / results[levels[0]]["server_tokens_per_s"], 2)}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Traces of served conversations (`lopd serve`): the append-only store and the trace table's schema."""
+
+from lopd_core.traces.schema import TRACE_SCHEMA, traces_as_trajectories, validate_traces
+from lopd_core.traces.store import StoreFull, TraceStore, TraceStoreError, read_records, read_traces, snapshot
+
+__all__ = ["TRACE_SCHEMA", "StoreFull", "TraceStore", "TraceStoreError", "read_records", "read_traces",
+           "snapshot", "traces_as_trajectories", "validate_traces"]

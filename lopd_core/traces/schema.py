@@ -1,0 +1,116 @@
+"""Trace tables: served conversations as a pandas frame guarded by a pandera schema, and their view as rollouts.
+
+A trace is one trajectory of `lopd serve` (lopd_serve/): the ids the model saw and sampled, assembled from the
+store's turn records (lopd_core/traces/store.py), with the version that served it and the feedback it got.
+Why a schema of its own: a trace carries what a rollout row does not (session, parent trajectory, serving
+version, whether anyone labeled it) and may be unlabeled. `traces_as_trajectories` maps it onto the rollout
+table's columns (lopd_core/rollout/table.py), validated by that table's own schema, so whatever reads rollout
+trajectories reads traces the same way; unlabeled traces are left out there unless asked for, and then carry
+reward 0 and success False — an unlabeled conversation is never a success.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pandera.pandas as pa
+
+from lopd_core.envs import Task
+from lopd_core.envs.base import MAX_TURNS
+from lopd_core.rollout.table import TRAJECTORY_SCHEMA, validate_trajectories
+
+ORIGINS = ("new", "assistant_differs", "model_changed", "context_differs")
+FINISH_REASONS = ("stop", "tool_calls", "length")
+# finish_reason of a trace's last turn -> the rollout table's stop_reason. A conversation whose last turn asked
+# for a tool and never came back was cut off by the client, as a turn limit cuts a rollout.
+STOP_REASONS = {"stop": "answer", "length": "answer", "tool_calls": "turn_limit"}
+SERVE_ENV = "serve"
+
+
+def _lengths_agree(df: pd.DataFrame) -> pd.Series:
+    n = df["token_ids"].map(len)
+    return (n == df["action_mask"].map(len)) & (n == df["sample_logprobs"].map(len))
+
+
+TRACE_SCHEMA = pa.DataFrameSchema(
+    {
+        "trajectory_id": pa.Column(str, unique=True),
+        "session": pa.Column(str),
+        "parent": pa.Column(str),  # "" unless the trajectory branched off another of its session
+        "origin": pa.Column(str, pa.Check.isin(ORIGINS)),
+        "model_version": pa.Column(str),
+        "tools": pa.Column(str),  # JSON list of the tool schemas the request declared
+        "token_ids": pa.Column(object, pa.Check(lambda s: s.map(len) > 0, element_wise=False)),
+        "action_mask": pa.Column(object, pa.Check(lambda m: all(v in (0, 1) for v in m), element_wise=True)),
+        "sample_logprobs": pa.Column(object, pa.Check(lambda lp: all(v <= 1e-6 for v in lp), element_wise=True)),
+        "prompt_length": pa.Column(int, pa.Check.gt(0)),
+        "num_turns": pa.Column(int, pa.Check.ge(1)),
+        "finish_reason": pa.Column(str, pa.Check.isin(FINISH_REASONS)),
+        "labeled": pa.Column(bool),
+        "reward": pa.Column(float, pa.Check.in_range(0.0, 1.0), nullable=True),  # NaN when unlabeled
+        "success": pa.Column(bool),
+        "checks": pa.Column(str),  # JSON: the check results the feedback carried (null when none)
+        "messages": pa.Column(str),  # JSON list of the OpenAI messages, the replies included
+        "started": pa.Column(float),
+        "ended": pa.Column(float),
+    },
+    checks=[
+        pa.Check(_lengths_agree, error="token_ids, action_mask and sample_logprobs differ in length"),
+        pa.Check(lambda df: ~df["success"] | df["labeled"], error="success without feedback"),
+        pa.Check(lambda df: ~df["success"] | (df["reward"] == 1.0), error="success with reward < 1"),
+        pa.Check(lambda df: df["labeled"] == df["reward"].notna(), error="labeled and reward disagree"),
+    ],
+    strict=True,
+    coerce=False,
+)
+
+
+def validate_traces(frame: pd.DataFrame) -> pd.DataFrame:
+    """Validate lazily: a SchemaErrors lists every failure case, not just the first."""
+    return TRACE_SCHEMA.validate(frame, lazy=True)
+
+
+def _task_json(row) -> str:
+    """The Task a trace stands for: its first user message as the instruction, the system text and the tools as
+    the spec. A trace has no environment to replay it in; the Task keeps the rollout table's `task` column whole."""
+    messages = json.loads(row["messages"])
+    user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+    system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
+    task = Task(task_id=row["trajectory_id"], env=SERVE_ENV, split="train", template=SERVE_ENV, world="",
+                instruction=user, spec={"system": system, "tools": json.loads(row["tools"]),
+                                        "session": row["session"], "model_version": row["model_version"]},
+                max_turns=min(max(int(row["num_turns"]), 1), MAX_TURNS))
+    return task.to_json()
+
+
+def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -> pd.DataFrame:
+    """Traces as rows of the rollout table (same columns, same schema): what a reader of rollout trajectories
+    (the bank, distillation) loads. `labeled_only` drops conversations no feedback reached; with False they come
+    with reward 0.0 and success False."""
+    traces = validate_traces(traces)
+    if labeled_only:
+        traces = traces[traces["labeled"]]
+    rows = [
+        {
+            "task_id": r["trajectory_id"],
+            "env": SERVE_ENV,
+            "split": "train",
+            "template": SERVE_ENV,
+            "world": "",
+            "sample_index": 0,
+            "token_ids": list(r["token_ids"]),
+            "action_mask": list(r["action_mask"]),
+            "sample_logprobs": [float(v) for v in r["sample_logprobs"]],
+            "prompt_length": int(r["prompt_length"]),
+            "reward": float(r["reward"]) if r["labeled"] else 0.0,
+            "success": bool(r["success"]),
+            "stop_reason": STOP_REASONS[r["finish_reason"]],
+            "num_turns": int(r["num_turns"]),
+            "episode": r["messages"],
+            "experiences": "[]",
+            "task": _task_json(r),
+        }
+        for _, r in traces.iterrows()
+    ]
+    return validate_trajectories(pd.DataFrame(rows, columns=list(TRAJECTORY_SCHEMA.columns)))

@@ -1,0 +1,108 @@
+"""`lopd serve`, `lopd serve client`, `lopd serve snapshot`: the subcommands, registered by flows/cli.py.
+
+    lopd serve [--model DIR] [--host H] [--port P] [--store DIR]    the champion (or DIR) on /v1
+    lopd serve client [--url URL] [--n N] [--concurrency C] [--split S]   play toolworld through the endpoint
+    lopd serve snapshot --out FILE [--store DIR] [--as-trajectories]      the store as one parquet (a DVC out)
+
+Settings come from params.yaml's `serve:` section (lopd_serve/config.py) and the flags; the API key from the
+environment variable `serve.api_key_env` (LOPD_API_KEY).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _config(args):
+    from lopd_serve.config import ServeConfig
+
+    return ServeConfig.load(args.params, model=getattr(args, "model", None), host=getattr(args, "host", None),
+                            port=getattr(args, "port", None), store_dir=getattr(args, "store", None),
+                            poll_s=getattr(args, "poll_s", None), device=getattr(args, "device", None))
+
+
+def cmd_serve(params, args) -> int:
+    from lopd_serve.config import ServeConfigError
+    from lopd_serve.server import run
+
+    try:
+        cfg = _config(args)
+        cfg.check_exposure()
+    except ServeConfigError as exc:
+        print(f"lopd serve: {exc}", file=sys.stderr)
+        return 2
+    run(cfg)
+    return 0
+
+
+def cmd_client(params, args) -> int:
+    from lopd_core.envs import make_tasks
+    from lopd_core.envs.toolworld.worlds import WorldSplit
+    from lopd_serve.client import run_client
+
+    cfg = _config(args)
+    worlds = WorldSplit.from_config(params.envs).for_split(args.split)
+    tasks = make_tasks("toolworld", args.split, args.n, args.seed, worlds)
+    url = args.url or f"http://127.0.0.1:{cfg.port}/v1"
+    summary = run_client(url, tasks, concurrency=args.concurrency, api_key=cfg.api_key() or "none",
+                         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    episodes = summary.pop("episodes")
+    print(json.dumps(summary, indent=2))
+    if args.verbose:
+        print(json.dumps(episodes, indent=2))
+    return 1 if summary["failed"] else 0
+
+
+def cmd_snapshot(params, args) -> int:
+    from lopd_core.traces import read_traces, snapshot, traces_as_trajectories
+
+    store = args.store or _config(args).store_dir
+    if args.as_trajectories:
+        from lopd_core.rollout.table import write_trajectories
+
+        frame = traces_as_trajectories(read_traces(store), labeled_only=not args.include_unlabeled)
+        path = write_trajectories(frame, args.out)
+        print(f"{len(frame)} labeled trajectories -> {path}")
+    else:
+        path = snapshot(store, args.out)
+        print(f"trace table of {store} -> {path}")
+    return 0
+
+
+def add_serve_parsers(sub, add_common) -> None:
+    serve = sub.add_parser("serve", help="serve the champion on an OpenAI-compatible endpoint, recording traces",
+                           description="Serve the registry's champion (or --model DIR) at /v1/chat/completions; "
+                           "every conversation is recorded in serve.store_dir. See docs/serving.md.")
+    add_common(serve)
+    serve.add_argument("--model", default=None, help="a checkpoint folder instead of the registry's champion")
+    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs a key)")
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--store", default=None, help="trace store folder (default serve.store_dir)")
+    serve.add_argument("--poll-s", dest="poll_s", type=float, default=None,
+                       help="seconds between checks of the registry alias (0: never)")
+    serve.add_argument("--device", default=None, help="auto (cuda when available), cpu, cuda, cuda:1, ...")
+    serve.set_defaults(func=cmd_serve, resolve_envs=False)
+    inner = serve.add_subparsers(dest="serve_command")
+
+    client = inner.add_parser("client", help="play toolworld tasks through the endpoint (openai client)")
+    add_common(client)
+    client.add_argument("--url", default=None, help="base URL (default http://127.0.0.1:PORT/v1)")
+    client.add_argument("--n", type=int, default=8, help="sessions (tasks) to play")
+    client.add_argument("--concurrency", type=int, default=4)
+    client.add_argument("--split", default="test_id")
+    client.add_argument("--temperature", type=float, default=1.0)
+    client.add_argument("--max-tokens", dest="max_tokens", type=int, default=64)
+    client.add_argument("--seed", type=int, default=0)
+    client.add_argument("--verbose", action="store_true", help="print every episode too")
+    client.set_defaults(func=cmd_client, resolve_envs=False)
+
+    snap = inner.add_parser("snapshot", help="write the trace store as one parquet file (to version with DVC)")
+    add_common(snap)
+    snap.add_argument("--out", required=True)
+    snap.add_argument("--store", default=None)
+    snap.add_argument("--as-trajectories", action="store_true",
+                      help="write the rollout table's columns (labeled traces only) instead of the trace table")
+    snap.add_argument("--include-unlabeled", action="store_true",
+                      help="with --as-trajectories: unlabeled traces too, as reward 0, never successes")
+    snap.set_defaults(func=cmd_snapshot, resolve_envs=False)

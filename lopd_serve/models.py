@@ -1,0 +1,137 @@
+"""The served model: loaded from a checkpoint folder or from the registry's champion, swapped while serving.
+
+Why a holder: a promotion moves the registry alias while requests are being answered. `ModelHolder.reload`
+loads the new version in a worker thread (requests go on meanwhile), then replaces the reference in one
+assignment. A request keeps the `LoadedModel` it was rendered with until it is answered, so a swap never changes
+the tokenizer or the weights under a request, and every trace names the version that sampled it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lopd_core.model.chat import is_embedded_format
+from lopd_core.model.chat_template import check_chat_format
+from lopd_core.model.loading import add_experience_tokens
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    chat: object  # ChatFormat (lopd_core/model/chat.py)
+    version: str  # `<registered model>/<version>` from the registry, `path:<folder>` for a folder
+    name: str  # the model name /v1/models reports
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _folder_with(root: Path, filename: str) -> Path:
+    """The folder under `root` holding `filename` (an MLflow transformers artifact keeps the weights in
+    `model/` and the tokenizer in `components/tokenizer/`; a plain export keeps both at its top)."""
+    if (root / filename).exists():
+        return root
+    found = sorted(root.rglob(filename))
+    if not found:
+        raise FileNotFoundError(f"no {filename} under {root}: not a Hugging Face checkpoint")
+    return found[0].parent
+
+
+def load_checkpoint(folder: str | Path, *, version: str | None = None, name: str | None = None,
+                    device: str = "auto") -> LoadedModel:
+    """A checkpoint in eval mode with the chat format its tokenizer speaks (probed as `load_policy` does)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no model folder at {root}")
+    weights = _folder_with(root, "config.json")
+    tokenizer = AutoTokenizer.from_pretrained(_folder_with(root, "tokenizer_config.json"))
+    model = AutoModelForCausalLM.from_pretrained(weights, dtype="auto")
+    if not is_embedded_format(tokenizer):
+        add_experience_tokens(tokenizer, model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    chat = check_chat_format(tokenizer, str(root))
+    model.to(_device(device)).eval()
+    return LoadedModel(model, tokenizer, chat, version or f"path:{root.resolve()}", name or root.name)
+
+
+class Registry:
+    """The champion of an MLflow registry: which version holds the alias, and its files on disk."""
+
+    def __init__(self, tracking_uri: str, registered_model: str, alias: str, cache_dir: str | Path):
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.registered_model = registered_model
+        self.alias = alias
+        self.cache_dir = Path(cache_dir)
+
+    def champion(self) -> str:
+        """The version number holding the alias (MlflowException when there is none)."""
+        return str(self.client.get_model_version_by_alias(self.registered_model, self.alias).version)
+
+    def version_label(self, number: str) -> str:
+        return f"{self.registered_model}/{number}"
+
+    def download(self, number: str) -> Path:
+        import mlflow.artifacts
+
+        out = self.cache_dir / self.registered_model / number
+        if not (out / ".complete").exists():  # a download cut short is fetched again
+            out.mkdir(parents=True, exist_ok=True)
+            # the version's storage location, asked of this client: a `models:/` URI would be resolved against
+            # the process-wide registry URI instead of this one
+            source = self.client.get_model_version_download_uri(self.registered_model, number)
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out),
+                                                tracking_uri=self.tracking_uri)
+            (out / ".complete").write_text(number)
+        return out
+
+
+class ModelHolder:
+    """The model requests are rendered for; replaced whole by `reload`, never mutated."""
+
+    def __init__(self, current: LoadedModel, *, registry: Registry | None = None, device: str = "auto"):
+        self.current = current
+        self.registry = registry
+        self.device = device
+        self._loading = threading.Lock()  # one load at a time; requests never wait on it
+
+    def reload(self, model_path: str | None = None) -> tuple[str, bool]:
+        """Load `model_path`, or the registry's champion when none is given, and swap it in if it is another
+        version. Blocking (run it off the event loop); returns (serving version, whether it changed)."""
+        with self._loading:
+            if model_path:
+                loaded = load_checkpoint(model_path, device=self.device)
+            elif self.registry is not None:
+                number = self.registry.champion()
+                label = self.registry.version_label(number)
+                if label == self.current.version:
+                    return label, False
+                loaded = load_checkpoint(self.registry.download(number), version=label,
+                                         name=self.registry.registered_model, device=self.device)
+            else:
+                raise ValueError("this server serves a folder: name the model folder to reload from")
+            changed = loaded.version != self.current.version
+            self.current = loaded  # one assignment: a request sees the old model or the new, never a mix
+            return loaded.version, changed
+
+
+def initial_model(model_path: str, registry: Registry | None, device: str) -> LoadedModel:
+    if model_path:
+        return load_checkpoint(model_path, device=device)
+    if registry is None:
+        raise ValueError("no model: give a folder (serve.model / --model) or a registry")
+    number = registry.champion()
+    return load_checkpoint(registry.download(number), version=registry.version_label(number),
+                           name=registry.registered_model, device=device)

@@ -1,0 +1,102 @@
+"""The OpenAI chat-completions protocol as pydantic models, and its error shape.
+
+Only what `lopd serve` honours is accepted: a field it would have to ignore silently (`n` > 1, `stop`, a
+non-text `response_format`) is refused with a 400 naming it. Errors are OpenAI's object
+`{"error": {"message", "type", "code", "param"}}` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str, *, kind: str = "invalid_request_error",
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
+
+
+def error_response(status: int, message: str, code: str, *, kind: str = "invalid_request_error",
+                   param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}},
+                        status_code=status)
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as a string (OpenAI's form)
+
+
+class ToolCall(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = ""
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    stream: bool = False
+    user: str | None = Field(default=None, max_length=256)
+    n: int = 1
+    stop: str | list[str] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class Feedback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session: str = Field(min_length=1, max_length=256)
+    reward: float  # checked by hand: out of [0, 1] is a 422 of its own
+    success: bool
+    checks: list[Any] | dict[str, Any] | None = None
+    trajectory_id: str | None = None  # default: the session's latest trajectory
+
+
+class Reload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None  # a checkpoint folder; default: the registry's champion

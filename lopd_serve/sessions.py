@@ -1,0 +1,107 @@
+"""Sessions: which trajectory a conversation is on, and whether a request extends it or starts a new one.
+
+A session is named by the `X-Session-Id` header or the request's `user` field; a request with neither is a
+session of its own (one turn, not kept). The table holds at most `max_sessions`; sessions idle longer than
+`idle_s` make room, and when none is idle a new session is refused (429) rather than evicting a live one.
+Turns of one session are answered one at a time (its lock): two requests racing on one conversation could
+otherwise both claim to extend it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from lopd_core.model.chat import TrajectoryIds
+from lopd_serve.conversation import Parsed, render
+from lopd_serve.protocol import ApiError
+
+
+@dataclass
+class Session:
+    id: str
+    trajectory_id: str = ""
+    version: str = ""
+    tools_key: str = ""
+    keys: list[str] = field(default_factory=list)  # the trajectory's messages, the replies it sampled included
+    ids: TrajectoryIds = field(default_factory=TrajectoryIds)
+    num_turns: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
+        """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
+        if plan.turn == 0:
+            self.trajectory_id, self.version, self.tools_key = plan.trajectory_id, version, tools_key
+            self.ids, self.num_turns = TrajectoryIds(), 0
+        self.ids.token_ids += segment.token_ids
+        self.ids.action_mask += segment.action_mask
+        self.ids.sample_logprobs += segment.sample_logprobs
+        self.keys = keys
+        self.num_turns += 1
+
+
+@dataclass
+class Plan:
+    """What one request adds: a segment of forced ids, and whether it opens a new trajectory."""
+
+    trajectory_id: str
+    turn: int
+    origin: str  # "extends" or one of lopd_core/traces/schema.ORIGINS
+    parent: str
+    segment: TrajectoryIds
+    context: list[int]  # every id the model reads before sampling
+    new_messages: int  # how many of the request's messages the segment renders (from the end)
+
+
+class SessionTable:
+    def __init__(self, max_sessions: int, idle_s: float):
+        self.max_sessions = max_sessions
+        self.idle_s = idle_s
+        self.sessions: dict[str, Session] = {}
+
+    def get(self, session_id: str | None) -> Session:
+        if session_id is None:
+            return Session(id="anon-" + uuid.uuid4().hex)
+        session = self.sessions.get(session_id)
+        if session is None:
+            if len(self.sessions) >= self.max_sessions:
+                now = time.monotonic()
+                for sid, s in list(self.sessions.items()):
+                    if now - s.last_used > self.idle_s and not s.lock.locked():
+                        del self.sessions[sid]
+            if len(self.sessions) >= self.max_sessions:
+                raise ApiError(429, f"{len(self.sessions)} sessions are open (serve.max_sessions); none has been "
+                               f"idle for {self.idle_s:g}s: retry later", "too_many_sessions",
+                               kind="rate_limit_error")
+            session = self.sessions[session_id] = Session(id=session_id)
+        session.last_used = time.monotonic()
+        return session
+
+    def find(self, session_id: str) -> Session | None:
+        return self.sessions.get(session_id)
+
+
+def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: str) -> Plan:
+    """Extend the session's trajectory when the request repeats it exactly (same model version, same tools,
+    every earlier message and reply) and only adds tool or user messages; else start a new trajectory."""
+    known = session.keys
+    repeats = (session.trajectory_id and len(parsed.keys) > len(known) and parsed.keys[:len(known)] == known)
+    if repeats and session.version == version and session.tools_key == tools_key:
+        start = len(known) - 2  # index into parsed.rest (keys hold system and first user before rest)
+        segment = render(chat, parsed, start)
+        return Plan(session.trajectory_id, session.num_turns, "extends", "", segment,
+                    session.ids.token_ids + segment.token_ids, len(parsed.rest) - start)
+    if not session.trajectory_id:
+        origin = "new"
+    elif session.version != version:
+        origin = "model_changed"
+    else:
+        first_diff = next((i for i, (a, b) in enumerate(zip(known, parsed.keys)) if a != b), None)
+        differs_at_reply = first_diff is not None and parsed.keys[first_diff].startswith('["assistant"')
+        origin = "assistant_differs" if differs_at_reply else "context_differs"
+    segment = render(chat, parsed)
+    return Plan("traj-" + uuid.uuid4().hex, 0, origin, session.trajectory_id if origin != "new" else "", segment,
+                list(segment.token_ids), len(parsed.rest) + 2)
