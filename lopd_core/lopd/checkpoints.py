@@ -9,6 +9,7 @@ silently mix two runs in one set of curves (`lopd.resume_mismatch: warn` resumes
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import torch
 from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.errors import StateError
+from lopd_core.lopd import sharded_checkpoint as SC
 from lopd_core.outputs import OutputPathError
 from lopd_core.outputs import _reason as output_reason
 
@@ -35,7 +37,7 @@ RESUME_SETTINGS = ("seed", "model.dtype", "lopd", "baselines", "rollout", "compo
                    "bank.min_reward")
 RESUME_FREE = frozenset({"lopd.steps", "lopd.out_dir", "lopd.csv", "lopd.checkpoint_every", "lopd.resume_mismatch",
                          "lopd.max_skipped_share", "lopd.low_memory", "lopd.teacher_micro_batch",
-                         "lopd.share_prompt", "envs.isolate_tools", "envs.step_timeout_s"})
+                         "lopd.share_prompt", "lopd.sharding", "envs.isolate_tools", "envs.step_timeout_s"})
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
 NOT_RECORDED = "(not recorded)"
@@ -129,14 +131,17 @@ def read_checkpoint(path: Path) -> dict:
     return payload
 
 
-def checkpoint_payload(d: Distiller) -> dict:
-    """Everything a resume restores, as plain data (`plain_data` refuses anything else)."""
+def checkpoint_payload(d: Distiller, theta_dir: str | None = None) -> dict:
+    """Everything a resume restores, as plain data (`plain_data` refuses anything else). `theta_dir`: θ and its
+    optimizer state are in that sharded folder (sharded_checkpoint.py), not in the payload."""
+    sharded = theta_dir is not None
     return plain_data({
         "state": asdict(d.state),
         "settings": resume_settings(d.params),  # what a resume must agree with (`load_checkpoint`)
-        "trainable": {k: v for k, v in d.trainable.state_dict().items()},
+        "trainable": None if sharded else {k: v for k, v in d.trainable.state_dict().items()},
+        "theta_dir": theta_dir,
         "composer": d.composer.state_dict(),
-        "opt_theta": d.opt_theta.state_dict(),
+        "opt_theta": None if sharded else d.opt_theta.state_dict(),
         "opt_phi": d.opt_phi.state_dict(),
         "rng_torch": torch.get_rng_state(),
         "data_position": d.state.step * d.cfg.tasks_per_step,
@@ -146,12 +151,17 @@ def checkpoint_payload(d: Distiller) -> dict:
 
 
 def save_checkpoint(d: Distiller, path: Path) -> Path:
-    """Rank 0 writes the one checkpoint (every rank holds the same full state); the others wait for it."""
+    """Rank 0 writes the one checkpoint (every rank holds the same full state); the others wait for it. A
+    sharded run's θ goes first into its own folder, every rank writing its shards (sharded_checkpoint.py)."""
+    theta_dir = None
+    if d.sharding.active:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        theta_dir = SC.save_theta(d.trainable, d.opt_theta, path.parent, d.state.step)
     if not D.is_main():
         D.barrier()
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = checkpoint_payload(d)
+    payload = checkpoint_payload(d, theta_dir)
     tmp = path.with_suffix(".tmp")
     try:  # into a file object: a full disk is then an OSError naming its cause, not torch's "unexpected pos"
         with open(tmp, "wb") as f:
@@ -161,6 +171,8 @@ def save_checkpoint(d: Distiller, path: Path) -> Path:
         tmp.unlink(missing_ok=True)  # what was half-written goes; the previous checkpoint stays
         raise OutputPathError(f"cannot write the checkpoint {path}: {output_reason(exc)}; the previous "
                               "checkpoint (if any) is intact: free space and rerun to resume") from None
+    if theta_dir is not None:
+        SC.prune(path.parent, theta_dir)
     D.barrier()
     return path
 
@@ -181,17 +193,25 @@ def load_checkpoint(d: Distiller, path: Path) -> bool:
             refuse_or_warn(d, f"{path}: the checkpoint was made under other settings (checkpoint → this run):",
                            differences)
     try:
-        restore(d, payload)
+        restore(d, payload, path.parent)
     except (KeyError, RuntimeError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: the checkpoint does not fit this run's models ({load_failure(exc)}); "
                               f"{START_OVER}") from None
     return True
 
 
-def restore(d: Distiller, payload: dict) -> None:
-    d.trainable.load_state_dict(payload["trainable"])
+def restore(d: Distiller, payload: dict, folder: Path) -> None:
+    theta_dir = payload.get("theta_dir")
+    if theta_dir is not None:  # written sharded: read back resharded to this run, sharded or not
+        if not isinstance(theta_dir, str) or not re.fullmatch(r"theta/step_\d+", theta_dir):
+            raise ValueError(f"theta_dir {theta_dir!r} is not a folder this trainer writes")
+        SC.load_theta(d.trainable, d.opt_theta, folder / theta_dir)
+    elif d.sharding.active:  # written by a replicated run, resumed sharded
+        SC.load_replicated_theta(d.trainable, d.opt_theta, payload["trainable"], payload["opt_theta"])
+    else:
+        d.trainable.load_state_dict(payload["trainable"])
+        d.opt_theta.load_state_dict(payload["opt_theta"])
     d.composer.load_state_dict(payload["composer"])
-    d.opt_theta.load_state_dict(payload["opt_theta"])
     d.opt_phi.load_state_dict(payload["opt_phi"])
     if d.ema_lm is not None and payload.get("ema") is not None:
         d.ema_lm.load_state_dict(payload["ema"])

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from lopd_core import distributed as D
+from lopd_core import sharding as SH
 from lopd_core.errors import TrainingDiverged
 from lopd_core.lopd.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
-from lopd_core.lopd.models import export_student
+from lopd_core.lopd.models import export_student, replicated_copy
 from lopd_core.outputs import OutputPathError
 from lopd_core.outputs import _reason as output_reason
 
@@ -105,7 +106,8 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     while distiller.state.step < total:
         out = distiller.step()
         if on_step is not None:
-            on_step(distiller, out)
+            with distiller.sharding.gathered():  # a hook may run the student any number of times per rank
+                on_step(distiller, out)
         # checkpointed as plain data, without the per-trajectory lists
         history.append({"row": asdict(out.row), "diagnostics": out.diagnostics})
         if D.is_main():  # rows are already whole-batch figures, equal on every rank
@@ -122,9 +124,14 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
 
 def export(distiller: Distiller, out_dir: str | Path) -> Path:
     out = Path(out_dir)
+    trainable, student = distiller.trainable, distiller.student
+    if distiller.sharding.active:  # every rank sends its shards; rank 0 rebuilds an unsharded copy
+        whole = SH.whole_state_dict(trainable)
+        if D.is_main():
+            trainable, student = replicated_copy(trainable, student, whole)
     if D.is_main():  # replicas are identical: one copy on disk
         out.mkdir(parents=True, exist_ok=True)
-        export_student(distiller.trainable, distiller.student, distiller.tokenizer, out)
+        export_student(trainable, student, distiller.tokenizer, out)
         torch.save(distiller.composer.state_dict(), out.parent / "composer.pt")
     D.barrier()
     return out

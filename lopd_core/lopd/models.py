@@ -70,3 +70,18 @@ def export_student(trainable, student_lm, tokenizer, out_dir) -> None:
     else:
         student_lm.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def replicated_copy(trainable, student_lm, state_dict: dict):
+    """(trainable, student causal LM) rebuilt unsharded from a sharded student's whole `state_dict` (gathered
+    by `sharding.whole_state_dict`): what rank 0 exports, through `export_student` like a replicated run."""
+    dtype = next(iter(state_dict.values())).dtype
+    base = type(student_lm)(student_lm.config).to(dtype)
+    if hasattr(trainable, "peft_config"):  # the same adapter, then merged by export_student
+        from peft import get_peft_model
+
+        copy_ = get_peft_model(base, trainable.peft_config["default"])
+        copy_.load_state_dict(state_dict)
+        return copy_, copy_.base_model.model
+    base.load_state_dict(state_dict)
+    return base, base

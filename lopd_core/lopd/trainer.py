@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from lopd_core import distributed as D
+from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
@@ -161,9 +162,23 @@ class Distiller:
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
         self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
+        self.sharding = self._shard()  # before the optimizer: it must hold the sharded parameters
         self.opt_theta = torch.optim.AdamW([p for p in self.trainable.parameters() if p.requires_grad],
                                            lr=self.cfg.lr_student, weight_decay=0.0)
         self.opt_phi = torch.optim.AdamW(self.composer.parameters(), lr=self.cfg.lr_composer, weight_decay=0.0)
+
+    def _shard(self) -> SH.Sharding:
+        """`lopd.sharding: fsdp2`: the student's causal LM and a separate teacher copy sharded (sharding.py)."""
+        if self.cfg.sharding == "none":
+            return SH.Sharding([])
+        unsupported = [m.name for m in self.phases if m.teacher.weights == "ema" or m.teacher.refresh == "gated"]
+        if unsupported:
+            raise ConfigError(f"lopd.sharding: got 'fsdp2' with lopd.method={self.cfg.method!r}, expected 'none': "
+                              f"the teacher of {', '.join(unsupported)} copies the student's weights, which a "
+                              "sharded student does not hold whole")
+        SH.setup()
+        teacher = [] if self.teacher.adapter_owner is not None else SH.shard_lm(self.teacher.lm)
+        return SH.Sharding(SH.shard_lm(self.student), teacher)
 
     @property
     def margin(self) -> float | None:
@@ -211,12 +226,13 @@ class Distiller:
         sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context - self.splice_room,
                             max_observation_tokens=ro.max_observation_tokens)
-        trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
-                        seed=self.params.seed * 1_000_003 + s, seeds=seeds)
-        self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
-        out = self.update(tasks, trajs, started=started)
+        with self.sharding.gathered():  # rank-dependent numbers of passes from here on (sharding.py)
+            trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
+                            seed=self.params.seed * 1_000_003 + s, seeds=seeds)
+            self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
+            out = self.update(tasks, trajs, started=started)
         if self.method.teacher.refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
-            self._refresh_check(out)
+            self._refresh_check(out)  # (never sharded: `_shard` refuses a gated refresh)
         return out
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
@@ -225,11 +241,13 @@ class Distiller:
         against a plain policy-gradient update."""
         started = time.perf_counter() if started is None else started
         self._enter_phase()
-        return U.update(self, tasks, trajs, started=started)
+        with self.sharding.gathered():
+            return U.update(self, tasks, trajs, started=started)
 
     # ---- the margin priced (`lopd.margin: auto`, margin_pricing.py) ------------------------------------
     def price_margin(self) -> None:
-        P.price_margin(self)
+        with self.sharding.gathered():
+            P.price_margin(self)
 
     def price_on_batch(self, batch: S.RolloutBatch, sums: S.StepSums) -> None:
         P.price_on_batch(self, batch, sums)

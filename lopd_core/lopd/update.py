@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lopd_core import distributed as D
+from lopd_core import sharding as SH
 from lopd_core.envs import Task
 from lopd_core.lopd import baselines as B
 from lopd_core.lopd import losses as L
@@ -57,7 +58,7 @@ def timed(sums: S.StepSums, phase: str):
 
 
 def grad_norm(params, max_norm: float) -> float:
-    return float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
+    return float(SH.full_value(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)))
 
 
 def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S.StepResult:
@@ -212,15 +213,19 @@ def composer_backward(d: Distiller, batch: S.RolloutBatch, rows: list[int], scor
 def step_student(d: Distiller, distill_loss: float) -> float:
     """The student's optimizer step on the accumulated gradient (summed over ranks: identical steps
     everywhere); returns the gradient norm before clipping."""
-    D.sum_gradients(d.trainable.parameters())
-    grad = grad_norm(d.trainable.parameters(), d.cfg.max_grad_norm)
-    if math.isfinite(distill_loss) and math.isfinite(grad):
-        d.opt_theta.step()
-        if d.ema_lm is not None:  # SDPO's EMA teacher follows the student
-            B.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
+    if d.sharding.active:  # FSDP's reduce-scatter, into the sharded gradients (sharding.py)
+        d.sharding.reduce_gradients(d.student)
     else:
-        d.state.skipped_updates += 1
-        d.log(f"distill: step {d.state.step + 1}: non-finite student loss/gradient, update skipped")
+        D.sum_gradients(d.trainable.parameters())
+    with d.sharding.student_sharded():
+        grad = grad_norm(d.trainable.parameters(), d.cfg.max_grad_norm)
+        if math.isfinite(distill_loss) and math.isfinite(grad):
+            d.opt_theta.step()
+            if d.ema_lm is not None:  # SDPO's EMA teacher follows the student
+                B.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
+        else:
+            d.state.skipped_updates += 1
+            d.log(f"distill: step {d.state.step + 1}: non-finite student loss/gradient, update skipped")
     return grad
 
 

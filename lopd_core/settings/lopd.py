@@ -101,6 +101,9 @@ class LopdConfig(Section):
                                "forward, each teacher pass consumed at once (same gradients)")
     teacher_micro_batch: int = setting(0, help="low_memory only: trajectories per teacher pass inside a chunk (0: "
                                        "the whole chunk)", check=non_negative())
+    sharding: str = setting("none", help="none (every rank holds full replicas) | fsdp2 (student and teacher "
+                            "weights, gradients and optimizer state sharded over ranks between steps; "
+                            "docs/scaling.md)", check=one_of("none", "fsdp2"))
     checkpoint_every: int = setting(10, help="steps between checkpoints", check=positive())
     max_skipped_share: float = setting(0.25, help="more updates skipped as non-finite than this share: the stage "
                                        "fails as diverged", check=fraction())
