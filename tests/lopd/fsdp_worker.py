@@ -1,0 +1,65 @@
+"""The processes of tests/lopd/test_fsdp.py, started by torchrun (not a test module itself).
+
+    torchrun --nproc_per_node 2 tests/lopd/fsdp_worker.py train OUT    # 3 sharded updates, checkpoint after 2
+    torchrun --nproc_per_node 1 tests/lopd/fsdp_worker.py resume OUT   # update 3 resumed from that checkpoint
+
+Each rank takes its contiguous slice of the tasks (3 tasks over 2 ranks: 1 and 2, so the ranks run different
+numbers of passes). Rank 0 saves, per case, the dashboard rows, β and the whole final θ and φ to OUT/CASE.pt.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.sharded_update import distiller, my_slice  # noqa: E402
+from benchmarks.update_fingerprint import setup  # noqa: E402
+from lopd_core import distributed as D  # noqa: E402
+from lopd_core import sharding as SH  # noqa: E402
+
+CASES = {"lopd_full": ("lopd", "full"), "lopd_lora": ("lopd", "lora"), "grpo_full": ("grpo", "full")}
+
+
+def result(d, rows: list[dict]) -> dict:
+    whole = SH.whole_state_dict(d.trainable)
+    names = [n for n, _ in d.trainable.named_parameters()]
+    return {"rows": rows, "beta": d.state.beta, "step": d.state.step,
+            "theta": {n: whole[n].detach().clone() for n in names} if D.is_main() else {},
+            "phi": {n: p.detach().clone() for n, p in d.composer.named_parameters()}}
+
+
+def row(r) -> dict:
+    return {k: v for k, v in asdict(r.row).items() if k != "step_seconds"}
+
+
+def main(mode: str, out: Path) -> None:
+    torch.set_num_threads(1)
+    SH.setup()
+    base, tokenizer, tasks, trajs, texts = setup()
+    tasks, trajs = my_slice(tasks, trajs)
+    for case, (method, student_mode) in CASES.items():
+        d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
+                      out_dir=str(out / case))
+        rows = []
+        if mode == "train":
+            for k in range(3):
+                rows.append(row(d.update(tasks, trajs)))
+                if k == 1:
+                    d.save_checkpoint()  # sharded, after update 2
+        else:
+            assert d.load_checkpoint(), "no checkpoint to resume"
+            rows.append(row(d.update(tasks, trajs)))
+        res = result(d, rows)
+        if D.is_main():
+            torch.save(res, out / f"{case}_{mode}.pt")
+        D.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
