@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lopd_core import distributed as D
+from lopd_core import sharding as SH
 from lopd_core.lopd import losses as L
 from lopd_core.lopd.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.lopd.models import TeacherView, freeze
@@ -59,9 +60,10 @@ class ColdstartRun:
 
 def train_coldstart(base, tokenizer, composer: Composer, successes: list, retriever, *, steps: int,
                     batch_size: int, lr: float, kl_weight: float, seed: int, csv_path: str | Path | None = None,
-                    max_experience_tokens: int = 256, log=print) -> ColdstartRun:
+                    max_experience_tokens: int = 256, sharding: str = "none", log=print) -> ColdstartRun:
     """`successes`: oracle trajectories (token_ids, action_mask, task) of the pretraining worlds; `retriever(tasks)`
-    gives experience texts per task, excluding the task itself. Trains `composer` in place."""
+    gives experience texts per task, excluding the task itself. Trains `composer` in place. `sharding: fsdp2`
+    shards the frozen base between steps (lopd_core/sharding.py; the composer stays replicated)."""
     if not successes:
         raise ValueError("cold start needs at least one successful trajectory of the pretraining worlds' oracle")
     D.setup()
@@ -73,6 +75,11 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
     reader = _Reader(base, tokenizer, Framing.from_tokenizer(tokenizer),
                      ExperienceEncoder(TeacherView(base), tokenizer, max_tokens=max_experience_tokens),
                      mean_embedding_norm(base))
+    if sharding == "fsdp2":
+        SH.setup()
+        shards = SH.Sharding([], SH.shard_lm(base))  # frozen: read like a teacher, never stepped
+    else:
+        shards = SH.Sharding([])
     rng = random.Random(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(composer.parameters(), lr=lr, weight_decay=0.0)
@@ -82,7 +89,8 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
         started = time.perf_counter()
         batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
         mine = D.shard_range(len(batch))
-        row, applied = _coldstart_step(reader, composer, opt, batch[mine.start:mine.stop], retriever, kl_weight)
+        with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
+            row, applied = _coldstart_step(reader, composer, opt, batch[mine.start:mine.stop], retriever, kl_weight)
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
         run.rows.append(row)
         if not applied:

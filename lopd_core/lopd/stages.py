@@ -164,7 +164,8 @@ def run_coldstart(params: Params, log=print) -> dict:
         run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
                                batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
                                csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
-                               max_experience_tokens=params.composer.max_experience_tokens, log=log)
+                               max_experience_tokens=params.composer.max_experience_tokens,
+                               sharding=params.lopd.sharding, log=log)
     out = Path(cs.out)
     if D.is_main():  # every rank holds the same φ0: one copy on disk
         out.parent.mkdir(parents=True, exist_ok=True)

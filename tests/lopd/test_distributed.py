@@ -135,3 +135,29 @@ def test_two_processes_match_one(work):
     assert any(r["beta"] > 0 for r in ref)  # β moved, so its agreement says something
     worst = _compare("distill (steps 1-2: 2 processes; step 3: resumed in 1)", ref, got, COMPARED)
     print(f"tolerance rel {RTOL} abs {ATOL}; observed worst relative {max(worst, cold):.2e}")
+
+
+@pytest.mark.slow
+def test_fsdp2_under_accelerate_matches_one_process(work):
+    """`lopd.sharding=fsdp2` through the real launcher: the cold start (frozen base sharded) and three distill
+    steps (student and teacher sharded, a sharded checkpoint each step) on 2 processes give 1 process's rows, and
+    the student rank 0 exports from the shards is the 1-process student."""
+    from safetensors.torch import load_file
+
+    fsdp = ["lopd.sharding=fsdp2"]
+    _lopd(work, "coldstart", sets=["coldstart.out=data/composer/phi0_f1.pt", "lopd.csv=plots/f1/distill.csv"])
+    _lopd(work, "coldstart", procs=2, sets=[*fsdp, "coldstart.out=data/composer/phi0.pt",
+                                            "lopd.csv=plots/f2/distill.csv"])
+    _compare("coldstart fsdp2", _rows(work / "plots/f1/coldstart.csv"), _rows(work / "plots/f2/coldstart.csv"),
+             ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"])
+    _lopd(work, "distill", "--fresh", sets=["lopd.out_dir=data/f_one", "lopd.csv=plots/f1/distill.csv"])
+    _lopd(work, "distill", "--fresh", procs=2, sets=[*fsdp, "lopd.out_dir=data/f_two", "lopd.csv=plots/f2/distill.csv"])
+    assert len(list((work / "data/f_two/theta").iterdir())) == 1  # earlier steps' shards removed
+    _compare("distill fsdp2 (2 processes)", _rows(work / "plots/f1/distill.csv"), _rows(work / "plots/f2/distill.csv"),
+             COMPARED)
+    one = load_file(work / "data/f_one/student/model.safetensors")
+    two = load_file(work / "data/f_two/student/model.safetensors")
+    assert one.keys() == two.keys()
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"exported student max |Δ| {worst:.2e}")
+    assert worst < 1e-5
