@@ -12,6 +12,13 @@
 #   rollout_float32      benchmarks/rollout_throughput.py on the device            rollout_float32.json
 #   rollout_bfloat16     the same with a bf16 model                                rollout_bfloat16.json
 #   step_cost            benchmarks/step_cost.py on the device                     step_cost.json
+#   fsdp2                benchmarks/sharded_update.py under torchrun, one process   fsdp2.json
+#                        per GPU (one GPU: one process, a one-rank FSDP2 group):
+#                        sharded vs replicated updates, bytes per rank, CUDA peak
+#   vllm_served          only where `import vllm` works (else skipped, said so):   vllm_served.txt
+#                        `vllm serve` on the base, then `lopd bank`, `lopd coldstart`,
+#                        `lopd distill` with rollout.backend=openai on that server.
+#                        Untested: no machine with vLLM was at hand when it was written
 #   pytest_gpu           the tests marked gpu                                      pytest_gpu.txt
 # summary.json lists each stage's exit status and seconds; the script exits non-zero when any stage failed.
 set -uo pipefail
@@ -78,6 +85,51 @@ stage rollout_float32 240 rollout_float32.json "$py" benchmarks/rollout_throughp
 stage rollout_bfloat16 240 rollout_bfloat16.json "$py" benchmarks/rollout_throughput.py --model "$base" \
   --device "$device" --dtype bfloat16 --tasks "$tasks" --groups "$groups" --repeats "$reps"
 stage step_cost 300 step_cost.json "$py" benchmarks/step_cost.py --model "$base" --device "$device" "${step_args[@]}"
+# FSDP2: one process per GPU (the CPU dry run: 2 processes on gloo, small)
+if [ "$mode" = cpu ]; then
+  fsdp_procs=2; fsdp_args=(--device cpu --hidden 64 --layers 2 --updates 2)
+else
+  fsdp_procs=$("$py" -c "import torch; print(max(torch.cuda.device_count(), 1))")
+  fsdp_args=(--device cuda --hidden 1024 --layers 8 --updates 3)
+fi
+stage fsdp2 300 fsdp2.json "$py" -m torch.distributed.run --nproc_per_node "$fsdp_procs" --master_addr 127.0.0.1 \
+  --master_port 29531 benchmarks/sharded_update.py "${fsdp_args[@]}"
+
+# Rollouts on a vLLM server (rollout.backend=openai). Needs vllm in $py's environment and the base on a path
+# vLLM can load; the server's weights stay the base's (rollout.sync=none), enough to check the protocol end to end.
+vllm_served() {  # run by `bash -c` under the stage's timeout: the server goes with it (trap)
+  local work="$out/vllm_work" port=8011 pid rc
+  mkdir -p "$work"
+  "$py" -m vllm.entrypoints.openai.api_server --model "$base" --port "$port" --dtype float32 \
+    --max-model-len 2048 --gpu-memory-utilization 0.3 > "$out/vllm_server.log" 2>&1 &
+  pid=$!
+  trap 'kill "$pid" 2> /dev/null' EXIT
+  for _ in $(seq 1 150); do
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
+    kill -0 "$pid" 2> /dev/null || { echo "vllm serve exited; see vllm_server.log"; return 1; }
+    sleep 2
+  done
+  local sets=(--set "model.name_or_path=$base" --set rollout.max_new_tokens=24 --set rollout.max_context=1024
+              --set bank.seed_tasks=2
+              --set coldstart.steps=2 --set lopd.steps=2 --set lopd.tasks_per_step=2 --set lopd.samples_per_task=2
+              --set rollout.backend=openai --set "rollout.servers=[http://127.0.0.1:$port/v1]"
+              --set rollout.sync=none)
+  (cd "$work" && "$py" -m flows.cli bank "${sets[@]}" && "$py" -m flows.cli coldstart "${sets[@]}" \
+     && "$py" -m flows.cli distill --fresh "${sets[@]}")
+  rc=$?
+  kill "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+  return $rc
+}
+if "$py" -c "import vllm" > /dev/null 2>&1; then
+  export -f vllm_served
+  export out base py
+  stage vllm_served 900 vllm_served.txt bash -c vllm_served
+else
+  echo "gpu_check: vllm_served skipped: vllm does not import in $py (pip install vllm to run it)" >&2
+  summary+=("{\"stage\": \"vllm_served\", \"exit\": 0, \"seconds\": 0, \"output\": \"skipped: vllm not installed\"}")
+fi
+
 gpu_tests=$(grep -rl --include='test_*.py' 'mark.gpu' tests | sort)  # only these: the rest may need other packages
 if grep -q '"pytest": true' "$out/preflight.json" && [ -n "$gpu_tests" ]; then
   # shellcheck disable=SC2086  # one path per word
