@@ -11,7 +11,8 @@ wrong and would fire once per backward; the explicit reduction below happens onc
 
 Every rank holds full replicas (weights and optimizer states) and steps identically on identical gradients,
 so parameters, β and the state stay equal across ranks without broadcasting them; a checkpoint written by
-rank 0 is the whole state and resumes under any number of processes.
+rank 0 is the whole state and resumes under any number of processes. (`lopd.sharding: fsdp2` shards the student
+and teacher instead: sharding.py, which keeps the same SUM semantics for their gradients.)
 
 The process group comes from accelerate's `PartialState` (gloo on CPU, NCCL on CUDA) when WORLD_SIZE > 1, i.e.
 under `accelerate launch --multi_gpu --num_processes N` or `torchrun --nproc_per_node N`. In a single process
