@@ -10,12 +10,12 @@ Both arms run the same `Distiller.update`s on the same tiny batch (benchmarks/up
 2 samples, each rank its contiguous slice of the tasks), once with `lopd.sharding: none` and once with `fsdp2`;
 rank 0 prints JSON with both arms' figures and the ratios sharded / replicated, plus the largest difference of
 the dashboard rows and final weights between the arms (the sharded update is the replicated one, up to float
-summation order). With one process it still runs FSDP2 (a one-rank group), which checks the code path, not
-the saving. Memory is counted from the tensors each rank holds (a DTensor's local shard), after an update,
-not from the allocator (on CUDA its peak is printed too): on a CPU the process's resident size says little about
-one model's tensors. During an update the weights are gathered whole on every rank (sharding.py says why), so the peak is not divided by N;
-what is divided is what a rank keeps between steps: the weights, their gradient and the optimizer's state.
-The model is built larger than the tests' (--hidden, --layers) so that the weights, not the fixed overheads,
+summation order). With one process it still runs FSDP2 (a one-rank group), which checks the code path, not the
+saving. Memory is counted from the tensors each rank holds (a DTensor's local shard), after an update, not from the
+allocator (on CUDA its peak is printed too): on a CPU the process's resident size says little about one model's
+tensors. During an update the weights are gathered whole on every rank (sharding.py says why), so the peak is not
+divided by N; what is divided is what a rank keeps between steps: the weights, their gradient and the optimizer's
+state. The model is built larger than the tests' (--hidden, --layers) so that the weights, not the fixed overheads,
 dominate the timings.
 """
 

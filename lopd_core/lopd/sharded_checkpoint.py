@@ -53,8 +53,8 @@ def load_replicated_theta(trainable: torch.nn.Module, optimizer: torch.optim.Opt
     optimizer was built: the trainable parameters that need a gradient) into a sharded run."""
     names = [n for n, p in trainable.named_parameters() if p.requires_grad]
     by_index = dict(enumerate(names))
-    fqn_optim = {"state": {by_index[i]: s for i, s in optim_sd["state"].items()},
-                 "param_groups": [{**g, "params": [by_index[i] for i in g["params"]]} for g in optim_sd["param_groups"]]}
+    groups = [{**g, "params": [by_index[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+    fqn_optim = {"state": {by_index[i]: s for i, s in optim_sd["state"].items()}, "param_groups": groups}
     set_state_dict(trainable, optimizer, model_state_dict=model_sd, optim_state_dict=fqn_optim,
                    options=StateDictOptions(full_state_dict=True))
 

@@ -151,10 +151,11 @@ def test_fsdp2_under_accelerate_matches_one_process(work):
     _compare("coldstart fsdp2", _rows(work / "plots/f1/coldstart.csv"), _rows(work / "plots/f2/coldstart.csv"),
              ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"])
     _lopd(work, "distill", "--fresh", sets=["lopd.out_dir=data/f_one", "lopd.csv=plots/f1/distill.csv"])
-    _lopd(work, "distill", "--fresh", procs=2, sets=[*fsdp, "lopd.out_dir=data/f_two", "lopd.csv=plots/f2/distill.csv"])
+    _lopd(work, "distill", "--fresh", procs=2,
+          sets=[*fsdp, "lopd.out_dir=data/f_two", "lopd.csv=plots/f2/distill.csv"])
     assert len(list((work / "data/f_two/theta").iterdir())) == 1  # earlier steps' shards removed
-    _compare("distill fsdp2 (2 processes)", _rows(work / "plots/f1/distill.csv"), _rows(work / "plots/f2/distill.csv"),
-             COMPARED)
+    _compare("distill fsdp2 (2 processes)", _rows(work / "plots/f1/distill.csv"),
+             _rows(work / "plots/f2/distill.csv"), COMPARED)
     one = load_file(work / "data/f_one/student/model.safetensors")
     two = load_file(work / "data/f_two/student/model.safetensors")
     assert one.keys() == two.keys()
