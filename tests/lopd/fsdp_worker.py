@@ -1,6 +1,7 @@
 """The processes of tests/lopd/test_fsdp.py, started by torchrun (not a test module itself).
 
-    torchrun --nproc_per_node 2 tests/lopd/fsdp_worker.py train OUT    # 3 sharded updates, checkpoint after 2
+    torchrun --nproc_per_node 2 tests/lopd/fsdp_worker.py train OUT    # 3 sharded updates (checkpoint after 2),
+                                                                       # then the student exported
     torchrun --nproc_per_node 1 tests/lopd/fsdp_worker.py resume OUT   # update 3 resumed from that checkpoint
 
 Each rank takes its contiguous slice of the tasks (3 tasks over 2 ranks: 1 and 2, so the ranks run different
@@ -22,6 +23,7 @@ from benchmarks.sharded_update import distiller, my_slice  # noqa: E402
 from benchmarks.update_fingerprint import setup  # noqa: E402
 from lopd_core import distributed as D  # noqa: E402
 from lopd_core import sharding as SH  # noqa: E402
+from lopd_core.lopd.loop import export  # noqa: E402
 
 CASES = {"lopd_full": ("lopd", "full"), "lopd_lora": ("lopd", "lora"), "grpo_full": ("grpo", "full")}
 
@@ -52,6 +54,7 @@ def main(mode: str, out: Path) -> None:
                 rows.append(row(d.update(tasks, trajs)))
                 if k == 1:
                     d.save_checkpoint()  # sharded, after update 2
+            export(d, out / case / "student")  # rank 0 rebuilds the student from every rank's shards
         else:
             assert d.load_checkpoint(), "no checkpoint to resume"
             rows.append(row(d.update(tasks, trajs)))

@@ -4,7 +4,8 @@ Two processes on gloo run three sharded LOPD updates (full fine-tuning and LoRA)
 batch, each rank its slice of the tasks (fsdp_worker.py); this process runs the same updates unsharded, and the
 dashboard rows, β, the final student θ and composer φ agree within float tolerance. The sharded checkpoint written
 after update 2 by the two processes is resumed in one process, unsharded here and sharded (a one-rank group)
-in a launch, and update 3 lands on the uninterrupted run's numbers.
+in a launch, and update 3 lands on the uninterrupted run's numbers. The student rank 0 exports from the shards
+(LoRA merged) is the one-process run's.
 
 Why it can hold (up to float summation order): each rank's losses are its share of the whole batch's token
 means, FSDP's reduce-scatter is a SUM (divide factor 1), so the sharded gradient is the whole-batch one.
@@ -72,12 +73,14 @@ def _reference(case: str, out: Path) -> dict:
     """The same three updates in this process, unsharded, and update 3 resumed from the sharded checkpoint."""
     from benchmarks.sharded_update import distiller
     from benchmarks.update_fingerprint import setup
+    from lopd_core.lopd.loop import export
     from tests.lopd.fsdp_worker import CASES
 
     method, mode = CASES[case]
     base, tokenizer, tasks, trajs, texts = setup()
     d = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method, out_dir=str(out / "one"))
     rows = [{k: v for k, v in asdict(d.update(tasks, trajs).row).items() if k != "step_seconds"} for _ in range(3)]
+    export(d, out / "one" / case / "student")
     ref = {"rows": rows, "beta": d.state.beta, "theta": dict(d.trainable.named_parameters()),
            "phi": dict(d.composer.named_parameters())}
     # the two processes' sharded checkpoint (after update 2), resumed here in one unsharded process
@@ -108,6 +111,8 @@ def _compare(label: str, ref: dict, got: dict) -> None:
 
 @pytest.mark.slow
 def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
+    from safetensors.torch import load_file
+
     from tests.lopd.fsdp_worker import CASES
 
     _launch(2, "train", tmp_path)  # sharded over 2 ranks; checkpoint after update 2
@@ -123,3 +128,10 @@ def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
         _compare(f"{case} resumed in 1 unsharded process", last, ref["resumed"])
         _compare(f"{case} resumed in 1 sharded process", last, torch.load(tmp_path / f"{case}_resume.pt",
                                                                           weights_only=True))
+        # the exported Hugging Face student (LoRA merged) is the one-process run's
+        one = load_file(tmp_path / "one" / case / "student" / "model.safetensors")
+        two = load_file(tmp_path / case / "student" / "model.safetensors")
+        assert one.keys() == two.keys()
+        worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+        print(f"{case}: exported student max |Δ| {worst:.2e}")
+        assert worst < WEIGHT_ATOL
