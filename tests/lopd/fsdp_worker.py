@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 2 tests/lopd/fsdp_worker.py train OUT    # 3 sharded updates (checkpoint after 2),
                                                                        # then the student exported
-    torchrun --nproc_per_node 1 tests/lopd/fsdp_worker.py resume OUT   # update 3 resumed from that checkpoint
+    torchrun --nproc_per_node 1 tests/lopd/fsdp_worker.py resume OUT   # update 3 resumed from that checkpoint, and
+                                                                       # from the one-process run's (replicated)
 
 Each rank takes its contiguous slice of the tasks (3 tasks over 2 ranks: 1 and 2, so the ranks run different
 numbers of passes). Rank 0 saves, per case, the dashboard rows, β and the whole final θ and φ to OUT/CASE.pt.
@@ -46,22 +47,29 @@ def main(mode: str, out: Path) -> None:
     base, tokenizer, tasks, trajs, texts = setup()
     tasks, trajs = my_slice(tasks, trajs)
     for case, (method, student_mode) in CASES.items():
-        d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
-                      out_dir=str(out / case))
-        rows = []
         if mode == "train":
+            d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
+                          out_dir=str(out / case))
+            rows = []
             for k in range(3):
                 rows.append(row(d.update(tasks, trajs)))
                 if k == 1:
                     d.save_checkpoint()  # sharded, after update 2
             export(d, out / case / "student")  # rank 0 rebuilds the student from every rank's shards
-        else:
-            assert d.load_checkpoint(), "no checkpoint to resume"
-            rows.append(row(d.update(tasks, trajs)))
-        res = result(d, rows)
-        if D.is_main():
-            torch.save(res, out / f"{case}_{mode}.pt")
-        D.barrier()
+            save(out / f"{case}_train.pt", result(d, rows))
+            continue
+        # resume: the 2-rank sharded checkpoint, then the one-process replicated one (test_fsdp.py wrote it)
+        for source, name in ((out / case, "resume"), (out / "one" / case, "resume_replicated")):
+            d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
+                          out_dir=str(source))
+            assert d.load_checkpoint(), f"no checkpoint to resume in {source}"
+            save(out / f"{case}_{name}.pt", result(d, [row(d.update(tasks, trajs))]))
+
+
+def save(path: Path, res: dict) -> None:
+    if D.is_main():
+        torch.save(res, path)
+    D.barrier()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Two processes on gloo run three sharded LOPD updates (full fine-tuning and LoRA)
 batch, each rank its slice of the tasks (fsdp_worker.py); this process runs the same updates unsharded, and the
 dashboard rows, β, the final student θ and composer φ agree within float tolerance. The sharded checkpoint written
 after update 2 by the two processes is resumed in one process, unsharded here and sharded (a one-rank group)
-in a launch, and update 3 lands on the uninterrupted run's numbers. The student rank 0 exports from the shards
+in a launch, and update 3 lands on the uninterrupted run's numbers; so does the one-process run's replicated
+checkpoint resumed sharded. The student rank 0 exports from the shards
 (LoRA merged) is the one-process run's.
 
 Why it can hold (up to float summation order): each rank's losses are its share of the whole batch's token
@@ -78,8 +79,13 @@ def _reference(case: str, out: Path) -> dict:
 
     method, mode = CASES[case]
     base, tokenizer, tasks, trajs, texts = setup()
-    d = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method, out_dir=str(out / "one"))
-    rows = [{k: v for k, v in asdict(d.update(tasks, trajs).row).items() if k != "step_seconds"} for _ in range(3)]
+    d = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method,
+                  out_dir=str(out / "one" / case))
+    rows = []
+    for i in range(3):
+        rows.append({k: v for k, v in asdict(d.update(tasks, trajs).row).items() if k != "step_seconds"})
+        if i == 1:
+            d.save_checkpoint()  # replicated, after update 2: the 1-rank launch resumes it sharded
     export(d, out / "one" / case / "student")
     ref = {"rows": rows, "beta": d.state.beta, "theta": dict(d.trainable.named_parameters()),
            "phi": dict(d.composer.named_parameters())}
@@ -128,6 +134,8 @@ def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
         _compare(f"{case} resumed in 1 unsharded process", last, ref["resumed"])
         _compare(f"{case} resumed in 1 sharded process", last, torch.load(tmp_path / f"{case}_resume.pt",
                                                                           weights_only=True))
+        _compare(f"{case} replicated checkpoint resumed sharded", last,
+                 torch.load(tmp_path / f"{case}_resume_replicated.pt", weights_only=True))
         # the exported Hugging Face student (LoRA merged) is the one-process run's
         one = load_file(tmp_path / "one" / case / "student" / "model.safetensors")
         two = load_file(tmp_path / case / "student" / "model.safetensors")
