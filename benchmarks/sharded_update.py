@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the base's weights (a LoRA adapter stays float32 beside a bf16 base)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     SH.setup()  # on CUDA this pins each rank to its LOCAL_RANK's GPU first (distributed.setup)
@@ -96,7 +98,7 @@ def main() -> None:
     small, tokenizer, tasks, trajs, texts = setup()
     torch.manual_seed(0)
     base = tiny_qwen3(TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
-                                      intermediate_size=2 * args.hidden), tokenizer).eval().to(device)
+                                      intermediate_size=2 * args.hidden), tokenizer).eval().to(device, getattr(torch, args.dtype))
     del small
     tasks, trajs = my_slice(tasks, trajs)
     arms = {}
@@ -122,7 +124,7 @@ def main() -> None:
         mean = {k: sum(a["seconds_per_update"]) / len(a["seconds_per_update"]) for k, a in arms.items()}
         print(json.dumps({
             "processes": D.world_size(), "backend": torch.distributed.get_backend(), "device": str(device),
-            "mode": args.mode,
+            "mode": args.mode, "dtype": args.dtype,
             "hidden": args.hidden, "layers": args.layers, "updates": args.updates,
             "replicated": {"seconds_per_update": mean["none"], "rank0_bytes": rep["rank_bytes"]},
             "sharded": {"seconds_per_update": mean["fsdp2"], "rank0_bytes": sh["rank_bytes"]},

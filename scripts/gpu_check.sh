@@ -15,6 +15,7 @@
 #   fsdp2                benchmarks/sharded_update.py under torchrun, one process   fsdp2.json
 #                        per GPU (one GPU: one process, a one-rank FSDP2 group):
 #                        sharded vs replicated updates, bytes per rank, CUDA peak
+#   fsdp2_lora_bf16      the same in LoRA mode on a bf16 base                      fsdp2_lora_bf16.json
 #   vllm_served          only where `import vllm` works (else skipped, said so):   vllm_served.txt
 #                        `vllm serve` on the base, then `lopd bank`, `lopd coldstart`,
 #                        `lopd distill` with rollout.backend=openai on that server.
@@ -94,6 +95,9 @@ else
 fi
 stage fsdp2 300 fsdp2.json "$py" -m torch.distributed.run --nproc_per_node "$fsdp_procs" --master_addr 127.0.0.1 \
   --master_port 29531 benchmarks/sharded_update.py "${fsdp_args[@]}"
+stage fsdp2_lora_bf16 300 fsdp2_lora_bf16.json "$py" -m torch.distributed.run --nproc_per_node "$fsdp_procs" \
+  --master_addr 127.0.0.1 --master_port 29532 benchmarks/sharded_update.py "${fsdp_args[@]}" --mode lora \
+  --dtype bfloat16
 
 # Rollouts on a vLLM server (rollout.backend=openai). Needs vllm in $py's environment and the base on a path
 # vLLM can load; the server's weights stay the base's (rollout.sync=none), enough to check the protocol end to end.
