@@ -35,9 +35,6 @@ import torch.distributed as dist
 
 from lopd_core import distributed as D
 
-MODES = ("none", "fsdp2")
-
-
 def setup() -> None:
     """The process group FSDP2 needs, also for one process (a one-rank group, so the same code runs on one GPU)."""
     D.setup()
@@ -57,10 +54,11 @@ def decoder_blocks(lm) -> list[torch.nn.Module]:
 
 def shard_lm(lm) -> list[torch.nn.Module]:
     """`fully_shard` each block, then the LM; returns the sharded modules, the LM last (its root)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     device = "cuda" if next(lm.parameters()).is_cuda else "cpu"
-    mesh = dist.device_mesh.init_device_mesh(device, (dist.get_world_size(),))
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     modules = []
     for block in decoder_blocks(lm):
         modules.append(fully_shard(block, mesh=mesh))
