@@ -97,8 +97,9 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     small, tokenizer, tasks, trajs, texts = setup()
     torch.manual_seed(0)
-    base = tiny_qwen3(TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
-                                      intermediate_size=2 * args.hidden), tokenizer).eval().to(device, getattr(torch, args.dtype))
+    shape = TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
+                            intermediate_size=2 * args.hidden)
+    base = tiny_qwen3(shape, tokenizer).eval().to(device, getattr(torch, args.dtype))
     del small
     tasks, trajs = my_slice(tasks, trajs)
     arms = {}

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from lopd_core import distributed as D
 
+
 def setup() -> None:
     """The process group FSDP2 needs, also for one process (a one-rank group, so the same code runs on one GPU)."""
     D.setup()
