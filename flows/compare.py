@@ -44,6 +44,7 @@ from tasks.caching import (
     plugin_fingerprint,
     stage_key,
 )
+from tasks.stage_params import COMPARE_CODE
 from tasks.stages import log
 from tasks.tracking import Tracker, eval_metrics, git_commit
 
@@ -99,7 +100,7 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
         sections["plugins"] = plugins
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
     phase = "tune" if validation_n else "final"
-    key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
+    key = stage_key(key_payload(f"compare-{phase}", sections, inputs, code=COMPARE_CODE))
     work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-{world}-s{seed}-lr{lr:g}-{key[:10]}"
     p.model.name_or_path = base
     return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
