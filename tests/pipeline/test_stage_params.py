@@ -224,6 +224,7 @@ def test_inputs_other_than_the_tables_are_refused():
 
 def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path):
     from flows import stages as S
+    from tasks.tracking import NULL_TRACKER
 
     teacher = tmp_path / "base"
     teacher.mkdir()
@@ -236,7 +237,7 @@ def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path)
 
     monkeypatch.setattr(S, "run_cached", fake_run_cached)
     S.distill_flow.fn(Params(), "hub/model", {"bank_dir": str(tmp_path), "index_dir": str(tmp_path)}, "phi0.pt",
-                      str(teacher), track=False)
+                      str(teacher), tracker=NULL_TRACKER)
     assert seen["stage"] == "distill" and seen["inputs"]["teacher"] == str(teacher)
     assert seen["kwargs"]["teacher"] == str(teacher)
 
