@@ -151,6 +151,8 @@ def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY
 class _Runs:
     """What Tracker and NullTracker share: a run as a context manager over their start_run and end."""
 
+    __slots__ = ()
+
     @contextmanager
     def run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> Iterator[str | None]:
         """A run opened before the work it records and ended after it: FINISHED, or FAILED when the work raises
@@ -168,7 +170,7 @@ class NullTracker(_Runs):
     """The tracker of a run with MLflow off: every method of Tracker, recording nothing (run ids are None,
     registry versions None)."""
 
-    enabled = False
+    __slots__ = ()
 
     def start_run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> None:
         return None
@@ -216,9 +218,13 @@ def make_tracker(cfg: TrackingConfig, track: bool) -> Tracker | NullTracker:
 
 
 class Tracker(_Runs):
-    """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry."""
+    """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry.
 
-    enabled = True
+    Slotted: Prefect records a flow's parameters, and a plain object would be recorded field by field (the store's
+    URI with whatever credentials it holds, the client's internals); without a __dict__ it is recorded as
+    `<Tracker>`."""
+
+    __slots__ = ("cfg", "client", "experiment_id", "uri")
 
     def __init__(self, cfg: TrackingConfig):
         from mlflow import MlflowClient

@@ -133,6 +133,15 @@ def test_no_deterministic_local_task_retries():
         assert not task.retries, task.name
 
 
+def test_prefect_records_the_tracker_by_name_only(tracker):
+    """A flow's parameters are stored by Prefect: the tracker must not spill its store URI or client there."""
+    from flows.stages import evaluate_flow
+    from tasks.tracking import NULL_TRACKER
+
+    assert evaluate_flow.serialize_parameters({"tracker": tracker}) == {"tracker": "<Tracker>"}
+    assert evaluate_flow.serialize_parameters({"tracker": NULL_TRACKER}) == {"tracker": "<NullTracker>"}
+
+
 def test_the_flows_build_no_mlflow_client_of_their_own():
     """One MlflowClient per command: the cycle and compare make one tracker (make_tracker) and pass it down."""
     built = {path.relative_to(ROOT).as_posix() for folder in ("flows", "tasks") for path in (ROOT / folder).glob("*.py")
