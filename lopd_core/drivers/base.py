@@ -11,5 +11,5 @@ from lopd_core.model.warmstart import BaseBuildReport, build_base
 def run_base(params: Params, out: str | Path, log=print) -> BaseBuildReport:
     """Build the embedded base into `out` (`lopd base` passes model.base_dir or --out; the cycle its work
     folder)."""
-    log(f"base: building the embedded base into {out}")
+    log(f"building the embedded base into {out}")
     return build_base(params, out, log=log)

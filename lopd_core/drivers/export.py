@@ -19,5 +19,6 @@ def run_export(params: Params, model: str | Path, out: str | Path, *, student_ev
     """Export `model` to `out`; the card shows the evaluations at `student_eval` and `base_eval` (missing: none)."""
     path = export_checkpoint(model, out, rollout=params.rollout, student_eval=_read(student_eval),
                              base_eval=_read(base_eval), lineage=lineage, name=params.tracking.registered_model)
-    log(f"export: {model} -> {path} (loads with AutoModelForCausalLM.from_pretrained; model card {path / 'README.md'})")
+    log(f"exported {model} -> {path} (model card: {path / 'README.md'}; loads with "
+        "AutoModelForCausalLM.from_pretrained)")
     return path
