@@ -1,0 +1,58 @@
+"""What a rollout takes and returns: the sampling settings, a request, and the trajectory (the training contract).
+
+What a trajectory records (the contract training relies on):
+  * token_ids       — the whole conversation, exactly the ids the policy saw and produced;
+  * action_mask     — 1 where the policy sampled the token (its actions and their closing <|im_end|>), 0 for
+                      forced tokens (system, user, observations, turn framing, a closing <|im_end|> the engine
+                      had to add after a turn ran out of tokens);
+  * sample_logprobs — log-probability of each sampled token under the distribution it was drawn from
+                      (after temperature and top-p; greedy records the plain log-softmax), 0 where forced;
+  * reward, success, stop_reason and the environment's episode record.
+The same contract holds whether the in-process engine or an inference server generated the tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lopd_core.envs import Task
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64  # per assistant turn
+    max_context: int = 1024  # a trajectory that outgrows this is closed with stop_reason "context_limit"
+    # An observation's own tokens beyond this are cut, and the model is told so (`bounded_observation`).
+    max_observation_tokens: int = 512
+    # OpenAI-compatible base URLs (…/v1) that generate instead of the in-process engine (`rollout.backend:
+    # openai`, lopd_core/rollout/served.py); empty: the engine generates with the model it is given.
+    servers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    task: Task
+    sample_index: int = 0
+    experiences: tuple[str, ...] = ()  # success texts placed in the first user turn (empty for the student)
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    sample_index: int
+    experiences: tuple[str, ...]
+    token_ids: list[int]
+    action_mask: list[int]
+    sample_logprobs: list[float]
+    prompt_length: int  # forced tokens before the first action
+    reward: float = 0.0
+    success: bool = False
+    stop_reason: str = ""
+    num_turns: int = 0
+    episode: list[dict] = field(default_factory=list)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
