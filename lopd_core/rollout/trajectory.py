@@ -26,9 +26,25 @@ class Sampling:
     max_context: int = 1024  # a trajectory that outgrows this is closed with stop_reason "context_limit"
     # An observation's own tokens beyond this are cut, and the model is told so (`bounded_observation`).
     max_observation_tokens: int = 512
-    # OpenAI-compatible base URLs (…/v1) that generate instead of the in-process engine (`rollout.backend:
-    # openai`, lopd_core/rollout/served.py); empty: the engine generates with the model it is given.
-    servers: tuple[str, ...] = ()
+    # Inference servers that generate instead of the in-process engine (`rollout.backend: openai`,
+    # lopd_core/rollout/served.py); None: the engine generates with the model it is given.
+    served: ServedBackend | None = None
+
+
+@dataclass(frozen=True)
+class ServedBackend:
+    """OpenAI-compatible servers that generate a rollout's turns, and how their weights are kept current."""
+
+    servers: tuple[str, ...]  # base URLs, http://HOST:PORT/v1; each takes a slice of the requests
+    sync_dir: str = ""  # where the policy is saved for the servers to reload ("" a temporary folder)
+    api_key_env: str = "LOPD_API_KEY"  # the environment variable holding the servers' key (unset: none sent)
+
+    @classmethod
+    def from_settings(cls, rollout_cfg) -> ServedBackend | None:
+        """The `rollout` section's servers when its backend is openai; None for the in-process engine."""
+        if rollout_cfg.backend != "openai":
+            return None
+        return cls(tuple(rollout_cfg.servers), rollout_cfg.sync_dir, rollout_cfg.api_key_env)
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,6 @@ class RolloutConfig(Section):
         if self.backend == "openai" and not self.servers:
             raise ConfigError("rollout.servers: got [], expected at least one base URL with rollout.backend openai")
 
-    @property
-    def served_urls(self) -> tuple[str, ...]:
-        """The servers that generate (Sampling.servers): none unless the backend is openai."""
-        return tuple(self.servers) if self.backend == "openai" else ()
-
 
 @dataclass(frozen=True)
 class RetrievalSettings:
