@@ -172,6 +172,7 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
         job = asyncio.ensure_future(_generate(turn, batcher, on_token))
         yield _chunk(head, {"role": "assistant", "content": ""})
         text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
+        pending: list = []  # log-prob entries of tokens not sent yet (a token may add no text of its own)
         while not (job.done() and tokens.empty()):
             getter = asyncio.ensure_future(tokens.get())
             await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
@@ -180,10 +181,12 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
                 continue
             token_id, logprob, top = getter.result()
             piece = text.add(token_id)
+            if req.logprobs:
+                pending += chat_logprobs(loaded.tokenizer, [token_id], [logprob], [top],
+                                         req.return_tokens_as_token_ids)["content"]
             if live and piece:
-                logprobs = (chat_logprobs(loaded.tokenizer, [token_id], [logprob], [top],
-                                          req.return_tokens_as_token_ids) if req.logprobs else None)
-                yield _chunk(head, {"content": piece}, logprobs=logprobs)
+                yield _chunk(head, {"content": piece}, logprobs={"content": pending} if req.logprobs else None)
+                pending = []
         body = await _record(turn, job.result(), store, recorded)
         head["lopd"] = body["lopd"]
         choice = body["choices"][0]
@@ -194,8 +197,9 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
             content = message["content"]
             # what was streamed is a prefix of the message's text; anything else cannot be taken back
             rest = (content[len(text.shown):] if content.startswith(text.shown) else "") if live else content
-            if rest:
-                yield _chunk(head, {"content": rest}, logprobs=None if live else choice["logprobs"])
+            if rest or (live and pending):  # the tokens not sent yet (the end token's log-prob among them)
+                yield _chunk(head, {"content": rest}, logprobs=(None if not req.logprobs else {"content": pending}
+                                                                if live else choice["logprobs"]))
         yield _chunk(head, {}, choice["finish_reason"])
         yield "data: [DONE]\n\n"
     finally:
