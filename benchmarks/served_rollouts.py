@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -55,8 +56,9 @@ def start_server(folder: Path, work: Path, threads: int):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     with open(work / f"server-{port}.log", "w") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port",
-                                 str(port), "--poll-s", "0", "--device", "cpu", "--store", str(work / f"traces-{port}")],
+        command = [sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port", str(port),
+                   "--poll-s", "0", "--device", "cpu", "--store", str(work / f"traces-{port}")]
+        proc = subprocess.Popen(command,
                                 cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.DEVNULL,
                                 stderr=log, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -123,6 +125,7 @@ def main() -> None:
         for proc, _ in servers:
             proc.terminate()
             proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
     tokens = sum(t.num_action_tokens for t in local)
     for row in results.values():
         row["tokens_per_s"] = round(tokens / row["seconds"], 1)
