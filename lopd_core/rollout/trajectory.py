@@ -36,6 +36,7 @@ class ServedBackend:
     """OpenAI-compatible servers that generate a rollout's turns, and how their weights are kept current."""
 
     servers: tuple[str, ...]  # base URLs, http://HOST:PORT/v1; each takes a slice of the requests
+    sync: str = "reload"  # "reload": save the policy, POST /admin/reload on each server; "none": not synced here
     sync_dir: str = ""  # where the policy is saved for the servers to reload ("" a temporary folder)
     api_key_env: str = "LOPD_API_KEY"  # the environment variable holding the servers' key (unset: none sent)
 
@@ -44,7 +45,7 @@ class ServedBackend:
         """The `rollout` section's servers when its backend is openai; None for the in-process engine."""
         if rollout_cfg.backend != "openai":
             return None
-        return cls(tuple(rollout_cfg.servers), rollout_cfg.sync_dir, rollout_cfg.api_key_env)
+        return cls(tuple(rollout_cfg.servers), rollout_cfg.sync, rollout_cfg.sync_dir, rollout_cfg.api_key_env)
 
 
 @dataclass(frozen=True)

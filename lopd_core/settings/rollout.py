@@ -38,6 +38,11 @@ class RolloutConfig(Section):
     servers: list[str] = setting(
         factory=list, help="with backend openai: base URLs (http://HOST:PORT/v1) of lopd serve, vLLM or SGLang "
         "servers; each takes a slice of a step's tasks")
+    sync: str = setting(
+        "reload", check=one_of("reload", "none"),
+        help="with backend openai: how the servers get each update: reload (the student saved to sync_dir, then POST "
+        "/admin/reload on each server: lopd serve) or none (the servers are kept current by other means, e.g. "
+        "vLLM's weight-transfer API; docs/scaling.md)")
     sync_dir: str = setting(
         "", help="with backend openai: where the student is saved for the servers to reload after each update (a "
         "folder they can read; empty: a temporary folder, for servers on this machine)")
