@@ -80,51 +80,11 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     key = cfg.api_key()
     recorded: dict[str, str] = {}  # trajectory id -> session, of what this process wrote (feedback targets)
 
-    async def poll_registry():
-        while True:
-            await asyncio.sleep(cfg.poll_s)
-            try:
-                version, changed = await asyncio.to_thread(holder.reload)
-                if changed:
-                    log.warning("now serving %s", version)
-            except Exception as exc:  # noqa: BLE001  an unreachable registry keeps the current model
-                log.warning("registry poll failed, still serving %s: %s", holder.current.version, exc)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        batcher.start()
-        poller = asyncio.create_task(poll_registry()) if cfg.poll_s > 0 and holder.registry else None
-        yield
-        if poller:
-            poller.cancel()
-        await asyncio.to_thread(batcher.stop)
-
-    app = FastAPI(title="lopd serve", lifespan=lifespan)
+    app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder))
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request, exc: ApiError):
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        if first.get("type") == "json_invalid":
-            return error_response(400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}",
-                                  "invalid_json")
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request, exc):
-        return error_response(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "http")
-
-    @app.exception_handler(Exception)
-    async def crash(request, exc):
-        log.exception("unexpected error")
-        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error", kind="server_error")
+    _add_error_handlers(app)
 
     def authorized(request: Request) -> None:
         if key is None:
@@ -156,6 +116,38 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
              authorized=authorized, room=room)
     add_completions(app, cfg, batcher, holder, authorized)
 
+    _add_feedback(app, sessions=sessions, store=store, recorded=recorded, authorized=authorized, room=room)
+    _add_reload(app, holder, authorized)
+    return app
+
+
+def _add_error_handlers(app) -> None:
+    """Every error in OpenAI's shape: validation 400, unknown route 404, anything unexpected 500."""
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}",
+                                  "invalid_json")
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        return error_response(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "http")
+
+    @app.exception_handler(Exception)
+    async def crash(request, exc):
+        log.exception("unexpected error")
+        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error", kind="server_error")
+
+
+def _add_feedback(app, *, sessions, store, recorded: dict, authorized, room) -> None:
     @app.post("/v1/feedback", dependencies=[Depends(authorized)])
     async def feedback(fb: Feedback):
         if not math.isfinite(fb.reward) or not 0.0 <= fb.reward <= 1.0:
@@ -177,6 +169,8 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
         await asyncio.to_thread(store.append, record)
         return {"ok": True, "trajectory_id": trajectory_id}
 
+
+def _add_reload(app, holder, authorized) -> None:
     @app.post("/admin/reload", dependencies=[Depends(authorized)])
     async def reload(body: Reload | None = None):
         try:
@@ -186,5 +180,26 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
                            "reload_failed") from None
         return {"model_version": version, "changed": changed}
 
-    return app
 
+def _lifespan(cfg: ServeConfig, batcher: Batcher, holder: ModelHolder):
+    """Start the decoder thread (and the registry poller, serving the registry) with the app; stop them after."""
+    async def poll_registry():
+        while True:
+            await asyncio.sleep(cfg.poll_s)
+            try:
+                version, changed = await asyncio.to_thread(holder.reload)
+                if changed:
+                    log.warning("now serving %s", version)
+            except Exception as exc:  # noqa: BLE001  an unreachable registry keeps the current model
+                log.warning("registry poll failed, still serving %s: %s", holder.current.version, exc)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        poller = asyncio.create_task(poll_registry()) if cfg.poll_s > 0 and holder.registry else None
+        yield
+        if poller:
+            poller.cancel()
+        await asyncio.to_thread(batcher.stop)
+
+    return lifespan
