@@ -18,6 +18,7 @@ trajectory and turn: reproducible on the same server, but not the engine's draws
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -48,12 +49,14 @@ def served_rollout(model, codec, requests: list[RolloutRequest], *, sampling: Sa
     clients = [_Server(url, _api_key(backend)) for url in backend.servers]
     owner = [i * len(clients) // max(len(requests), 1) for i in range(len(requests))]  # contiguous slices
     done = [0]
+    counting = threading.Lock()
 
     def play(i: int) -> Trajectory:
         traj = _play(clients[owner[i]], codec, requests[i], sampling=sampling, seed=seeds[i])
-        done[0] += 1
-        if progress is not None:
-            progress(done[0], len(requests))
+        with counting:  # progress reports a count, from whichever thread finished
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(requests))
         return traj
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(requests)))) as pool:
