@@ -73,7 +73,7 @@ from lopd_core.lopd.step import StepResult, chunk_group, micro_batches
 from lopd_core.lopd.teacher import Framing
 from lopd_core.lopd.teacher_context import TeacherContext  # noqa: F401  re-exported
 from lopd_core.model.chat import make_chat
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.engine import RolloutRequest, Sampling, ServedBackend, rollout
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
 
@@ -210,7 +210,7 @@ class Distiller:
                  for i in range(len(requests))]
         sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context - self.splice_room,
-                            max_observation_tokens=ro.max_observation_tokens)
+                            max_observation_tokens=ro.max_observation_tokens, served=ServedBackend.from_settings(ro))
         trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
                         seed=self.params.seed * 1_000_003 + s, seeds=seeds)
         self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
