@@ -42,26 +42,24 @@ def _log(message: str) -> None:
 
 
 def cmd_base(params: Params, args) -> int:
-    from lopd_core.model.warmstart import build_base
+    from lopd_core.drivers.base import run_base
 
-    out = args.out or params.model.base_dir
-    _log(f"building the embedded base into {out}")
-    report = build_base(params, out, log=_log)
+    report = run_base(params, args.out or params.model.base_dir, log=_log)
     _log(f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
          f"({report.epochs_done} epochs), final loss {report.final_loss}")
     return 0
 
 
 def cmd_bank(params: Params, args) -> int:
-    from lopd_core.lopd.stages import seed_bank
+    from lopd_core.drivers.bank import run_bank
 
-    summary = seed_bank(params, log=_log)
+    summary = run_bank(params, log=_log)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
 
 def cmd_coldstart(params: Params, args) -> int:
-    from lopd_core.lopd.stages import run_coldstart
+    from lopd_core.drivers.coldstart import run_coldstart
 
     summary = run_coldstart(params, log=_log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
@@ -83,8 +81,8 @@ def cmd_distill(params: Params, args) -> int:
 
 
 def cmd_evaluate(params: Params, args) -> int:
-    from lopd_core.evaluation import evaluate_stage, summary_table, write_metrics
-    from lopd_core.model.loading import load_policy
+    from lopd_core.drivers.evaluate import run_evaluate
+    from lopd_core.evaluation import summary_table
     from lopd_core.outputs import file_target, outside_of
 
     # a folder, FIFO or device, or a file of the model being evaluated, is refused before minutes of evaluation
@@ -104,9 +102,8 @@ def cmd_evaluate(params: Params, args) -> int:
         results = run_sharded(args.params, args.overrides, task_runner=args.task_runner, out=args.out)
         path = args.out or params.eval.out
     else:
-        model, tokenizer = load_policy(params.model)
-        results = evaluate_stage(model, tokenizer, params, log=_log)  # eval.benchmarks too; none by default
-        path = write_metrics(results, args.out or params.eval.out)
+        path = args.out or params.eval.out
+        results = run_evaluate(params, path, log=_log)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(summary_table(results))  # the whole file is at `path`; here, one line per environment, split and mode
     return 0

@@ -29,7 +29,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, task, unmapped
+from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import stages as S
@@ -45,8 +46,9 @@ from tasks.caching import (
     plugin_fingerprint,
     stage_key,
 )
+from tasks.stage_params import COMPARE_CODE
 from tasks.stages import log
-from tasks.tracking import Tracker, eval_metrics, git_commit
+from tasks.tracking import NullTracker, Tracker, eval_metrics, git_commit, make_tracker
 
 
 def preset_params(params_file: str, overrides: list[str]) -> tuple[Params, object, list[str]]:
@@ -61,18 +63,22 @@ def preset_params(params_file: str, overrides: list[str]) -> tuple[Params, objec
     return load_params(params_file, merged), preset, merged
 
 
-@task(name="compare-run", retries=0)
+@task(name="compare-run", cache_policy=NO_CACHE)  # a finished run is found by its folder (module docstring)
 def compare_run_task(work: str, params: Params, method: str, budget: int, bank: dict | None, phi0: str | None,
-                     curve_points: int, curve_n: int, eval_n: int, validation_n: int) -> dict:
-    """One (method, seed, lr) run in its own folder (lopd_core/compare/run.py)."""
+                     curve_points: int, curve_n: int, eval_n: int, validation_n: int,
+                     tracker: Tracker | NullTracker, parent: str | None, run_name: str, run_tags: dict) -> dict:
+    """One (method, seed, lr) run in its own folder (lopd_core/compare/run.py), inside its MLflow child run."""
     from lopd_core.compare.run import run_method
 
     bank = bank or {}
-    log(f"compare: {method} seed {params.seed} lr {params.lopd.lr_student:g} -> {work}")
-    summary = run_method(params, method, work, budget=budget, bank_rollouts=bank.get("sampled", 0),
-                         bank_dir=bank.get("bank_dir"), index_dir=bank.get("index_dir"), phi0=phi0,
-                         curve_points=curve_points, curve_n=curve_n, eval_n=eval_n, validation_n=validation_n,
-                         log=log)
+    with tracker.run(run_name, parent=parent, tags={**run_tags, "lopd.cached": False}) as run:
+        tracker.log_params(run, params.to_dict())
+        log(f"compare: {method} seed {params.seed} lr {params.lopd.lr_student:g} -> {work}")
+        summary = run_method(params, method, work, budget=budget, bank_rollouts=bank.get("sampled", 0),
+                             bank_dir=bank.get("bank_dir"), index_dir=bank.get("index_dir"), phi0=phi0,
+                             curve_points=curve_points, curve_n=curve_n, eval_n=eval_n, validation_n=validation_n,
+                             log=log)
+        _log_results(tracker, run, summary)
     return mark_complete(work, summary)
 
 
@@ -100,40 +106,48 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
         sections["plugins"] = plugins
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
     phase = "tune" if validation_n else "final"
-    key = stage_key(key_payload(f"compare-{phase}", sections, inputs))
+    key = stage_key(key_payload(f"compare-{phase}", sections, inputs, code=COMPARE_CODE))
     work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-{world}-s{seed}-lr{lr:g}-{key[:10]}"
     p.model = replace(p.model, name_or_path=base)
     return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
             "phase": phase, "validation_n": validation_n}
 
 
-def _run_all(jobs: list[dict], preset, tracker: Tracker | None, parent: str | None) -> list[dict]:
-    """Map the task over the jobs not finished yet; every job's summary, in job order."""
+def _run_name(job: dict) -> tuple[str, dict]:
+    """The child run's name and tags of a job."""
+    world, seed = job["params"].envs.deploy_worlds[0], job["params"].seed
+    return (f"{job['phase']}-{job['method']}-{world}-seed{seed}",
+            {"lopd.stage": "compare-run", "lopd.compare.phase": job["phase"], "lopd.method": job["method"],
+             "lopd.seed": seed, "lopd.world": world})
+
+
+def _run_all(jobs: list[dict], preset, tracker: Tracker | NullTracker, parent: str | None) -> list[dict]:
+    """Map the task over the jobs not finished yet (each opens its child run before its work); a job finished by
+    an earlier `lopd compare` gets a child run of its recorded results, tagged cached. Every job's summary, in
+    job order."""
     todo = [j for j in jobs if not is_complete(j["work"])]
+    for j in jobs:
+        if j not in todo:
+            name, tags = _run_name(j)
+            with tracker.run(name, parent=parent, tags={**tags, "lopd.cached": True}) as run:
+                tracker.log_params(run, j["params"].to_dict())
+                _log_results(tracker, run, json.loads((Path(j["work"]) / DONE).read_text()))
     if todo:
+        names = [_run_name(j) for j in todo]
         futures = compare_run_task.map(
             work=[j["work"] for j in todo], params=[j["params"] for j in todo], method=[j["method"] for j in todo],
             budget=[j["budget"] for j in todo], bank=[j["bank"] for j in todo], phi0=[j["phi0"] for j in todo],
             curve_points=preset.curve_points, curve_n=preset.curve_n, eval_n=preset.eval_n,
-            validation_n=[j["validation_n"] for j in todo])
+            validation_n=[j["validation_n"] for j in todo], tracker=unmapped(tracker), parent=unmapped(parent),
+            run_name=[n for n, _ in names], run_tags=[t for _, t in names])
         for future in futures:
             future.result()
-    out = []
-    for j in jobs:
-        summary = json.loads((Path(j["work"]) / DONE).read_text())
-        out.append(summary)
-        if tracker:
-            _log_child(tracker, parent, j, summary)
-    return out
+    return [json.loads((Path(j["work"]) / DONE).read_text()) for j in jobs]
 
 
-def _log_child(tracker: Tracker, parent: str, job: dict, summary: dict) -> None:
-    world = job["params"].envs.deploy_worlds[0]
-    run = tracker.start_run(f"{job['phase']}-{job['method']}-{world}-seed{summary['seed']}", parent=parent,
-                            tags={"lopd.stage": "compare-run", "lopd.compare.phase": job["phase"],
-                                  "lopd.method": job["method"], "lopd.seed": summary["seed"],
-                                  "lopd.world": world})
-    tracker.log_params(run, job["params"].to_dict())
+def _log_results(tracker: Tracker | NullTracker, run: str | None, summary: dict) -> None:
+    """A compare run's numbers into its child run: the distill CSV as step metrics, the held-out curve stepped by
+    rollouts, the final evaluation."""
     tracker.log_step_metrics(run, summary["csv"])
     for point in summary["curve"]:
         tracker.log_metrics(run, {f"curve.test_id.{k}": v for k, v in point.items()
@@ -145,7 +159,6 @@ def _log_child(tracker: Tracker, parent: str, job: dict, summary: dict) -> None:
                               "compare.eval_seconds": summary["eval_seconds"]})
     tracker.log_artifact(run, summary["csv"])
     tracker.log_artifact(run, summary["eval"])
-    tracker.end(run)
 
 
 def _tune_score(summary: dict) -> float:
@@ -162,14 +175,10 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
     commit = git_commit()  # the code the runs use: taken now, not when the report is written
     params, preset, merged = preset_params(params_file, overrides or [])
     resolve_mix(params.envs)  # every environment of the mix resolves before any work or MLflow run
-    tracker = Tracker(params.tracking) if track else None
-    parent = None
-    if tracker:
-        parent = tracker.start_run(f"compare-{params.compare.preset}",
-                                   tags={"lopd.stage": "compare", "git.commit": commit,
-                                         "lopd.compare.preset": params.compare.preset})
+    tracker = make_tracker(params.tracking, track)  # one MlflowClient for every run of the comparison
+    with tracker.run(f"compare-{params.compare.preset}", tags={"lopd.stage": "compare", "git.commit": commit,
+                                                               "lopd.compare.preset": params.compare.preset}) as parent:
         tracker.log_params(parent, params.to_dict())
-    try:
         base = S.base_flow(params)
         specs = [method_spec(m, params.baselines) for m in preset.methods]
         tune = len(preset.lr_grid) > 1
@@ -179,10 +188,10 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
         if any(s.uses_bank for s in specs):
             for pair in pairs + ([tune_pair] if tune else []):
                 p = _pair_params(params, *pair)
-                bank = S.bank_flow(p, base, None, 0, parent_run=parent, track=track)
+                bank = S.bank_flow(p, base, None, 0, parent_run=parent, tracker=tracker)
                 banks[pair] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
                 if any(s.needs_composer for s in specs):
-                    phi0s[pair] = S.coldstart_flow(p, base, bank, parent_run=parent, track=track)["phi0"]
+                    phi0s[pair] = S.coldstart_flow(p, base, bank, parent_run=parent, tracker=tracker)["phi0"]
 
         tuning, best = [], {}
         if tune:
@@ -226,15 +235,8 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
                     ("total wall time", f"{seconds / 60:.1f} min"), ("git commit", commit)]
         paths = write_compare_report(runs, params.compare.report_dir, title=f"lopd compare ({params.compare.preset})",
                                      settings=settings, tuning=tuning)
-        if tracker:
-            for path in paths.values():
-                tracker.log_artifact(parent, path, "compare")
-            tracker.log_metrics(parent, {"compare.seconds": seconds})
-            tracker.end(parent)
-        log(f"compare: {len(runs)} runs in {seconds / 60:.1f} min -> {paths['md']}")
-        return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()},
-                "seconds": seconds}
-    except BaseException:
-        if tracker and parent:
-            tracker.end(parent, "FAILED")
-        raise
+        for path in paths.values():
+            tracker.log_artifact(parent, path, "compare")
+        tracker.log_metrics(parent, {"compare.seconds": seconds})
+    log(f"compare: {len(runs)} runs in {seconds / 60:.1f} min -> {paths['md']}")
+    return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()}, "seconds": seconds}

@@ -34,7 +34,7 @@ from lopd_core.locks import folder_lock
 from lopd_core.lopd.methods import resolve_method
 from tasks.caching import content_hash
 from tasks.stages import log
-from tasks.tracking import Tracker, git_commit
+from tasks.tracking import NullTracker, Tracker, git_commit, make_tracker
 
 
 @dataclass
@@ -93,13 +93,13 @@ def cycle_flow(params_file: str = "params.yaml", overrides: list[str] | None = N
     resolve_mix(params.envs)  # every environment of the mix resolves before a base is built or a run opened
     # One cycle at a time per folder: a second run would read the same history and champion and overwrite them.
     with folder_lock(params.cycle.dir, "the cycle folder"):
-        return _run_cycles(params, cycles, Tracker(params.tracking) if track else None)
+        return _run_cycles(params, cycles, make_tracker(params.tracking, track))
 
 
-def _run_cycles(params: Params, cycles: int, tracker: Tracker | None) -> list[dict]:
+def _run_cycles(params: Params, cycles: int, tracker: Tracker | NullTracker) -> list[dict]:
+    """The cycles, one after the other, sharing `tracker` (one MlflowClient for the whole command)."""
     root = Path(params.cycle.dir)
-    if tracker:
-        tracker.close_abandoned_runs()
+    tracker.close_abandoned_runs()
     base = S.base_flow(params)
     state = _read(root / "champion.json", None)
     champion = Champion(**state) if state else Champion(model=base)
@@ -116,23 +116,20 @@ def _run_cycles(params: Params, cycles: int, tracker: Tracker | None) -> list[di
     return records
 
 
-def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, base: str, *, number: int,
+def run_one_cycle(params: Params, tracker: Tracker | NullTracker, champion: Champion, base: str, *, number: int,
                   history: list[dict]) -> dict:
     started = time.perf_counter()
     log(f"cycle {number}: starting from {champion.model} (generation {champion.generation})")
     commit = git_commit()
-    parent = None
-    if tracker:
-        parent = tracker.start_run(f"cycle-{number}", tags={"lopd.cycle": number, "git.commit": commit,
-                                                              "lopd.champion": champion.model,
-                                                              "lopd.champion_version": champion.version or "base"})
+    # the cycle's parent run: ended FAILED by the context manager when a stage raises
+    with tracker.run(f"cycle-{number}", tags={"lopd.cycle": number, "git.commit": commit,
+                                              "lopd.champion": champion.model,
+                                              "lopd.champion_version": champion.version or "base"}) as parent:
         tracker.log_params(parent, params.to_dict())
-    common = {"parent_run": parent, "cycle": number, "track": tracker is not None}
-    try:
+        common = {"parent_run": parent, "cycle": number, "tracker": tracker}
         bank = S.bank_flow(params, champion.model, (champion.bank or {}).get("bank_dir"),
                            champion.generation + 1, **common)
-        if tracker:
-            tracker.set_tags(parent, {"lopd.bank.dvc_md5": bank["dvc_md5"]})
+        tracker.set_tags(parent, {"lopd.bank.dvc_md5": bank["dvc_md5"]})
         phi0, cold = champion.composer, None  # a promoted champion carries its trained composer on
         if phi0 is None:
             cold = S.coldstart_flow(params, champion.model, bank, **common)
@@ -177,26 +174,21 @@ def run_one_cycle(params: Params, tracker: Tracker | None, champion: Champion, b
                                             eval=student_eval["eval"], generation=champion.generation + 1,
                                             cycle=number, version=exported["version"])),
         }
-        record["report"] = write_cycle_report(params, history + [record], parent, number)
+        record["report"] = write_cycle_report(params, history + [record], tracker, parent, number)
         record["seconds"] = round(time.perf_counter() - started, 1)
-        if tracker:
-            base_score = gate_score(params, base_eval["results"])
-            tracker.log_metrics(parent, {"gate.champion": old, "gate.student": new, "gate.base": base_score,
-                                         "beta": record["final_beta"], "delta": record["final_delta"],
-                                         "delta_mean": delta_mean, "cycle_seconds": record["seconds"]})
-            tracker.set_tags(parent, {"lopd.promoted": promoted, "lopd.registered_version": exported["version"]})
-            tracker.log_artifact(parent, distilled["csv"], "plots")
-            for label, path in record["eval"].items():
-                tracker.log_artifact(parent, path, f"eval/{label}")
-            tracker.end(parent)
-        return record
-    except BaseException:
-        if tracker and parent:
-            tracker.end(parent, "FAILED")
-        raise
+        tracker.log_metrics(parent, {"gate.champion": old, "gate.student": new,
+                                     "gate.base": gate_score(params, base_eval["results"]),
+                                     "beta": record["final_beta"], "delta": record["final_delta"],
+                                     "delta_mean": delta_mean, "cycle_seconds": record["seconds"]})
+        tracker.set_tags(parent, {"lopd.promoted": promoted, "lopd.registered_version": exported["version"]})
+        tracker.log_artifact(parent, distilled["csv"], "plots")
+        for label, path in record["eval"].items():
+            tracker.log_artifact(parent, path, f"eval/{label}")
+    return record
 
 
-def write_cycle_report(params: Params, history: list[dict], parent: str | None, number: int) -> str:
+def write_cycle_report(params: Params, history: list[dict], tracker: Tracker | NullTracker, parent: str | None,
+                       number: int) -> str:
     """The report across every cycle so far: one training run per cycle, base vs each cycle's student."""
     trained_margin = resolve_method(params.lopd, params.baselines).margin
     runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
@@ -212,7 +204,7 @@ def write_cycle_report(params: Params, history: list[dict], parent: str | None, 
                                                f"{last['delta_mean']:+.4f} (margin m = {last['margin']:g})")),
                ("exported student", last["export"]), ("registered version", str(last["version"]))]
     return S.report_flow(params, runs, evals, params.cycle.report_dir, "LOPD continual cycles", summary,
-                         parent_run=parent, cycle=number, track=parent is not None)
+                         parent_run=parent, cycle=number, tracker=tracker)
 
 
 def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:

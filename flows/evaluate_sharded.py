@@ -4,9 +4,9 @@
     lopd evaluate --task-runner dask:tcp://scheduler:8786      # pip install prefect-dask; a Dask cluster
     lopd evaluate --task-runner ray:ray://head:10001           # pip install prefect-ray; a Ray cluster
 
-The flow maps `evaluate_shard_task` over `eval_shards(params)` (environment × split ± experience × mode), gathers
-the summaries in shard order and writes the same metrics/eval.json as the in-process `lopd evaluate` (the
-external benchmarks of eval.benchmarks, not sharded, run in the flow's own process afterwards). Deployed on a
+The flow is the evaluate stage's driver (lopd_core/drivers/evaluate.py) with its shards — environment × split ±
+experience × mode — mapped as `evaluate_shard_task`s: the same metrics/eval.json as the in-process `lopd evaluate`
+(the external benchmarks of eval.benchmarks, not sharded, run in the flow's own process afterwards). Deployed on a
 work pool, the whole flow runs on a worker; its shards follow the task runner.
 """
 
@@ -15,10 +15,9 @@ from __future__ import annotations
 from prefect import flow, unmapped
 
 from lopd_core.config import load_params
-from lopd_core.evaluation import assemble, eval_shards, write_metrics
-from tasks.eval_shards import _policy, evaluate_shard_task
+from lopd_core.drivers.evaluate import run_evaluate
+from tasks.eval_shards import evaluate_shard_task
 from tasks.stages import with_paths
-
 
 TASK_RUNNER_FORMS = "threads[:N] (N >= 1), dask[:ADDRESS] or ray[:ADDRESS]"
 
@@ -62,15 +61,11 @@ def evaluate_sharded_flow(params_file: str = "params.yaml", overrides: list[str]
     params = load_params(params_file, overrides or [])
     if model:
         params = with_paths(params, model__name_or_path=model)
-    shards = eval_shards(params)
-    futures = evaluate_shard_task.map(unmapped(params), shards)
-    results = assemble(shards, [f.result() for f in futures])
-    if params.eval.benchmarks:
-        from lopd_core.benchmarks.suite import run_benchmarks
 
-        results.update(run_benchmarks(*_policy(params), params, log=print))
-    write_metrics(results, out or params.eval.out)
-    return results
+    def map_shards(shards: list) -> list[dict]:
+        return [f.result() for f in evaluate_shard_task.map(unmapped(params), shards)]
+
+    return run_evaluate(params, out or params.eval.out, log=print, map_shards=map_shards)
 
 
 def run_sharded(params_file: str, overrides: list[str], *, task_runner: str, model: str | None = None,

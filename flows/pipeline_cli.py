@@ -59,12 +59,11 @@ def cmd_cycle(params: Params, args) -> int:
 
 
 def cmd_export(params: Params, args) -> int:
-    from lopd_core.export import export_checkpoint
+    from lopd_core.drivers.export import run_export
     from tasks.caching import content_hash
     from tasks.tracking import dvc_hash, git_commit
 
     model = args.model or str(Path(params.lopd.out_dir) / "student")
-    read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
     lineage = {"source model": model, "source content": content_hash(model)[:16], "git commit": git_commit(),
                "bank DVC md5": dvc_hash(params.bank.dir), "distill csv": params.lopd.csv,
                "params": args.params + "".join(f" --set {o}" for o in args.overrides)}
@@ -74,37 +73,33 @@ def cmd_export(params: Params, args) -> int:
         frame = pd.read_csv(params.lopd.csv)
         lineage.update({"distill steps": int(frame["step"].iloc[-1]), "final beta": float(frame["beta"].iloc[-1]),
                         "mean delta": round(float(frame["delta"].mean()), 6)})
-    out = export_checkpoint(model, args.out, rollout=params.rollout, student_eval=read(args.eval),
-                            base_eval=read(args.base_eval), lineage=lineage, name=params.tracking.registered_model)
-    _log(f"exported {model} -> {out} (model card: {out / 'README.md'})")
+    run_export(params, model, args.out, student_eval=args.eval, base_eval=args.base_eval, lineage=lineage, log=_log)
     return 0
 
 
 def cmd_report(params: Params, args) -> int:
+    from lopd_core.drivers.report import run_report
     from lopd_core.lopd.methods import resolve_method
-    from lopd_core.report import EvalColumn, TrainingRun, write_report
 
     # the method's m, as the run used it; None under `lopd.margin: auto` (the report reads the CSV's margin column)
     trained_margin = resolve_method(params.lopd, params.baselines).margin
-    read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
     history_path = Path(params.cycle.dir) / "history.json"
     if args.cycles:
         if not history_path.exists():
             raise FileNotFoundError(f"no cycle history at {history_path}: run `lopd cycle` first")
         history = json.loads(history_path.read_text())
-        runs = [TrainingRun(f"cycle {r['cycle']}", Path(r["csv"]), r.get("margin", trained_margin))
+        runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
                 for r in history]
-        evals = [EvalColumn("base", read(history[0]["eval"]["base"]))]
-        evals += [EvalColumn(f"cycle {r['cycle']} student", read(r["eval"]["student"])) for r in history]
+        evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
+        evals += [{"label": f"cycle {r['cycle']} student", "path": r["eval"]["student"]} for r in history]
         title = "LOPD continual cycles"
     else:
         if not Path(args.csv).exists():
             raise FileNotFoundError(f"no training curves at {args.csv}: run `lopd distill` first (or --cycles)")
-        runs = [TrainingRun("distill", Path(args.csv), trained_margin)]
-        evals = [EvalColumn("base", read(args.base_eval)), EvalColumn("student", read(args.eval))]
+        runs = [{"label": "distill", "csv": args.csv, "margin": trained_margin}]
+        evals = [{"label": "base", "path": args.base_eval}, {"label": "student", "path": args.eval}]
         title = "LOPD run"
-    path = write_report(runs, [e for e in evals if e.results], args.out, title=title)
-    _log(f"report: {path} (open it in a browser; it needs no network)")
+    run_report(runs, evals, args.out, title=title, log=_log)
     return 0
 
 

@@ -1,5 +1,10 @@
-"""One Prefect flow per pipeline stage, each a recipe: compute the stage's cache key, run its task, record an
-MLflow child run. `flows/cycle.py` composes them; each can also run on its own (`parent_run=None`).
+"""One Prefect flow per pipeline stage, each a recipe: open the stage's MLflow child run, compute the stage's cache
+key, run its task (one call of the stage's driver), record what it made. `flows/cycle.py` composes them; each can
+also run on its own (`parent_run=None`).
+
+The child run opens before the work, so its duration is the stage's and a stage that raises leaves a FAILED run
+(tasks/tracking.py `Tracker.run`). The caller passes its tracker, a required keyword (one MlflowClient per
+command; the NullTracker with MLflow off), so no flow asks whether it is tracked.
 
 A stage's work folder is `<cycle.dir>/work/<stage>-<key>`, the key being the content hash of what the stage
 reads plus the params that shape its output (`tasks.caching.stage_key`). Which params and which inputs is not
@@ -20,7 +25,7 @@ from lopd_core.config import Params
 from tasks import stages as T
 from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, plugin_fingerprint, stage_key
 from tasks.stage_params import STAGES, reads_plugins, stage_sections, without_paths
-from tasks.tracking import Tracker, dvc_hash, eval_metrics
+from tasks.tracking import NullTracker, Tracker, dvc_hash, eval_metrics
 
 
 def section(params: Params, name: str):
@@ -72,19 +77,12 @@ def run_cached(task, params: Params, stage: str, inputs: dict, extra: dict | Non
     return summary, cached
 
 
-def _child(tracker: Tracker | None, parent_run: str | None, stage: str, cycle: int, cached: bool,
-           tags: dict | None = None) -> str | None:
-    if tracker is None:
-        return None
-    return tracker.start_run(stage, parent=parent_run,
-                             tags={"lopd.stage": stage, "lopd.cycle": cycle, "lopd.cached": cached, **(tags or {})})
-
-
-def _tracker(params: Params, track: bool) -> Tracker | None:
-    return Tracker(params.tracking) if track else None
+def _tags(stage: str, cycle: int, tags: dict | None = None) -> dict:
+    return {"lopd.stage": stage, "lopd.cycle": cycle, **(tags or {})}
 
 
 FLOW = {"log_prints": True, "validate_parameters": False}
+AnyTracker = Tracker | NullTracker
 
 
 @flow(name="lopd-base", **FLOW)
@@ -105,114 +103,101 @@ def base_flow(params: Params) -> str:
 
 @flow(name="lopd-bank", **FLOW)
 def bank_flow(params: Params, policy: str, parent_bank: str | None = None, generation: int = 0,
-              parent_run: str | None = None, cycle: int = 0, track: bool = True) -> dict:
+              parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker) -> dict:
     """Refresh the bank: the parent bank plus the successes of `policy`'s rollouts."""
-    inputs, ids = model_input(policy)
-    inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
-    summary, cached = run_cached(T.refresh_bank_task, params, "bank", inputs, {"generation": generation, **ids},
-                                 policy=policy,
-                                 parent_bank=parent_bank, generation=generation)
-    summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, "bank", cycle, cached, {"lopd.bank.dvc_md5": summary["dvc_md5"]})
+    with tracker.run("bank", parent=parent_run, tags=_tags("bank", cycle)) as run:
+        inputs, ids = model_input(policy)
+        inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
+        summary, cached = run_cached(T.refresh_bank_task, params, "bank", inputs, {"generation": generation, **ids},
+                                     policy=policy, parent_bank=parent_bank, generation=generation)
+        summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
+        tracker.set_tags(run, {"lopd.cached": cached, "lopd.bank.dvc_md5": summary["dvc_md5"]})
         tracker.log_metrics(run, {"bank.rollouts": summary["rollouts"], "bank.successes": summary["successes"],
                                   "bank.success_rate": summary["success_rate"], "bank.rows": summary["bank_rows"]})
         tracker.log_artifact(run, Path(summary["bank_dir"]) / "bank_report.json")
-        tracker.end(run)
     return summary
 
 
 @flow(name="lopd-coldstart", **FLOW)
 def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0,
-                   track: bool = True) -> dict:
+                   *, tracker: AnyTracker) -> dict:
     """φ0 for the composer from oracle successes of the pretraining worlds (`bank` only tags the run: the cold
     start never reads the deployment bank)."""
-    inputs, ids = model_input(policy)
-    summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy)
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, "coldstart", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    tags = _tags("coldstart", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    with tracker.run("coldstart", parent=parent_run, tags=tags) as run:
+        inputs, ids = model_input(policy)
+        summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy)
+        tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_metrics(run, {f"coldstart.{when}.{k}": v for when in ("first", "last")
                                   for k, v in summary[when].items() if isinstance(v, (int, float))})
         tracker.log_artifact(run, summary["csv"])
-        tracker.end(run)
     return {**summary, "cached": cached}
 
 
 @flow(name="lopd-distill", **FLOW)
 def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: str | None = None,
-                 parent_run: str | None = None, cycle: int = 0, track: bool = True) -> dict:
+                 parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker) -> dict:
     """LOPD training of a student from `policy`; the frozen teacher is `teacher`'s weights, or the policy's own
     when None. Every step's row of the CSV becomes MLflow step metrics (β and δ̄ included)."""
-    inputs, ids = model_input(policy)
-    teacher_input, teacher_id = model_input(teacher, "teacher")
-    inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0)
-    summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id}, policy=policy,
-                                 bank_dir=bank["bank_dir"], index_dir=bank["index_dir"], phi0=phi0,
-                                 teacher=teacher, generation=cycle)
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, "distill", cycle, cached, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    tags = _tags("distill", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    with tracker.run("distill", parent=parent_run, tags=tags) as run:
+        inputs, ids = model_input(policy)
+        teacher_input, teacher_id = model_input(teacher, "teacher")
+        inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0)
+        summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id},
+                                     policy=policy, bank_dir=bank["bank_dir"], index_dir=bank["index_dir"],
+                                     phi0=phi0, teacher=teacher, generation=cycle)
+        tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_step_metrics(run, summary["csv"])
         tracker.log_artifact(run, summary["csv"])
         tracker.log_artifact(run, Path(summary["csv"]).with_name("distill_diagnostics.csv"))
-        tracker.end(run)
     return {**summary, "cached": cached}
 
 
 @flow(name="lopd-evaluate", **FLOW)
 def evaluate_flow(params: Params, model: str, label: str = "student", parent_run: str | None = None,
-                  cycle: int = 0, track: bool = True) -> dict:
+                  cycle: int = 0, *, tracker: AnyTracker) -> dict:
     """Held-out evaluation of the policy at `model`."""
-    inputs, ids = model_input(model, "model")
-    summary, cached = run_cached(T.evaluate_task, params, "evaluate", inputs, ids, model=model)
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, f"evaluate-{label}", cycle, cached, {"lopd.evaluated": label})
+    tags = _tags(f"evaluate-{label}", cycle, {"lopd.evaluated": label})
+    with tracker.run(f"evaluate-{label}", parent=parent_run, tags=tags) as run:
+        inputs, ids = model_input(model, "model")
+        summary, cached = run_cached(T.evaluate_task, params, "evaluate", inputs, ids, model=model)
+        tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_metrics(run, eval_metrics(summary["results"]))
         tracker.log_artifact(run, summary["eval"], f"eval/{label}")
-        tracker.end(run)
     return {**summary, "cached": cached}
 
 
 @flow(name="lopd-export", **FLOW)
 def export_flow(params: Params, model: str, out: str, student_eval: str | None, base_eval: str | None,
-                lineage: dict, parent_run: str | None = None, cycle: int = 0, track: bool = True,
-                promote: bool = False) -> dict:
+                lineage: dict, parent_run: str | None = None, cycle: int = 0, promote: bool = False, *,
+                tracker: AnyTracker) -> dict:
     """Export the clean checkpoint, log and register it as a version of `lopd-student`; move the champion
-    alias to it only when `promote` (the gate passed)."""
-    path = T.export_task(model, out, params, student_eval, base_eval, lineage)
-    result = {"export": path, "version": None, "promoted": promote}
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, "export", cycle, False)
+    alias to it only when `promote` (the gate passed). Untracked: the export alone, version None."""
+    with tracker.run("export", parent=parent_run, tags=_tags("export", cycle, {"lopd.cached": False})) as run:
+        path = T.export_task(model, out, params, student_eval, base_eval, lineage)
         student_hash = content_hash(model)
         # The same student (a cached cycle) keeps its version: the registry lists models, not runs.
-        result["version"] = tracker.find_version("lopd.student_hash", student_hash) or tracker.register_student(
+        version = tracker.find_version("lopd.student_hash", student_hash) or tracker.register_student(
             run, path, tags={"lopd.cycle": cycle, "lopd.student_hash": student_hash})
         tracker.log_artifact(run, Path(path) / "README.md")
         tracker.log_artifact(run, Path(path) / "lineage.json")
         if promote:
-            tracker.promote(result["version"])
-        tracker.set_tags(run, {"lopd.registered_version": result["version"], "lopd.promoted": promote})
-        tracker.end(run)
-    return result
+            tracker.promote(version)
+        tracker.set_tags(run, {"lopd.registered_version": version, "lopd.promoted": promote})
+    return {"export": path, "version": version, "promoted": promote}
 
 
 @flow(name="lopd-report", **FLOW)
 def report_flow(params: Params, runs: list[dict], evals: list[dict], out_dir: str, title: str,
                 summary: list[tuple[str, str]], parent_run: str | None = None, cycle: int = 0,
-                track: bool = True) -> str:
+                *, tracker: AnyTracker) -> str:
     """The offline HTML dashboard and its PNGs, logged as artifacts of the cycle."""
-    path = T.report_task(runs, evals, out_dir, title, summary)
-    tracker = _tracker(params, track)
-    if tracker:
-        run = _child(tracker, parent_run, "report", cycle, False)
+    with tracker.run("report", parent=parent_run, tags=_tags("report", cycle, {"lopd.cached": False})) as run:
+        path = T.report_task(runs, evals, out_dir, title, summary)
         tracker.log_artifact(run, out_dir, "report")
         if parent_run:
             tracker.log_artifact(parent_run, out_dir, "report")
-        tracker.end(run)
     return path
 
 

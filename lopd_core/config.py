@@ -51,6 +51,7 @@ from lopd_core.settings.rollout import (
     RolloutConfig,
 )
 from lopd_core.settings.run import BenchConfig, CycleConfig, EvalConfig, TrackingConfig
+from lopd_core.settings.serve import ServeConfig
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -76,6 +77,7 @@ __all__ = [
     "Params",
     "RetrievalSettings",
     "RolloutConfig",
+    "ServeConfig",
     "TinyModelConfig",
     "TrackingConfig",
     "WarmStartConfig",

@@ -146,13 +146,18 @@ def evaluate(model, tokenizer, params: Params, log=print) -> dict:
     return assemble(shards, [evaluate_shard(model, tokenizer, params, s, log=log) for s in shards])
 
 
-def evaluate_stage(model, tokenizer, params: Params, log=print) -> dict:
+def evaluate_stage(model, tokenizer, params: Params, log=print, *, shard_summaries: list[dict] | None = None) -> dict:
     """The evaluate stage's results, as eval.json holds them: every environment of the mix (`evaluate`) and a
-    section per benchmark of `eval.benchmarks` (none by default). `lopd evaluate`, the cycle's evaluate stage
-    and `lopd compare`'s final evaluation call this one function."""
+    section per benchmark of `eval.benchmarks` (none by default). The evaluate stage's driver
+    (lopd_core/drivers/evaluate.py) calls this one function. `shard_summaries`: the summaries of
+    `eval_shards(params)`, in that order, when they were rolled out elsewhere (`lopd evaluate --task-runner`);
+    None: rolled out here. `model` may then be None when no benchmark is named."""
     from lopd_core.benchmarks.suite import run_benchmarks
 
-    results = evaluate(model, tokenizer, params, log=log)
+    if shard_summaries is None:
+        results = evaluate(model, tokenizer, params, log=log)
+    else:
+        results = assemble(eval_shards(params), shard_summaries)
     results.update(run_benchmarks(model, tokenizer, params, log=log))
     return results
 

@@ -1,7 +1,7 @@
 """Concurrent requests batched over the rollout engine's decoder, off the event loop.
 
 Why: one request at a time would leave the batched, KV-cached decoding of the rollout engine
-(lopd_core/rollout/engine.py, `generate_turn`) idle while requests queue. One worker thread takes the first
+(lopd_core/rollout/decode.py, `generate_turn`) idle while requests queue. One worker thread takes the first
 waiting request, waits `window_s` for others to join (up to `max_batch`), and decodes them together; the event
 loop only awaits a future, so a long generation never blocks other requests, health checks or feedback.
 
@@ -11,6 +11,10 @@ A batch shares what `generate_turn` shares: the model and the sampling settings.
 kept are exactly what was sampled, with their log-probs. Every row samples from its own CPU stream seeded by the
 request's `seed` (or one drawn from the server's seeded stream), so a seeded request samples the same tokens
 whatever shares its batch (up to float noise in batched logits).
+
+Each kept token is handed to its request's `on_token` as soon as it is sampled (how a stream sends it), with
+the top-k log-probs of the distribution it was drawn from when the request asked for them. Scoring requests
+(prompt log-probs) run in the same thread, one sequence per forward, so they never race a decode for the device.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from lopd_core.rollout.engine import Sampling, generate_turn
+from lopd_core.rollout.decode import generate_turn
+from lopd_core.rollout.scoring import SequenceScores, score_sequence
+from lopd_core.rollout.trajectory import Sampling
 
 
 @dataclass
@@ -37,7 +44,18 @@ class Job:
     seed: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    top_logprobs: int = 0
+    on_token: Callable[[int, float, list], None] | None = None  # called in the worker thread per kept token
     queued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class ScoreJob:
+    loaded: object
+    ids: list[int]
+    top_k: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -45,13 +63,14 @@ class Generated:
     token_ids: list[int]
     logprobs: list[float]
     stopped: bool  # closed its turn with the end token (else it ran out of max_tokens)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: top-k (id, logprob) or []
 
 
 class Batcher:
     def __init__(self, *, window_s: float, max_batch: int, seed: int = 0):
         self.window_s = window_s
         self.max_batch = max_batch
-        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._queue: queue.Queue[Job | ScoreJob | None] = queue.Queue()
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="lopd-serve-batcher", daemon=True)
@@ -70,14 +89,22 @@ class Batcher:
             return self._seeds.randrange(2**63)
 
     async def generate(self, loaded, context: list[int], *, temperature: float, top_p: float, max_tokens: int,
-                       seed: int) -> Generated:
+                       seed: int, top_logprobs: int = 0, on_token=None) -> Generated:
+        """Decode one turn; `on_token(id, logprob, top)` runs in the worker thread for each kept token."""
         loop = asyncio.get_running_loop()
-        job = Job(loaded, context, temperature, top_p, max_tokens, seed, loop, loop.create_future())
+        job = Job(loaded, context, temperature, top_p, max_tokens, seed, loop, loop.create_future(),
+                  top_logprobs=top_logprobs, on_token=on_token)
+        self._queue.put(job)
+        return await job.future
+
+    async def score(self, loaded, ids: list[int], *, top_k: int) -> SequenceScores:
+        loop = asyncio.get_running_loop()
+        job = ScoreJob(loaded, ids, top_k, loop, loop.create_future())
         self._queue.put(job)
         return await job.future
 
     # ---- worker thread ---------------------------------------------------------------------------------
-    def _collect(self, first: Job) -> list[Job]:
+    def _collect(self, first: Job) -> list[Job | ScoreJob]:
         jobs = [first]
         deadline = time.perf_counter() + self.window_s
         while len(jobs) < self.max_batch:
@@ -100,28 +127,49 @@ class Batcher:
             jobs = self._collect(first)
             groups: dict[tuple, list[Job]] = {}
             for job in jobs:
+                if isinstance(job, ScoreJob):
+                    self._score(job)
+                    continue
                 groups.setdefault((id(job.loaded), job.temperature, job.top_p), []).append(job)
             for group in groups.values():
                 self._decode(group)
+
+    def _score(self, job: ScoreJob) -> None:
+        try:
+            out = score_sequence(job.loaded.model, job.ids, top_k=job.top_k)
+        except Exception as exc:  # noqa: BLE001  handed to the waiting request, never kills the worker
+            job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
+            return
+        job.loop.call_soon_threadsafe(_settle, job.future, out, None)
 
     def _decode(self, group: list[Job]) -> None:
         head = group[0]
         chat = head.loaded.chat
         sampling = Sampling(temperature=head.temperature, top_p=head.top_p,
                             max_new_tokens=max(j.max_tokens for j in group))
+        tops: list[list] = [[] for _ in group]
+
+        def on_token(row: int, token_id: int, logprob: float, top: list) -> None:
+            job = group[row]
+            if len(tops[row]) >= job.max_tokens:  # decoded for a batch mate's longer max_tokens: not kept
+                return
+            tops[row].append(top[:job.top_logprobs])
+            if job.on_token is not None:
+                job.on_token(token_id, logprob, tops[row][-1])
         try:
             turns = generate_turn(head.loaded.model, [j.context for j in group], sampling=sampling,
                                   stop_id=chat.im_end_id, pad_id=chat.pad_id,
-                                  generator=[torch.Generator().manual_seed(j.seed) for j in group])
+                                  generator=[torch.Generator().manual_seed(j.seed) for j in group],
+                                  on_token=on_token, top_logprobs=max(j.top_logprobs for j in group))
         except Exception as exc:  # noqa: BLE001  handed to every waiting request, never kills the worker
             for job in group:
                 job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
             return
         self.batches += 1
         self.rows += len(group)
-        for job, (ids, logprobs) in zip(group, turns):
+        for job, (ids, logprobs), top in zip(group, turns, tops):
             ids, logprobs = ids[:job.max_tokens], logprobs[:job.max_tokens]
-            out = Generated(list(ids), [float(v) for v in logprobs], bool(ids) and ids[-1] == chat.im_end_id)
+            out = Generated(list(ids), [float(v) for v in logprobs], bool(ids) and ids[-1] == chat.im_end_id, top)
             job.loop.call_soon_threadsafe(_settle, job.future, out, None)
 
 

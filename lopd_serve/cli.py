@@ -4,8 +4,9 @@
     lopd serve client [--url URL] [--n N] [--concurrency C] [--split S]   play toolworld through the endpoint
     lopd serve snapshot --out FILE [--store DIR] [--as-trajectories]      the store as one parquet (a DVC out)
 
-Settings come from params.yaml's `serve:` section (lopd_serve/config.py) and the flags; the API key from the
-environment variable `serve.api_key_env` (LOPD_API_KEY).
+Settings come from params.yaml's `serve` section (lopd_core/settings/serve.py; `--set serve.KEY=VALUE` like every
+command) and the flags, which override it; the API key from the environment variable `serve.api_key_env`
+(LOPD_API_KEY).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import json
 import sys
 
 
-def _config(args):
+def _config(params, args):
+    """params.yaml's `serve` section (already loaded with --params and --set), the flags on top."""
     from lopd_serve.config import ServeConfig
 
-    return ServeConfig.load(args.params, model=getattr(args, "model", None), host=getattr(args, "host", None),
-                            port=getattr(args, "port", None), store_dir=getattr(args, "store", None),
-                            poll_s=getattr(args, "poll_s", None), device=getattr(args, "device", None))
+    return ServeConfig.from_params(params, model=getattr(args, "model", None), host=getattr(args, "host", None),
+                                   port=getattr(args, "port", None), store_dir=getattr(args, "store", None),
+                                   poll_s=getattr(args, "poll_s", None), device=getattr(args, "device", None))
 
 
 def cmd_serve(params, args) -> int:
@@ -27,7 +29,7 @@ def cmd_serve(params, args) -> int:
     from lopd_serve.server import run
 
     try:
-        cfg = _config(args)
+        cfg = _config(params, args)
         cfg.check_exposure()
     except ServeConfigError as exc:
         print(f"lopd serve: {exc}", file=sys.stderr)
@@ -41,7 +43,7 @@ def cmd_client(params, args) -> int:
     from lopd_core.envs.toolworld.worlds import WorldSplit
     from lopd_serve.client import run_client
 
-    cfg = _config(args)
+    cfg = _config(params, args)
     worlds = WorldSplit.from_config(params.envs).for_split(args.split)
     tasks = make_tasks("toolworld", args.split, args.n, args.seed, worlds)
     url = args.url or f"http://127.0.0.1:{cfg.port}/v1"
@@ -57,7 +59,7 @@ def cmd_client(params, args) -> int:
 def cmd_snapshot(params, args) -> int:
     from lopd_core.traces import read_traces, snapshot, traces_as_trajectories
 
-    store = args.store or _config(args).store_dir
+    store = args.store or _config(params, args).store_dir
     if args.as_trajectories:
         from lopd_core.rollout.table import write_trajectories
 

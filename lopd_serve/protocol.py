@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions protocol as pydantic models, and its error shape.
+"""The OpenAI chat-completions and completions protocols as pydantic models, and their error shape.
 
 Only what `lopd serve` honours is accepted: a field it would have to ignore silently (`n` > 1, `stop`, a
 non-text `response_format`) is refused with a 400 naming it. Errors are OpenAI's object
@@ -86,6 +86,36 @@ class ChatRequest(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     response_format: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    # vLLM's extensions, so one client speaks to both: tokens as "token_id:N", and the ids themselves
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The completions API as vLLM serves it for token-exact clients: `prompt` may be token ids, `logprobs` k
+    returns the sampled tokens' log-probs and top-k, `prompt_logprobs` k scores the prompt, `return_token_ids`
+    returns the ids of both. Generation ends at the model's end-of-turn token (`stop_token_ids` may name only it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = ""
+    prompt: str | list[int] | list[list[int]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = False
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0)
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    n: int = 1
+    stop: str | list[str] | None = None
+    user: str | None = Field(default=None, max_length=256)
 
 
 class Feedback(BaseModel):

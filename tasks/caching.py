@@ -3,7 +3,8 @@
 Why not Prefect's default policy: it caches only within one flow run, and hashing task inputs would hash
 whatever objects are passed (DESIGN §6: tensor pickles differ between processes). Here the flow computes a
 stage key from what the stage reads — file contents, never paths or objects — and the part of params.yaml that
-shapes its output, plus a fingerprint of the compute library's source. The stage then writes into a work folder
+shapes its output, plus the content hash of the source the stage runs (its `code` in tasks/stage_params.py, the
+same list dvc.yaml's deps are checked against). The stage then writes into a work folder
 named by that key (`<cycle.dir>/work/<stage>-<key>`), so equal keys mean equal outputs in a known place, and a
 key's outputs can be checked for presence before its cached result is trusted.
 """
@@ -17,6 +18,8 @@ from dataclasses import asdict, is_dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from tasks.stage_params import STAGES
 
 DONE = "_stage.json"  # written last by a stage: its summary, and the proof that its outputs are complete
 KEY_FILE = "_key.json"  # the payload the stage's key was computed from
@@ -54,22 +57,17 @@ def content_hash(path: str | Path | None) -> str:
     return h.hexdigest()
 
 
-# Parts of lopd_core that never shape a stage's output (scoring of external benchmarks, export, report).
-_NOT_STAGE_CODE = ("benchmarks/", "export.py", "report.py")
+# The repository root the table's code paths are relative to (a test points it at an edited copy).
+CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
-@lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """Hash of lopd_core's Python sources: a change in the compute library invalidates every cached stage
-    (conservative on purpose: a stale model is worse than a recomputed one)."""
-    import lopd_core
-
-    root = Path(lopd_core.__file__).parent
+def code_fingerprint(code: tuple[str, ...]) -> str:
+    """Hash of the source files and folders `code` names (a stage's `code` in tasks/stage_params.py): an edit in
+    what a stage runs invalidates its cached results, an edit elsewhere does not. Each file's digest is memoised
+    on its size and mtime, so a cycle's many keys hash the library once."""
     h = hashlib.sha256()
-    for file in sorted(root.rglob("*.py")):
-        rel = file.relative_to(root).as_posix()
-        if not rel.startswith(_NOT_STAGE_CODE):
-            h.update(rel.encode() + b"\0" + file.read_bytes())
+    for rel in sorted(code):
+        h.update(rel.encode() + b"\0" + content_hash(CODE_ROOT / rel).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -88,14 +86,16 @@ def _plain(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) else value
 
 
-def key_payload(stage: str, sections: dict[str, Any], inputs: dict[str, str | Path | None]) -> dict:
-    """What a stage's cache key is made of: its name, params sections, inputs' content, the library's code.
-    Kept beside the stage's outputs (KEY_FILE) so a surprising recomputation can be explained by a diff."""
+def key_payload(stage: str, sections: dict[str, Any], inputs: dict[str, str | Path | None],
+                code: tuple[str, ...] | None = None) -> dict:
+    """What a stage's cache key is made of: its name, params sections, inputs' content, the content of the code it
+    runs (`code`; None: the table's `code` of `stage`). Kept beside the stage's outputs (KEY_FILE) so a
+    surprising recomputation can be explained by a diff."""
     return {
         "stage": stage,
         "sections": {k: _plain(v) for k, v in sorted(sections.items())},
         "inputs": {k: content_hash(v) for k, v in sorted(inputs.items())},
-        "code": code_fingerprint(),
+        "code": code_fingerprint(STAGES[stage].code if code is None else code),
     }
 
 

@@ -35,9 +35,9 @@ def _policy(params: Params):
         return _POLICIES[key]
 
 
-@task(name="evaluate-shard", task_run_name="eval-{shard.env}-{shard.variant}-{shard.mode}", cache_policy=NO_CACHE,
-      retries=1, retry_delay_seconds=2)
+@task(name="evaluate-shard", task_run_name="eval-{shard.env}-{shard.variant}-{shard.mode}", cache_policy=NO_CACHE)
 def evaluate_shard_task(params: Params, shard: EvalShard) -> dict:
-    """Roll out one shard; retried once (a worker lost mid-shard just replays it: same seed, same result)."""
+    """Roll out one shard. Not retried: a shard is deterministic (same seed, same result), so a failure in it
+    fails again; rerun the command after fixing its cause."""
     model, tokenizer = _policy(params)
     return evaluate_shard(model, tokenizer, params, shard, log=log)

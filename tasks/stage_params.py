@@ -1,7 +1,7 @@
-"""What each pipeline stage reads: params.yaml keys and input artifacts, in one table.
+"""What each pipeline stage reads: params.yaml keys, input artifacts and the source code it runs, in one table.
 
-Why one table: the stage's Prefect cache key (flows/stages.py) is derived from it, and dvc.yaml's `params:`
-and data `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out by hand in three places,
+Why one table: the stage's Prefect cache key (flows/stages.py, tasks/caching.py) is derived from it, and
+dvc.yaml's `params:` and `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out by hand in three places,
 the copies disagreed and a changed setting silently reused a cached result. Adding a setting a stage reads is
 one line here (and the same line in dvc.yaml, which the test then asks for).
 
@@ -11,6 +11,14 @@ key (the cycle hashes the content found there instead) but DVC still tracks them
 how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well.
 `cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input artifact's name, as the
 flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
+
+`code` lists the source folders and files (relative to the repository root) the stage runs: its driver's module
+(lopd_core/drivers/, lopd_core/lopd/stages.py) and everything that module imports, by import-graph walk
+(tests/pipeline/test_stage_params.py walks it, so a new import outside the list fails a test). DVC re-runs the
+stage when one changes, and the cycle's cache key holds their content hash: one list, two consumers. Modules in
+UNSHAPING_CODE are imported by every stage but never change what one computes (configuration types, whose
+values enter the key as params; error classes; offline defaults; file-writing and locking guards): left out, so
+a new error message does not re-run a day of training.
 
 A stage that reads all of `envs` draws deployment tasks, so it plays the mix's plugin environments: it reads their
 task files and runs their packages' code, files whose paths come from params and package metadata. The cycle hashes
@@ -35,40 +43,65 @@ PLUGIN_FINGERPRINT = "data/plugins.json"  # `lopd envs fingerprint`: the plugin 
 UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS
 
 
+UNSHAPING_CODE = frozenset({"lopd_core/__init__.py", "lopd_core/config.py", "lopd_core/settings", "lopd_core/names.py",
+                            "lopd_core/errors.py", "lopd_core/offline.py", "lopd_core/outputs.py",
+                            "lopd_core/locks.py", "lopd_core/drivers/__init__.py"})
+
+
 @dataclass(frozen=True)
 class StageReads:
     params: tuple[str, ...]
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     cycle_params: tuple[str, ...] = ()
+    code: tuple[str, ...] = ()
 
 
 _POLICY = "model.name_or_path", "model.dtype"  # which policy, loaded how (its content is an input)
 # The warm start and the cold start play only the pretraining worlds: a new deployment world reuses both.
 _PRETRAIN_ENVS = "envs.mix", "envs.pretrain_worlds", "envs.world_seed"
+# Source every stage that plays environments with a policy runs: the environments (a reward check), the model
+# (loading, chat template), the experience texts.
+_PLAY = "lopd_core/envs", "lopd_core/model", "lopd_core/experience.py"
+_ROLLOUT = *_PLAY, "lopd_core/rollout"
 
 STAGES: dict[str, StageReads] = {
-    "base": StageReads(("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS)),
+    "base": StageReads(("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS),
+                       code=("lopd_core/drivers/base.py", *_PLAY)),
     "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs"),
-                       {"policy": ("data/base",), "parent_bank": ()}),
+                       {"policy": ("data/base",), "parent_bank": ()},
+                       code=("lopd_core/drivers/bank.py", "lopd_core/bank", *_ROLLOUT)),
     # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
     "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search",
                              "bank.min_reward"),
-                            {"policy": ("data/base",)}),
+                            {"policy": ("data/base",)},
+                            code=("lopd_core/drivers/coldstart.py", "lopd_core/lopd/__init__.py",
+                                  "lopd_core/lopd/coldstart.py", "lopd_core/lopd/coldstart_data.py",
+                                  "lopd_core/lopd/composer.py", "lopd_core/lopd/losses.py", "lopd_core/lopd/pg_losses.py",
+                                  "lopd_core/lopd/models.py", "lopd_core/lopd/teacher.py",
+                                  "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
     "distill": StageReads(("seed", *_POLICY, "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
                            "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
                            "bank.min_reward"),
                           {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",),
                            "phi0": ("data/composer",)},
-                          cycle_params=("cycle.refresh_teacher",)),
+                          cycle_params=("cycle.refresh_teacher",),
+                          # the bank's and the cold start's drivers: open_bank, and the re-exported names
+                          code=("lopd_core/lopd", "lopd_core/drivers/bank.py", "lopd_core/drivers/coldstart.py",
+                                "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
     "evaluate": StageReads(("seed", *_POLICY, "eval", "bench", "rollout", "envs"),
-                           {"model": ("data/base", "data/lopd")}),
+                           {"model": ("data/base", "data/lopd")},
+                           # export.py: eval_rows, the eval.json cells (summary_table)
+                           code=("lopd_core/drivers/evaluate.py", "lopd_core/evaluation.py", "lopd_core/export.py",
+                                 "lopd_core/benchmarks", *_ROLLOUT)),
     "export": StageReads(("rollout.max_new_tokens", "rollout.temperature", "rollout.top_p",
                           "tracking.registered_model"),
                          {"student": ("data/lopd",), "student_eval": ("metrics/eval.json",),
-                          "base_eval": ("metrics/eval_base.json",)}),
+                          "base_eval": ("metrics/eval_base.json",)},
+                         code=("lopd_core/drivers/export.py", "lopd_core/export.py")),
     "report": StageReads(("lopd.margin", "lopd.method", "baselines"),
                          {"curves": ("plots/distill.csv",), "student_eval": ("metrics/eval.json",),
-                          "base_eval": ("metrics/eval_base.json",)}),
+                          "base_eval": ("metrics/eval_base.json",)},
+                         code=("lopd_core/drivers/report.py", "lopd_core/report.py", "lopd_core/export.py")),
     # DVC only: writes PLUGIN_FINGERPRINT (the cycle hashes the same files into each stage's key itself).
     "plugins": StageReads(("envs.mix", "envs.plugins", "envs.task_files")),
 }
@@ -104,6 +137,16 @@ def dvc_params(stage: str) -> list[str]:
 def reads_plugins(stage: str) -> bool:
     """Whether `stage` plays the mix's plugin environments (it draws deployment tasks: it reads `envs` whole)."""
     return "envs" in STAGES[stage].params
+
+
+# What a `lopd compare` run executes: the distill stage's driver, then the evaluate stage's, through its own module.
+COMPARE_CODE = tuple(sorted({*STAGES["distill"].code, *STAGES["evaluate"].code, "lopd_core/compare/__init__.py",
+                             "lopd_core/compare/run.py"}))
+
+
+def dvc_code_deps(stage: str) -> list[str]:
+    """The code deps dvc.yaml's `deps:` of `stage` must list: the table's `code`."""
+    return sorted(STAGES[stage].code)
 
 
 def dvc_data_deps(stage: str) -> list[str]:

@@ -3,16 +3,18 @@
 Expensive deterministic stages (base, bank refresh, cold start, distillation, evaluation) are cached across
 runs by `tasks.caching.by_stage_key`: the calling flow computes the key from the content of the stage's inputs
 and its params sections, and passes the key's work folder; the stage writes only there and marks it complete
-last. Export, report and tracking are IO: they retry and are never cached. Long stages get a timeout from
+last. Export and report are never cached; nothing here retries, for a deterministic local step that failed
+fails the same way again (the retries sit on the MLflow registry calls, tasks/tracking.py). Long stages get a timeout from
 `cycle.stage_timeout_s` (applied by the flow with `with_options`). No task passes a model or a tensor: models
 are loaded inside the task from the folder it was given and dropped when it returns.
+
+Each task is one call of its stage's driver (lopd_core/drivers/, lopd_core/lopd/stages.py run_lopd), the function
+`lopd <stage>` and `lopd compare` call too, with the paths redirected into the task's work folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import time
 from pathlib import Path
 
@@ -50,11 +52,10 @@ CACHED = {"cache_key_fn": by_stage_key, "persist_result": True}
 @task(name="base", **CACHED)
 def build_base_task(stage: str, key: str, work: str, params: Params) -> dict:
     """Build the embedded base policy into `work` (the folder is model.base_dir)."""
-    from lopd_core.model.warmstart import build_base
+    from lopd_core.drivers.base import run_base
 
     out = _fresh(work)
-    log(f"base: building the embedded base into {out}")
-    report = build_base(params, out, log=log)
+    report = run_base(params, out, log=log)
     return mark_complete(out, {"model": str(out), "parameters": report.parameters, "steps": report.steps,
                                "final_loss": report.final_loss, "seconds": report.seconds_total})
 
@@ -62,31 +63,22 @@ def build_base_task(stage: str, key: str, work: str, params: Params) -> dict:
 @task(name="bank-refresh", **CACHED)
 def refresh_bank_task(stage: str, key: str, work: str, params: Params, policy: str, parent_bank: str | None,
                       generation: int) -> dict:
-    """The champion's bank plus the successes of the champion's rollouts on training tasks.
-
-    The new bank is a folder of its own (`work/bank`), started as a copy of the champion's bank: earlier banks
-    stay intact (versioned by folder and by DVC hash), and a rejected cycle never changes the champion's."""
-    from lopd_core.lopd.stages import seed_bank
+    """The champion's bank plus the successes of the champion's rollouts on training tasks, in a bank folder of
+    its own (`work/bank`) started as a copy of the champion's (drivers/bank.py `restart`)."""
+    from lopd_core.drivers.bank import run_bank
 
     out = _fresh(work)
     bank_dir, index_dir = out / "bank", out / "bank_index"
-    shutil.rmtree(bank_dir, ignore_errors=True)
-    shutil.rmtree(index_dir, ignore_errors=True)
-    bank_dir.mkdir()
-    if parent_bank:
-        shutil.copy2(Path(parent_bank) / "experience.parquet", bank_dir / "experience.parquet")
     p = with_paths(params, bank__dir=str(bank_dir), bank__index_dir=str(index_dir),
                    model__name_or_path=policy)
-    log(f"bank: rolling out {policy} on {params.bank.seed_tasks} training tasks "
-        f"x {params.bank.samples_per_task} (parent bank: {parent_bank or 'none'})")
-    summary = seed_bank(p, log=log, cycle=generation)
+    summary = run_bank(p, restart_from=parent_bank, restart=True, cycle=generation, log=log)
     return mark_complete(out, {**summary, "bank_dir": str(bank_dir), "index_dir": str(index_dir)})
 
 
 @task(name="coldstart", **CACHED)
 def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str) -> dict:
     """φ0, the composer's cold start, on oracle successes of the pretraining worlds read by the policy."""
-    from lopd_core.lopd.stages import run_coldstart
+    from lopd_core.drivers.coldstart import run_coldstart
 
     out = _fresh(work)
     p = with_paths(params, model__name_or_path=policy,
@@ -115,41 +107,29 @@ def distill_task(stage: str, key: str, work: str, params: Params, policy: str, b
 @task(name="evaluate", **CACHED)
 def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -> dict:
     """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout)."""
-    from lopd_core.evaluation import evaluate_stage, write_metrics
-    from lopd_core.model.loading import load_policy
+    from lopd_core.drivers.evaluate import run_evaluate
 
     out = _fresh(work)
     p = with_paths(params, model__name_or_path=model)
-    policy, tokenizer = load_policy(p.model)
     log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
-    results = evaluate_stage(policy, tokenizer, p, log=log)  # the mix's envs and eval.benchmarks (none by default)
-    path = write_metrics(results, out / "eval.json")
-    return mark_complete(out, {"eval": str(path), "model": model, "results": results})
+    results = run_evaluate(p, out / "eval.json", log=log)
+    return mark_complete(out, {"eval": str(out / "eval.json"), "model": model, "results": results})
 
 
-@task(name="export", retries=2, retry_delay_seconds=2)
+@task(name="export")
 def export_task(model: str, out: str, params: Params, student_eval: str | None, base_eval: str | None,
                 lineage: dict) -> str:
     """The clean Hugging Face checkpoint with its model card (LoRA merged)."""
-    from lopd_core.export import export_checkpoint
+    from lopd_core.drivers.export import run_export
 
-    read = (lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else None)
-    path = export_checkpoint(model, out, rollout=params.rollout, student_eval=read(student_eval),
-                             base_eval=read(base_eval), lineage=lineage, name=params.tracking.registered_model)
-    log(f"export: {path} (loads with AutoModelForCausalLM.from_pretrained)")
-    return str(path)
+    return str(run_export(params, model, out, student_eval=student_eval, base_eval=base_eval, lineage=lineage,
+                          log=log))
 
 
-@task(name="report", retries=2, retry_delay_seconds=2)
+@task(name="report")
 def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str,
                 summary: list[tuple[str, str]]) -> str:
     """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}."""
-    from lopd_core.report import EvalColumn, TrainingRun, write_report
+    from lopd_core.drivers.report import run_report
 
-    training = [TrainingRun(r["label"], Path(r["csv"]), None if r["margin"] is None else float(r["margin"]))
-                for r in runs]  # (None: a priced margin, read from the CSV's `margin` column)
-    columns = [EvalColumn(e["label"], json.loads(Path(e["path"]).read_text()))
-               for e in evals if e.get("path") and Path(e["path"]).exists()]
-    path = write_report(training, columns, out_dir, title=title, summary=summary)
-    log(f"report: {path}")
-    return str(path)
+    return str(run_report(runs, evals, out_dir, title=title, summary=summary, log=log))

@@ -8,6 +8,12 @@ exception is model logging, which MLflow only offers fluently: it is wrapped in 
 Names are the observable contract (DESIGN §5): step metrics carry the plots/distill.csv column names (β as
 `beta` and δ̄ as `delta`, every step); params are params.yaml flattened with dots; tags carry the git commit,
 the DVC hash of the bank and the parent cycle run.
+
+A run with MLflow off (`--no-mlflow`) gets a `NullTracker`: the same methods, doing nothing, so no flow asks
+whether it is tracked. A stage's run opens before its work (`Tracker.run`, a context manager) and ends FAILED when
+the work raises, so its duration is the stage's and a failed stage shows as failed. The flows of one command share
+one tracker, hence one MlflowClient. Registry calls (register, search, alias) are retried on errors that say
+"try again" (`registry_call`); the local work around them is deterministic and is not.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
@@ -112,8 +121,110 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class Tracker:
-    """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry."""
+# MLflow error codes that a later attempt may not meet: a busy SQLite file, a server restarting or throttling.
+TRANSIENT_CODES = frozenset({"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"})
+REGISTRY_ATTEMPTS = 3
+_T = TypeVar("_T")
+
+
+def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY_ATTEMPTS,
+                  delay_s: float = 2.0) -> _T:
+    """`call()`, tried up to `attempts` times while it fails with a transient error (an OSError, or an
+    MlflowException whose code is in TRANSIENT_CODES); any other error, or the last attempt's, goes on at once.
+    Why here and not on the Prefect tasks: the registry is the part of a stage that talks to a shared service;
+    the export and report before it are local and deterministic, and would fail again the same way."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (MlflowException, OSError) as exc:
+            transient = isinstance(exc, OSError) or getattr(exc, "error_code", None) in TRANSIENT_CODES
+            if not transient or attempt == attempts:
+                raise
+            print(f"MLflow registry: {what} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                  f"attempt {attempt + 1} of {attempts} in {delay_s:g}s", flush=True)
+            time.sleep(delay_s)
+    raise AssertionError("unreachable")
+
+
+class _Runs:
+    """What Tracker and NullTracker share: a run as a context manager over their start_run and end."""
+
+    __slots__ = ()
+
+    @contextmanager
+    def run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> Iterator[str | None]:
+        """A run opened before the work it records and ended after it: FINISHED, or FAILED when the work raises
+        (the exception goes on). Yields the run id (None when not tracked)."""
+        run_id = self.start_run(name, parent=parent, tags=tags)
+        try:
+            yield run_id
+        except BaseException:
+            self.end(run_id, "FAILED")
+            raise
+        self.end(run_id)
+
+
+class NullTracker(_Runs):
+    """The tracker of a run with MLflow off: every method of Tracker, recording nothing (run ids are None,
+    registry versions None)."""
+
+    __slots__ = ()
+
+    def start_run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> None:
+        return None
+
+    def close_abandoned_runs(self) -> list[str]:
+        return []
+
+    def end(self, run_id, status: str = "FINISHED") -> None:
+        pass
+
+    def set_tags(self, run_id, tags: dict) -> None:
+        pass
+
+    def log_params(self, run_id, params: dict) -> None:
+        pass
+
+    def log_metrics(self, run_id, metrics: dict[str, float], step: int = 0) -> None:
+        pass
+
+    def log_step_metrics(self, run_id, csv_path: str | Path) -> int:
+        return 0
+
+    def log_artifact(self, run_id, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def register_student(self, run_id, export_dir: str | Path, tags: dict | None = None) -> None:
+        return None
+
+    def find_version(self, tag: str, value: str) -> None:
+        return None
+
+    def champion_version(self) -> None:
+        return None
+
+    def promote(self, version) -> None:
+        pass
+
+
+NULL_TRACKER = NullTracker()
+
+
+def make_tracker(cfg: TrackingConfig, track: bool) -> Tracker | NullTracker:
+    """The one tracker of a command: MLflow's when `track`, else the NullTracker."""
+    return Tracker(cfg) if track else NULL_TRACKER
+
+
+class Tracker(_Runs):
+    """The pipeline's MLflow client: experiment, runs, metrics, artifacts, registry.
+
+    Slotted: Prefect records a flow's parameters, and a plain object would be recorded field by field (the store's
+    URI with whatever credentials it holds, the client's internals); without a __dict__ it is recorded as
+    `<Tracker>`."""
+
+    __slots__ = ("cfg", "client", "experiment_id", "uri")
 
     def __init__(self, cfg: TrackingConfig):
         from mlflow import MlflowClient
@@ -218,14 +329,18 @@ class Tracker:
         import transformers
 
         requirements = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.transformers.log_model(
-                transformers_model={"model": model, "tokenizer": tokenizer}, name="student",
-                task="text-generation", pip_requirements=requirements,
-                registered_model_name=self.cfg.registered_model)
-        version = str(info.registered_model_version)
+
+        def log_and_register():
+            with mlflow.start_run(run_id=run_id):
+                return mlflow.transformers.log_model(
+                    transformers_model={"model": model, "tokenizer": tokenizer}, name="student",
+                    task="text-generation", pip_requirements=requirements,
+                    registered_model_name=self.cfg.registered_model)
+
+        version = str(registry_call(log_and_register, "registering the student").registered_model_version)
         for key, value in (tags or {}).items():
-            self.client.set_model_version_tag(self.cfg.registered_model, version, key, str(value))
+            registry_call(lambda k=key, v=value: self.client.set_model_version_tag(
+                self.cfg.registered_model, version, k, str(v)), "tagging the version")
         return version
 
     def find_version(self, tag: str, value: str) -> str | None:
@@ -233,7 +348,8 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            versions = self.client.search_model_versions(f"name='{self.cfg.registered_model}'")
+            versions = registry_call(lambda: self.client.search_model_versions(
+                f"name='{self.cfg.registered_model}'"), "searching the versions")
         except MlflowException:
             return None
         for v in versions:
@@ -245,14 +361,15 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            return str(self.client.get_model_version_by_alias(self.cfg.registered_model,
-                                                              self.cfg.champion_alias).version)
+            return str(registry_call(lambda: self.client.get_model_version_by_alias(
+                self.cfg.registered_model, self.cfg.champion_alias), "reading the champion alias").version)
         except MlflowException:
             return None
 
     def promote(self, version: str) -> None:
         """Move the champion alias to `version` (call only when the promotion gate passed)."""
-        self.client.set_registered_model_alias(self.cfg.registered_model, self.cfg.champion_alias, version)
+        registry_call(lambda: self.client.set_registered_model_alias(
+            self.cfg.registered_model, self.cfg.champion_alias, version), "moving the champion alias")
 
 
 NO_MLFLOW_HINT = "or run with --no-mlflow"

@@ -4,8 +4,8 @@ the cycle's evaluation of the student it exports.
 Training is `lopd_core.lopd.stages.run_lopd`, the function `lopd distill` and the cycle's distill stage call, in
 the run's own folder: checkpoints, distill.csv, the exported student, and — with `bank.refresh_every` > 0 — its own
 copy of the seed bank, which the student's successes grow every N steps (one run's additions never reach
-another run). The evaluation is `lopd_core.evaluation.evaluate_stage`, the cycle's evaluate stage, on the exported
-student: every environment of `envs.mix`, eval.json shaped {env: {split: {mode: cell}}}.
+another run). The evaluation is `lopd_core.drivers.evaluate.run_evaluate`, the evaluate stage's driver, on the
+exported student: every environment of `envs.mix`, eval.json shaped {env: {split: {mode: cell}}}.
 
 The budget is counted in sampled trajectories, and a method that reads the experience bank starts with the
 bank's seed rollouts already spent (they were sampled to fill it); GRPO and the other bank-free methods spend
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from lopd_core.config import Params
-from lopd_core.evaluation import evaluate, evaluate_stage, wilson_interval, write_metrics
+from lopd_core.drivers.evaluate import run_evaluate
+from lopd_core.evaluation import evaluate, wilson_interval, write_metrics
 from lopd_core.lopd.methods import method_spec
 from lopd_core.lopd.stages import run_lopd
 from lopd_core.model.loading import load_policy
@@ -125,14 +126,16 @@ def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int,
     eval_s += probe.seconds
 
     started = time.perf_counter()
-    student, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=trained["student"]))
-    if validation_n:
+    if validation_n:  # a tuning run: validation tasks of the train split, never the evaluate stage's test splits
+        student, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=trained["student"]))
         results = evaluate(student, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
+        del student
+        write_metrics(results, out / "eval.json")
     else:
-        results = evaluate_stage(student, tokenizer, final_eval_params(p, eval_n), log=log)
-    del student
+        final = final_eval_params(p, eval_n)
+        final.model = dataclasses.replace(p.model, name_or_path=trained["student"])
+        results = run_evaluate(final, out / "eval.json", log=log)
     eval_s += time.perf_counter() - started
-    write_metrics(results, out / "eval.json")
     envs = [e for e in p.envs.mix if e in results]
     summary = {
         "method": method, "world": p.envs.deploy_worlds[0], "seed": p.seed, "lr": p.lopd.lr_student,

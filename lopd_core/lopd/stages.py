@@ -1,9 +1,8 @@
-"""The LOPD stages as plain functions of the typed params: seed the bank, cold start, distil.
+"""The distill stage's driver (`run_lopd`) and the retrieval rules it shares with the tools around it.
 
-Each reads its inputs from the paths in params and writes its outputs there; the `lopd` command line and the
-orchestration layer call these and nothing deeper. Paths:
-  data/bank/experience.parquet      the bank (source of truth)    data/bank/seed_rollouts.parquet  its inputs
-  data/bank_index/                  the Chroma index (derived)     coldstart.out                    φ0
+`run_lopd` reads its inputs from the paths in params and writes its outputs there; `lopd distill`, the cycle's
+distill task and `lopd compare` call it and nothing deeper. The other stages' drivers are in lopd_core/drivers/
+(the bank's and the cold start's names are re-exported here for the callers that import them from this module).
   lopd.out_dir/checkpoint.pt        resumable training state       lopd.out_dir/student/            the student
 """
 
@@ -11,42 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import random
 from pathlib import Path
 
 from lopd_core import distributed as D
-from lopd_core.bank import ExperienceBank, read_bank
+from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params, RetrievalSettings
+from lopd_core.drivers.bank import bank_paths, open_bank, seed_bank  # noqa: F401  (re-exported)
+from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
 from lopd_core.envs import Task
-from lopd_core.envs.mix import deployment_tasks
 from lopd_core.lopd import baselines as B
 from lopd_core.lopd import margin as MG
 from lopd_core.lopd import methods as M
-from lopd_core.lopd.coldstart import train_coldstart
-from lopd_core.lopd.coldstart_data import (
-    ORACLE_SAMPLE_INDEX,
-    pretraining_retriever,
-    pretraining_successes,
-)
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.lopd.coldstart_data import ORACLE_SAMPLE_INDEX
+from lopd_core.lopd.composer import mean_embedding_norm
 from lopd_core.lopd.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.lopd.trainer import Distiller, check_top_k, export, load_composer, run_distill
-from lopd_core.model.chat import make_chat
-from lopd_core.model.loading import load_policy, model_path
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
-from lopd_core.rollout.table import read_trajectories, trajectories_to_frame, write_trajectories
-
-
-def bank_paths(params: Params) -> tuple[Path, Path]:
-    root = Path(params.bank.dir)
-    return root / "experience.parquet", root / "seed_rollouts.parquet"
-
-
-def open_bank(params: Params) -> ExperienceBank:
-    parquet, _ = bank_paths(params)
-    return ExperienceBank(parquet, index_dir=params.bank.index_dir, chroma_url=params.bank.chroma_url or None,
-                          collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
+from lopd_core.model.loading import load_policy
+from lopd_core.rollout.table import read_trajectories
 
 
 def make_retriever(bank: ExperienceBank, retrieval: RetrievalSettings):
@@ -72,37 +53,6 @@ def method_retriever(spec, bank: ExperienceBank | None, params: Params):
     if spec.teacher.retrieval == "random":
         return B.random_retriever(list(bank.store.load()["experience_text"]), params.bank.top_j, params.seed)
     return make_retriever(bank, params.bank.retrieval)
-
-
-def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
-    """Roll out the current policy on training tasks; keep its successes in the bank (provenance recorded).
-    `cycle` is recorded as the new rows' provenance (`lopd cycle` passes the policy's generation). An existing
-    bank that cannot be read or breaks the schema fails first, before any rollout is spent or file written."""
-    parquet, seed_path = bank_paths(params)
-    read_bank(parquet)
-    model, tokenizer = load_policy(params.model)
-    b, ro = params.bank, params.rollout
-    tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
-    requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
-    sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context,
-                        max_observation_tokens=ro.max_observation_tokens)
-    trajs = rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
-                    seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
-                    if done % (ro.batch_size * 10) == 0 or done == total else None)
-    frame = trajectories_to_frame(trajs)
-    write_trajectories(frame, seed_path)
-    with open_bank(params) as bank:
-        # Only the agent's own samples: no oracle ever reaches a deployment world (coldstart_data.py).
-        report = bank.refresh(frame, min_reward=b.min_reward, policy_version=model_path(params.model), cycle=cycle)
-        bank.ensure_index()
-        size = len(bank)
-    summary = {"rollouts": len(trajs), "successes": int(frame["success"].sum()),
-               "success_rate": round(float(frame["success"].mean()), 4), "bank_rows": size,
-               "refresh": getattr(report, "__dict__", str(report))}
-    (parquet.parent / "bank_report.json").write_text(json.dumps(summary, indent=2, default=str))
-    log(f"bank: {summary['successes']}/{len(trajs)} successful rollouts; bank has {size} rows")
-    return summary
 
 
 def seed_rollouts(params: Params) -> int:
@@ -142,39 +92,6 @@ def pricing_source(spec, bank: ExperienceBank | None, params: Params,
         return MG.PricingSource(rows, method_retriever(spec, bank, params))
     others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
     return MG.PricingSource(rows, make_retriever(bank, others))
-
-
-def new_composer(params: Params, model) -> Composer:
-    c = params.composer
-    return Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
-                    num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
-
-
-def run_coldstart(params: Params, log=print) -> dict:
-    import torch
-
-    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
-    model, tokenizer = load_policy(params.model)
-    cs = params.coldstart
-    trajectories, successes = pretraining_successes(params, make_chat(tokenizer))
-    log(f"coldstart: {len(successes)} oracle successes in {params.envs.pretrain_worlds} pretraining worlds")
-    torch.manual_seed(params.seed)
-    composer = new_composer(params, model)
-    with pretraining_retriever(params, trajectories) as retriever:
-        run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
-                               batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
-                               csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
-                               max_experience_tokens=params.composer.max_experience_tokens,
-                               sharding=params.lopd.sharding, log=log)
-    out = Path(cs.out)
-    if D.is_main():  # every rank holds the same φ0: one copy on disk
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        torch.save(composer.state_dict(), tmp)
-        tmp.replace(out)
-    D.barrier()
-    return {"successes": len(successes), "first": run.rows[0], "last": run.rows[-1],
-            "skipped_updates": run.skipped_updates, "out": str(out)}
 
 
 def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,

@@ -74,7 +74,7 @@ from lopd_core.lopd.step import StepResult, chunk_group, micro_batches
 from lopd_core.lopd.teacher import Framing
 from lopd_core.lopd.teacher_context import TeacherContext  # noqa: F401  re-exported
 from lopd_core.model.chat import make_chat
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.engine import RolloutRequest, Sampling, ServedBackend, rollout
 
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
 
@@ -176,6 +176,11 @@ class Distiller:
             raise ConfigError(f"lopd.sharding: got 'fsdp2' with lopd.method={self.cfg.method!r}, expected 'none': "
                               f"the teacher of {', '.join(unsupported)} copies the student's weights, which a "
                               "sharded student does not hold whole")
+        ro = self.params.rollout
+        if ro.backend == "openai" and ro.sync == "reload":
+            raise ConfigError("lopd.sharding: got 'fsdp2' with rollout.backend='openai' and rollout.sync='reload', "
+                              "expected 'none': the reload saves the student whole from one process, which a "
+                              "sharded student is not (rollout.sync=none keeps the servers' weights as they are)")
         SH.setup()
         teacher = [] if self.teacher.adapter_owner is not None else SH.shard_lm(self.teacher.lm)
         return SH.Sharding(SH.shard_lm(self.student), teacher)
@@ -225,7 +230,7 @@ class Distiller:
                  for i in range(len(requests))]
         sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context - self.splice_room,
-                            max_observation_tokens=ro.max_observation_tokens)
+                            max_observation_tokens=ro.max_observation_tokens, served=ServedBackend.from_settings(ro))
         with self.sharding.gathered():  # rank-dependent numbers of passes from here on (sharding.py)
             trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
                             seed=self.params.seed * 1_000_003 + s, seeds=seeds)

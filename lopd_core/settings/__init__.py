@@ -4,7 +4,8 @@ checks.py  the checks a setting can carry and ConfigError      fields.py  `setti
 model.py   model, model.tiny, model.warmstart                  envs.py    envs, and installed environment plugins
 rollout.py rollout (the sampling of training), bank, composer, coldstart
 lopd.py    lopd, baselines                                     run.py     eval, tracking, cycle, bench
-compare.py compare and its presets                             params.py  Params, every section
+compare.py compare and its presets                  serve.py   serve (`lopd serve`)
+                             params.py  Params, every section
 render.py  params.yaml and the --help listing, from the definitions
 
 Imports nothing of the library but lopd_core.names (plain data), so reading a configuration loads no model code.

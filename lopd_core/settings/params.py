@@ -13,6 +13,7 @@ from lopd_core.settings.lopd import BaselinesConfig, LopdConfig
 from lopd_core.settings.model import ModelConfig
 from lopd_core.settings.rollout import BankConfig, ColdStartConfig, ComposerConfig, RolloutConfig
 from lopd_core.settings.run import BenchConfig, CycleConfig, EvalConfig, TrackingConfig
+from lopd_core.settings.serve import ServeConfig
 
 
 # Not frozen, unlike its sections: a caller derives a variant run by swapping a whole section
@@ -41,6 +42,7 @@ class Params(Section):
     baselines: BaselinesConfig = setting(factory=BaselinesConfig, help="knobs of the baselines and controls "
                                          "lopd.method selects (lopd_core/lopd/methods.py)")
     compare: CompareConfig = setting(factory=CompareConfig, help=CompareConfig.__doc__)
+    serve: ServeConfig = setting(factory=ServeConfig, help=ServeConfig.__doc__)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

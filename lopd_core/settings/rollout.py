@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from lopd_core.settings.checks import Check, at_least, fraction, non_negative, positive
+from lopd_core.settings.checks import Check, ConfigError, at_least, fraction, non_negative, one_of, positive
 from lopd_core.settings.fields import Section, setting
 
 
@@ -31,6 +31,27 @@ class RolloutConfig(Section):
                                  check=non_negative())
     top_p: float = setting(1.0, help="nucleus sampling: the smallest set of tokens holding this much probability",
                            check=Check(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"))
+    backend: str = setting(
+        "local", check=one_of("local", "openai"),
+        help="who generates the training rollouts: local (the in-process engine) or openai (the servers below, "
+        "over the OpenAI completions API with token ids and log-probs; environments stay in this process)")
+    servers: list[str] = setting(
+        factory=list, help="with backend openai: base URLs (http://HOST:PORT/v1) of lopd serve, vLLM or SGLang "
+        "servers; each takes a slice of a step's tasks")
+    sync: str = setting(
+        "reload", check=one_of("reload", "none"),
+        help="with backend openai: how the servers get each update: reload (the student saved to sync_dir, then POST "
+        "/admin/reload on each server: lopd serve) or none (the servers are kept current by other means, e.g. "
+        "vLLM's weight-transfer API; docs/scaling.md)")
+    sync_dir: str = setting(
+        "", help="with backend openai: where the student is saved for the servers to reload after each update (a "
+        "folder they can read; empty: a temporary folder, for servers on this machine)")
+    api_key_env: str = setting("LOPD_API_KEY", help="with backend openai: the environment variable holding the "
+                               "servers' API key (unset: none sent)")
+
+    def check(self) -> None:
+        if self.backend == "openai" and not self.servers:
+            raise ConfigError("rollout.servers: got [], expected at least one base URL with rollout.backend openai")
 
 
 @dataclass(frozen=True)

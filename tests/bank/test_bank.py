@@ -372,7 +372,7 @@ def test_an_unreadable_bank_file_is_named_and_left_as_it_is(tmp_path, filled, da
 
 def test_lopd_bank_checks_the_existing_bank_before_its_rollouts(tmp_path, filled, monkeypatch, capsys):
     from flows.cli import main
-    from lopd_core.lopd import stages
+    from lopd_core.drivers import bank as stages  # the bank stage's driver
 
     bank_dir = tmp_path / "bank"
     bank_dir.mkdir()

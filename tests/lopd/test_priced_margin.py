@@ -278,7 +278,7 @@ def test_the_report_draws_the_margin_the_csv_says(tmp_path, monkeypatch):
     pd.DataFrame(rows, columns=cols).to_csv(csv_path, index=False)
     params = load_params("params.yaml", ["lopd.margin=auto"])
     drawn = []
-    monkeypatch.setattr(report, "write_report", lambda runs, evals, out, title: drawn.extend(runs) or out)
+    monkeypatch.setattr(report, "write_report", lambda runs, evals, out, title, **_: drawn.extend(runs) or out)
     args = SimpleNamespace(cycles=False, csv=str(csv_path), eval=None, base_eval=None, out=str(tmp_path / "r"))
     assert cmd_report(params, args) == 0 and [r.margin for r in drawn] == [None]  # priced: read from the CSV
     monkeypatch.undo()

@@ -208,7 +208,7 @@ def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, 
     csv = tmp_path / "distill.csv"
     csv.write_text(",".join(trainer_mod.CSV_COLUMNS) + "\n" + ",".join(["1"] * len(trainer_mod.CSV_COLUMNS)) + "\n")
     drawn = []
-    monkeypatch.setattr(report, "write_report", lambda runs, evals, out, title: drawn.extend(runs) or out)
+    monkeypatch.setattr(report, "write_report", lambda runs, evals, out, title, **_: drawn.extend(runs) or out)
     args = SimpleNamespace(cycles=False, csv=str(csv), eval=None, base_eval=None, out=str(tmp_path / "r"))
     assert cmd_report(params, args) == 0
     assert [r.margin for r in drawn] == [0.0]

@@ -24,11 +24,14 @@ def lopd(*args, cwd):
 def workdir(tmp_path_factory):
     import pathlib
     import shutil
+    import tomllib
 
     root = pathlib.Path(__file__).resolve().parents[2]
     work = tmp_path_factory.mktemp("proj")
     shutil.copy(root / "params.yaml", work / "params.yaml")
-    for pkg in ("lopd_core", "flows", "tasks"):
+    # every package the project installs, as pyproject lists them (a new one is linked without editing this)
+    find = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    for pkg in {pattern.rstrip("*") for pattern in find["include"]}:
         (work / pkg).symlink_to(root / pkg)
     return work
 

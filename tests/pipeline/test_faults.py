@@ -224,7 +224,8 @@ def test_runs_left_running_by_a_dead_process_are_closed_as_failed(tmp_path):
 # --- small items ------------------------------------------------------------------------------------------------
 def test_the_bank_file_is_as_readable_as_its_folder(tmp_path):
     """Probe: experience.parquet was mode 0600 (mkstemp's) while every other output was 0644."""
-    from lopd_core.bank.store import BankStore, _umask
+    from lopd_core.bank.store import BankStore
+    from lopd_core.outputs import _umask
 
     store = BankStore(tmp_path / "experience.parquet")
     store.refresh(_successes(0, 2), min_reward=1.0, policy_version="p", cycle=0)

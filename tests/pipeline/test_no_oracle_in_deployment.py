@@ -1,6 +1,6 @@
 """The guard of the adaptation setting: nothing oracle reaches a deployment world. The bank holds only the
 agent's own sampled successes there; the composer's cold start reads oracle episodes of the pretraining worlds
-only (lopd_core/lopd/stages.py seed_bank, lopd_core/lopd/coldstart_data.py)."""
+only (lopd_core/drivers/bank.py seed_bank, lopd_core/lopd/coldstart_data.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The table of what each stage reads (tasks/stage_params.py): dvc.yaml agrees with it, every key it lists moves
-the stage's cache key and path-only keys do not, the flows hash exactly the inputs it names, retrievers take the
-retrieval settings whole, and `cycle.refresh_teacher` picks the teacher."""
+the stage's cache key and path-only keys do not, the code it lists is what the stage's driver imports and moves
+the key, the flows hash exactly the inputs it names, retrievers take the retrieval settings whole, and
+`cycle.refresh_teacher` picks the teacher."""
 
+import ast
 import copy
 import dataclasses
 import json
@@ -14,7 +16,14 @@ import yaml
 
 from lopd_core.config import Params
 from tasks.caching import stage_key
-from tasks.stage_params import STAGES, UNKEYED_FIELDS, dvc_data_deps, dvc_params
+from tasks.stage_params import (
+    STAGES,
+    UNKEYED_FIELDS,
+    UNSHAPING_CODE,
+    dvc_code_deps,
+    dvc_data_deps,
+    dvc_params,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHED_STAGES = ("base", "bank", "coldstart", "distill", "evaluate")  # the cycle's content-keyed stages
@@ -32,6 +41,106 @@ def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
             f"dvc.yaml stage {name}: params should be {dvc_params(name)} (tasks/stage_params.py)")
         data = sorted(d for d in stage.get("deps", []) if not d.startswith("lopd_core"))
         assert data == dvc_data_deps(name), f"dvc.yaml stage {name}: data deps should be {dvc_data_deps(name)}"
+        code = sorted(d for d in stage.get("deps", []) if d.startswith("lopd_core"))
+        assert code == dvc_code_deps(name), f"dvc.yaml stage {name}: code deps should be {dvc_code_deps(name)}"
+
+
+# The module that holds each stage's driver: what the stage runs is it and what it imports.
+DRIVERS = {"base": "lopd_core.drivers.base", "bank": "lopd_core.drivers.bank",
+           "coldstart": "lopd_core.drivers.coldstart", "distill": "lopd_core.lopd.stages",
+           "evaluate": "lopd_core.drivers.evaluate", "export": "lopd_core.drivers.export",
+           "report": "lopd_core.drivers.report"}
+
+
+def _module_file(module: str) -> Path | None:
+    path = ROOT / Path(*module.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _imported(file: Path, module: str):
+    """Every module name an import statement of `file` names (function-level imports too; `from a import b`
+    yields a and a.b, since b may be a module)."""
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _unshaping(rel: str) -> bool:
+    return any(_covers(entry, rel) for entry in UNSHAPING_CODE)
+
+
+def _reached(entry: str) -> set[str]:
+    """The lopd_core source files `entry` reaches through imports (each package's __init__ included). What an
+    UNSHAPING_CODE module imports is not followed: the configuration reads the methods table to check a name,
+    which does not make the table part of what `lopd base` computes."""
+    seen, todo = set(), [entry]
+    while todo:
+        parts = todo.pop().split(".")
+        if parts[0] != "lopd_core":
+            continue
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            file = _module_file(name)
+            if file is not None and file not in seen:
+                seen.add(file)
+                if not _unshaping(file.relative_to(ROOT).as_posix()):
+                    todo.extend(_imported(file, name))
+    return {file.relative_to(ROOT).as_posix() for file in seen}
+
+
+def _covers(entry: str, file: str) -> bool:
+    return file == entry or file.startswith(entry.rstrip("/") + "/")
+
+
+@pytest.mark.parametrize("stage", sorted(DRIVERS))
+def test_the_code_a_stage_lists_is_what_its_driver_imports(stage):
+    """Issue #31: `dvc repro` missed code changes (no stage listed lopd_core/envs). Every file the driver's module
+    reaches is under one of the stage's `code` entries (or in UNSHAPING_CODE), and every entry is reached: the
+    list is neither short (an edit re-runs nothing) nor stale."""
+    reached = {f for f in _reached(DRIVERS[stage]) if not _unshaping(f)}
+    code = STAGES[stage].code
+    assert _module_file(DRIVERS[stage]).relative_to(ROOT).as_posix() in reached
+    missing = sorted(f for f in reached if not any(_covers(entry, f) for entry in code))
+    assert not missing, f"{stage}: its driver imports {missing}, not in its `code` (tasks/stage_params.py)"
+    unused = [entry for entry in code if not any(_covers(entry, f) for f in reached)]
+    assert not unused, f"{stage}: `code` lists {unused}, which its driver never imports"
+    assert all((ROOT / entry).exists() for entry in code)
+
+
+def test_an_edit_under_envs_moves_the_keys_of_the_stages_that_run_it(tmp_path, monkeypatch):
+    """A reward check edited in lopd_core/envs re-runs bank, distill and evaluate (and the base, whose warm start
+    plays the pretraining worlds), and leaves the stages that never run it (export, report) cached."""
+    import tasks.caching as C
+
+    shutil.copytree(ROOT / "lopd_core", tmp_path / "lopd_core", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(C, "CODE_ROOT", tmp_path)
+    stages = sorted(DRIVERS)
+
+    def keys() -> dict[str, str]:
+        return {stage: stage_key(C.key_payload(stage, {}, {})) for stage in stages}
+
+    before = keys()
+    assert keys() == before
+    checks = tmp_path / "lopd_core" / "envs" / "toolworld" / "checks.py"
+    checks.write_text(checks.read_text() + "\n# an edited reward check\n")
+    after = keys()
+    moved = {stage for stage in stages if after[stage] != before[stage]}
+    assert moved == {"base", "bank", "coldstart", "distill", "evaluate"}
+    assert moved == {stage for stage in stages if "lopd_core/envs" in STAGES[stage].code}
+    report = tmp_path / "lopd_core" / "report.py"
+    report.write_text(report.read_text() + "\n# a new caption\n")
+    assert {stage for stage in stages if keys()[stage] != after[stage]} == {"report"}
 
 
 def _leaves(value, prefix: str):
@@ -123,6 +232,7 @@ def test_inputs_other_than_the_tables_are_refused():
 
 def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path):
     from flows import stages as S
+    from tasks.tracking import NULL_TRACKER
 
     teacher = tmp_path / "base"
     teacher.mkdir()
@@ -135,7 +245,7 @@ def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path)
 
     monkeypatch.setattr(S, "run_cached", fake_run_cached)
     S.distill_flow.fn(Params(), "hub/model", {"bank_dir": str(tmp_path), "index_dir": str(tmp_path)}, "phi0.pt",
-                      str(teacher), track=False)
+                      str(teacher), tracker=NULL_TRACKER)
     assert seen["stage"] == "distill" and seen["inputs"]["teacher"] == str(teacher)
     assert seen["kwargs"]["teacher"] == str(teacher)
 

@@ -54,25 +54,6 @@ def test_an_echoed_tool_call_matches_the_reply_it_came_from(tiny_tokenizer):
     assert parse_messages(req, max_messages=10).keys[2] == key
 
 
-def test_a_streamed_tool_call_arrives_whole():
-    import asyncio
-
-    from lopd_serve.app import _events
-
-    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
-    body = {"id": "c", "created": 0, "model": "m", "system_fingerprint": "v", "lopd": {},
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                         "finish_reason": "tool_calls"}], "usage": {}}
-
-    async def collect():
-        return [e async for e in _events(body, None, [], 0)]
-    events = asyncio.run(collect())
-    assert events[-1] == "data: [DONE]\n\n"
-    payloads = [json.loads(e[len("data: "):]) for e in events[:-1]]
-    assert payloads[1]["choices"][0]["delta"]["tool_calls"][0]["function"] == call["function"]
-    assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
-
-
 @pytest.mark.parametrize("builder", ["hermes", "llama"])
 def test_a_later_user_turn_renders_as_the_models_own_template(builder):
     """With a model's own chat template, the whole forced conversation, a second user message included, is

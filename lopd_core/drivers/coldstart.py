@@ -1,0 +1,51 @@
+"""The coldstart stage's driver: φ0, the composer's cold start, trained on oracle successes of the pretraining
+worlds read by the frozen policy (never the deployment bank: lopd_core/lopd/coldstart_data.py). Writes
+coldstart.out and, beside lopd.csv, coldstart.csv.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lopd_core import distributed as D
+from lopd_core.config import Params
+from lopd_core.lopd.coldstart import train_coldstart
+from lopd_core.lopd.coldstart_data import pretraining_retriever, pretraining_successes
+from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.model.chat import make_chat
+from lopd_core.model.loading import load_policy
+
+
+def new_composer(params: Params, model) -> Composer:
+    c = params.composer
+    return Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
+                    num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+
+
+def run_coldstart(params: Params, log=print) -> dict:
+    import torch
+
+    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
+    model, tokenizer = load_policy(params.model)
+    cs = params.coldstart
+    trajectories, successes = pretraining_successes(params, make_chat(tokenizer))
+    log(f"coldstart: {len(successes)} oracle successes in {params.envs.pretrain_worlds} pretraining worlds")
+    torch.manual_seed(params.seed)
+    composer = new_composer(params, model)
+    with pretraining_retriever(params, trajectories) as retriever:
+        run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
+                              batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
+                               csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
+                               max_experience_tokens=params.composer.max_experience_tokens,
+                               sharding=params.lopd.sharding, log=log)
+    out = Path(cs.out)
+    if D.is_main():  # every rank holds the same φ0: one copy on disk
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        torch.save(composer.state_dict(), tmp)
+        tmp.replace(out)
+    D.barrier()
+    return {"successes": len(successes), "first": run.rows[0], "last": run.rows[-1],
+            "skipped_updates": run.skipped_updates, "out": str(out)}
+
+
