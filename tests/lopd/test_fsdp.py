@@ -56,6 +56,23 @@ def test_ema_teacher_is_refused_sharded(tiny_model, tiny_tokenizer):
         distiller(tiny_model, tiny_tokenizer, [], sharding="fsdp2", mode="full", method="sdpo")
 
 
+def test_served_rollouts_with_reload_are_refused_sharded(tiny_model, tiny_tokenizer):
+    import copy
+    from dataclasses import replace
+
+    from lopd_core.config import Params
+    from lopd_core.lopd.composer import Composer
+    from lopd_core.lopd.trainer import Distiller
+
+    p = Params()
+    p.rollout = replace(p.rollout, backend="openai", servers=["http://127.0.0.1:9/v1"], sync="reload")
+    p.lopd = replace(p.lopd, sharding="fsdp2", method="grpo")
+    composer = Composer(tiny_model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=1.0)
+    with pytest.raises(ConfigError, match=r"rollout\.sync"):
+        Distiller(p, copy.deepcopy(tiny_model), tiny_tokenizer, lambda ts: [[] for _ in ts], composer=composer,
+                  log=lambda m: None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
