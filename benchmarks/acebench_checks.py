@@ -3,7 +3,7 @@
 Each answer in possible_answer/ is turned into the prediction a perfect model would make (the first
 alternative's calls, or the sentence ACEBench's prompts ask for) and scored. The one failure is an answer that
 leaves out a parameter its document requires (zh normal_atom_object_short_1). The mutation verdicts are in
-tests/benchmarks/test_acebench_ground_truth.py.
+tests/bench/test_acebench_ground_truth.py.
 
     .venv/bin/python benchmarks/acebench_checks.py [--data-dir ../shared/benchmarks/acebench]
 """
@@ -15,8 +15,8 @@ import json
 import sys
 
 import lopd_core  # noqa: F401  (offline defaults)
-from lopd_core.benchmarks.acebench.data import CATEGORIES, LANGUAGES, load_category, resolve_data_dir
-from lopd_core.benchmarks.acebench.scoring import (
+from lopd_core.bench.acebench.data import CATEGORIES, LANGUAGES, load_category, resolve_data_dir
+from lopd_core.bench.acebench.scoring import (
     category_scores,
     ground_truth_prediction,
     score_entries,

@@ -1,6 +1,6 @@
 """Our BFCL checker on BFCL's own data, and its agreement with BFCL's checker, case by case, per category.
 
-For every test case: the ground-truth answer and each mutation (lopd_core/benchmarks/bfcl/mutations.py) are
+For every test case: the ground-truth answer and each mutation (lopd_core/bench/bfcl/mutations.py) are
 judged by our checker and by BFCL's (imported from the bfcl-eval package behind a stub module; multi-turn with
 our eval-free executor in place of its `eval`). Per category it prints how many ground-truth answers we pass,
 how many mutations we fail (those that should pass, parallel calls in another order, are among the rest), and
@@ -17,8 +17,8 @@ import time
 from collections import Counter
 
 import lopd_core  # noqa: F401  (offline defaults)
-from lopd_core.benchmarks.bfcl.data import CATEGORIES, load_category, resolve_data_dir
-from lopd_core.benchmarks.bfcl.reference import compare, import_reference
+from lopd_core.bench.bfcl.data import CATEGORIES, load_category, resolve_data_dir
+from lopd_core.bench.bfcl.reference import compare, import_reference
 
 
 def agreement(category: str, data_dir, limit: int = 0) -> dict:

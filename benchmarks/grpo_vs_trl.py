@@ -1,7 +1,7 @@
 """Reference check of our GRPO against TRL's GRPOTrainer, side by side in one run.
 
 A single-turn variant of the toolworld tasks: the prompt is a task's first turn (system + user, the chat format
-of lopd_core/model/chat.py), the completion is the first action, and the reward is 1 when the first call equals
+of lopd_core/model/chat/codec.py), the completion is the first action, and the reward is 1 when the first call equals
 the oracle's first call (tool and arguments), 0.5 when only the tool matches, else 0 — a partial credit so that
 a weak base gets a learning signal at all. Both trainers start from the same model, see the same prompts in the
 same order (B tasks × G samples per step), use the same learning rate, temperature 1, no KL term, rewards scaled
@@ -84,8 +84,8 @@ def run_ours(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_to
     import torch
 
     from lopd_core.config import Params
-    from lopd_core.lopd.stages import new_composer
-    from lopd_core.lopd.trainer import Distiller
+    from lopd_core.drivers.distill import new_composer
+    from lopd_core.distill.trainer import Distiller
     from lopd_core.model.chat import ChatCodec
     from lopd_core.rollout.engine import Sampling, Trajectory, generate_turn
 

@@ -56,7 +56,7 @@ def start_server(folder: Path, work: Path, threads: int):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     with open(work / f"server-{port}.log", "w") as log:  # the child keeps its own copy of the descriptor
-        command = [sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port", str(port),
+        command = [sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(folder), "--port", str(port),
                    "--poll-s", "0", "--device", "cpu", "--store", str(work / f"traces-{port}")]
         proc = subprocess.Popen(command,
                                 cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.DEVNULL,

@@ -97,7 +97,7 @@ def main() -> int:
         port = s.getsockname()[1]
     # The server in a process of its own, as deployed: clients here would otherwise share its interpreter lock.
     root = Path(__file__).resolve().parents[1]
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--model", str(folder), "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(folder), "--port", str(port),
                                "--store", str(work / "traces"), "--poll-s", "0"], cwd=root,
                               env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)

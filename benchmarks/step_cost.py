@@ -62,12 +62,12 @@ import lopd_core  # noqa: F401
 from lopd_core.config import load_params
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
-from lopd_core.lopd import losses as L
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
-from lopd_core.lopd.models import make_student_and_teacher
-from lopd_core.lopd.step import chunk_group, micro_batches
-from lopd_core.lopd.teacher import action_logits, build_batch
-from lopd_core.lopd.trainer import Distiller
+from lopd_core.distill import losses as L
+from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.models import make_student_and_teacher
+from lopd_core.distill.step import chunk_group, micro_batches
+from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.distill.trainer import Distiller
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 

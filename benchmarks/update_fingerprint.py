@@ -35,8 +35,8 @@ import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import Params, TinyModelConfig
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
-from lopd_core.lopd import trainer as trainer_mod
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import build_demos
 from lopd_core.model.loading import tiny_qwen3

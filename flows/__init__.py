@@ -1,1 +1,1 @@
-"""Entry points of the pipeline: the `lopd` command line (and, with the pipeline issue, the Prefect flows)."""
+"""The Prefect flows: the cycle, the comparison and one flow per stage, over the tasks in tasks/."""

@@ -1,10 +1,10 @@
-"""`lopd compare`: every method of lopd_core/lopd/methods.py at the same rollout budget, seeds, one report.
+"""`lopd compare`: every method of lopd_core/methods.py at the same rollout budget, seeds, one report.
 
 The recipe:
   1. the base policy (built once, as in `lopd cycle`);
   2. the replicates are (deployment world, seed) pairs; per pair, when any method reads the bank: the bank of
      the agent's own successes in that world (its sampled rollouts are charged to those methods' budget) and
-     the composer's cold start φ0 (pretraining worlds only) — both cached Prefect stages from flows/stages.py;
+     the composer's cold start φ0 (pretraining worlds only) — both cached Prefect stages from flows/stage_flows.py;
   3. learning rates: with more than one value in the preset's grid, every method is tuned on the same grid, on
      `tune_seed` in `tune_world` and validation tasks (train split, never test), at `tune_budget_fraction` of
      the budget;
@@ -33,10 +33,10 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import stages as S
+from flows import stage_flows as S
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.envs.mix import resolve_mix
-from lopd_core.lopd.methods import method_spec
+from lopd_core.methods import method_spec
 from tasks.caching import (
     DONE,
     content_hash,
@@ -47,7 +47,7 @@ from tasks.caching import (
     stage_key,
 )
 from tasks.stage_params import COMPARE_CODE
-from tasks.stages import log
+from tasks.stage_tasks import log
 from tasks.tracking import NullTracker, Tracker, eval_metrics, git_commit, make_tracker
 
 

@@ -14,7 +14,7 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
 State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
 history.json (one record per cycle). Every stage is keyed by the content of its inputs, so running again with
 nothing changed — same params, same champion — reuses every cached stage instead of recomputing it.
-MLflow: one parent run per cycle, a child run per stage (flows/stages.py).
+MLflow: one parent run per cycle, a child run per stage (flows/stage_flows.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows import stages as S
+from flows import stage_flows as S
 from lopd_core.config import Params, load_params
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.locks import folder_lock
-from lopd_core.lopd.methods import resolve_method
+from lopd_core.methods import resolve_method
 from tasks.caching import content_hash
-from tasks.stages import log
+from tasks.stage_tasks import log
 from tasks.tracking import NullTracker, Tracker, git_commit, make_tracker
 
 

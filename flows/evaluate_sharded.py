@@ -17,7 +17,7 @@ from prefect import flow, unmapped
 from lopd_core.config import load_params
 from lopd_core.drivers.evaluate import run_evaluate
 from tasks.eval_shards import evaluate_shard_task
-from tasks.stages import with_paths
+from tasks.stage_tasks import with_paths
 
 TASK_RUNNER_FORMS = "threads[:N] (N >= 1), dask[:ADDRESS] or ray[:ADDRESS]"
 

@@ -152,7 +152,7 @@ def evaluate_stage(model, tokenizer, params: Params, log=print, *, shard_summari
     (lopd_core/drivers/evaluate.py) calls this one function. `shard_summaries`: the summaries of
     `eval_shards(params)`, in that order, when they were rolled out elsewhere (`lopd evaluate --task-runner`);
     None: rolled out here. `model` may then be None when no benchmark is named."""
-    from lopd_core.benchmarks.suite import run_benchmarks
+    from lopd_core.bench.suite import run_benchmarks
 
     if shard_summaries is None:
         results = evaluate(model, tokenizer, params, log=log)

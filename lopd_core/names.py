@@ -10,7 +10,7 @@ their names are copied here and tests/pipeline/test_config.py checks that the co
 Imports nothing.
 """
 
-# lopd_core/benchmarks/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
+# lopd_core/bench/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
 BFCL_CATEGORIES = (
     "simple", "multiple", "parallel", "parallel_multiple", "irrelevance",
     "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
@@ -18,7 +18,7 @@ BFCL_CATEGORIES = (
     "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
 )
 
-# lopd_core/benchmarks/acebench/data.py: GROUPS and CATEGORIES (the agent group is not supported)
+# lopd_core/bench/acebench/data.py: GROUPS and CATEGORIES (the agent group is not supported)
 ACEBENCH_GROUPS = {
     "normal": (
         "normal_single_turn_single_function", "normal_single_turn_parallel_function",

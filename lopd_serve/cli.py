@@ -1,4 +1,4 @@
-"""`lopd serve`, `lopd serve client`, `lopd serve snapshot`: the subcommands, registered by flows/cli.py.
+"""`lopd serve`, `lopd serve client`, `lopd serve snapshot`: the subcommands, registered by lopd_cli/main.py.
 
     lopd serve [--model DIR] [--host H] [--port P] [--store DIR]    the champion (or DIR) on /v1
     lopd serve client [--url URL] [--n N] [--concurrency C] [--split S]   play toolworld through the endpoint

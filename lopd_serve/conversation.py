@@ -1,6 +1,6 @@
 """OpenAI messages <-> the ids-only chat layer, and how a request continues a session's trajectory.
 
-Why ids: a trace must hold exactly what the model saw and sampled, as a rollout does (lopd_core/model/chat.py).
+Why ids: a trace must hold exactly what the model saw and sampled, as a rollout does (lopd_core/model/chat/codec.py).
 The conversation is rendered segment by segment through the model's `ChatFormat`: the first turn with
 `start(system, user, tools=...)` as the rollout engine does, a tool result with `observation_ids`, a later user
 message the same way with the `user` role, an assistant message the client sends back with `action_ids` of the
@@ -11,7 +11,7 @@ system or user text, another model version) starts a new trajectory, rendered wh
 forced ids, and names the one it branched from.
 
 Supported shapes: [system] user (assistant (tool | user))* ending in a user or tool message; one tool call per
-assistant message (the chat layer's limit: lopd_core/model/chat_template.py).
+assistant message (the chat layer's limit: lopd_core/model/chat/template.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lopd_core.model.chat import is_embedded_format
-from lopd_core.model.chat_template import check_chat_format
+from lopd_core.model.chat.template import check_chat_format
 from lopd_core.model.loading import add_experience_tokens
 
 
@@ -24,7 +24,7 @@ from lopd_core.model.loading import add_experience_tokens
 class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
-    chat: object  # ChatFormat (lopd_core/model/chat.py)
+    chat: object  # ChatFormat (lopd_core/model/chat/codec.py)
     version: str  # `<registered model>/<version>` from the registry, `path:<folder>` for a folder
     name: str  # the model name /v1/models reports
 

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve")
 # The training path: what one LOPD step runs through, from the stream of tasks to the optimizer step.
-TRAINING_PATH = ("lopd_core/lopd", "lopd_core/distill", "lopd_core/rollout", "lopd_core/config.py",
+TRAINING_PATH = ("lopd_core/distill", "lopd_core/distill", "lopd_core/rollout", "lopd_core/config.py",
                  "lopd_core/settings")
 FILE_LIMIT, FUNCTION_LIMIT = 400, 60
 

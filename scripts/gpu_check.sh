@@ -79,7 +79,7 @@ else
   step_args=(--tasks 8 --samples 4 --reps 3)
 fi
 base="$out/base"
-stage base 180 base.txt "$py" -m flows.cli base --out "$base" --set model.warmstart.max_steps=0 "${base_set[@]}"
+stage base 180 base.txt "$py" -m lopd_cli base --out "$base" --set model.warmstart.max_steps=0 "${base_set[@]}"
 stage checks 300 checks.txt "$py" scripts/gpu_check.py --model "$base" --out "$out" "${check_args[@]}"
 stage rollout_float32 240 rollout_float32.json "$py" benchmarks/rollout_throughput.py --model "$base" \
   --device "$device" --dtype float32 --tasks "$tasks" --groups "$groups" --repeats "$reps"
@@ -118,8 +118,8 @@ vllm_served() {  # run by `bash -c` under the stage's timeout: the server goes w
               --set coldstart.steps=2 --set lopd.steps=2 --set lopd.tasks_per_step=2 --set lopd.samples_per_task=2
               --set rollout.backend=openai --set "rollout.servers=[http://127.0.0.1:$port/v1]"
               --set rollout.sync=none)
-  (cd "$work" && "$py" -m flows.cli bank "${sets[@]}" && "$py" -m flows.cli coldstart "${sets[@]}" \
-     && "$py" -m flows.cli distill --fresh "${sets[@]}")
+  (cd "$work" && "$py" -m lopd_cli bank "${sets[@]}" && "$py" -m lopd_cli coldstart "${sets[@]}" \
+     && "$py" -m lopd_cli distill --fresh "${sets[@]}")
   rc=$?
   kill "$pid" 2> /dev/null
   wait "$pid" 2> /dev/null

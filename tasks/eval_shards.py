@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from lopd_core.config import Params
 from lopd_core.evaluation import EvalShard, evaluate_shard
-from tasks.stages import log
+from tasks.stage_tasks import log
 
 _POLICIES: dict[str, tuple] = {}
 _LOCK = threading.Lock()

@@ -1,6 +1,6 @@
 """What each pipeline stage reads: params.yaml keys, input artifacts and the source code it runs, in one table.
 
-Why one table: the stage's Prefect cache key (flows/stages.py, tasks/caching.py) is derived from it, and
+Why one table: the stage's Prefect cache key (flows/stage_flows.py, tasks/caching.py) is derived from it, and
 dvc.yaml's `params:` and `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out by hand in three places,
 the copies disagreed and a changed setting silently reused a cached result. Adding a setting a stage reads is
 one line here (and the same line in dvc.yaml, which the test then asks for).
@@ -13,7 +13,7 @@ how a stage reacts to what it finds (refuse, warn or fail), never what it comput
 flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
 
 `code` lists the source folders and files (relative to the repository root) the stage runs: its driver's module
-(lopd_core/drivers/, lopd_core/lopd/stages.py) and everything that module imports, by import-graph walk
+(lopd_core/drivers/, lopd_core/drivers/distill.py) and everything that module imports, by import-graph walk
 (tests/pipeline/test_stage_params.py walks it, so a new import outside the list fails a test). DVC re-runs the
 stage when one changes, and the cycle's cache key holds their content hash: one list, two consumers. Modules in
 UNSHAPING_CODE are imported by every stage but never change what one computes (configuration types, whose
@@ -74,10 +74,10 @@ STAGES: dict[str, StageReads] = {
     "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search",
                              "bank.min_reward"),
                             {"policy": ("data/base",)},
-                            code=("lopd_core/drivers/coldstart.py", "lopd_core/lopd/__init__.py",
-                                  "lopd_core/lopd/coldstart.py", "lopd_core/lopd/coldstart_data.py",
-                                  "lopd_core/lopd/composer.py", "lopd_core/lopd/losses.py", "lopd_core/lopd/pg_losses.py",
-                                  "lopd_core/lopd/models.py", "lopd_core/lopd/teacher.py",
+                            code=("lopd_core/drivers/coldstart.py", "lopd_core/distill/__init__.py",
+                                  "lopd_core/distill/coldstart.py", "lopd_core/distill/coldstart_data.py",
+                                  "lopd_core/distill/composer.py", "lopd_core/distill/losses.py", "lopd_core/distill/pg_losses.py",
+                                  "lopd_core/distill/models.py", "lopd_core/distill/teacher.py",
                                   "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
     "distill": StageReads(("seed", *_POLICY, "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
                            "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
@@ -86,13 +86,14 @@ STAGES: dict[str, StageReads] = {
                            "phi0": ("data/composer",)},
                           cycle_params=("cycle.refresh_teacher",),
                           # the bank's and the cold start's drivers: open_bank, and the re-exported names
-                          code=("lopd_core/lopd", "lopd_core/drivers/bank.py", "lopd_core/drivers/coldstart.py",
+                          code=("lopd_core/drivers/distill.py", "lopd_core/distill", "lopd_core/methods.py",
+                                "lopd_core/drivers/bank.py", "lopd_core/drivers/coldstart.py",
                                 "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
     "evaluate": StageReads(("seed", *_POLICY, "eval", "bench", "rollout", "envs"),
                            {"model": ("data/base", "data/lopd")},
                            # export.py: eval_rows, the eval.json cells (summary_table)
                            code=("lopd_core/drivers/evaluate.py", "lopd_core/evaluation.py", "lopd_core/export.py",
-                                 "lopd_core/benchmarks", *_ROLLOUT)),
+                                 "lopd_core/bench", *_ROLLOUT)),
     "export": StageReads(("rollout.max_new_tokens", "rollout.temperature", "rollout.top_p",
                           "tracking.registered_model"),
                          {"student": ("data/lopd",), "student_eval": ("metrics/eval.json",),
@@ -101,7 +102,7 @@ STAGES: dict[str, StageReads] = {
     "report": StageReads(("lopd.margin", "lopd.method", "baselines"),
                          {"curves": ("plots/distill.csv",), "student_eval": ("metrics/eval.json",),
                           "base_eval": ("metrics/eval_base.json",)},
-                         code=("lopd_core/drivers/report.py", "lopd_core/report.py", "lopd_core/export.py")),
+                         code=("lopd_core/drivers/report.py", "lopd_core/run_report.py", "lopd_core/export.py")),
     # DVC only: writes PLUGIN_FINGERPRINT (the cycle hashes the same files into each stage's key itself).
     "plugins": StageReads(("envs.mix", "envs.plugins", "envs.task_files")),
 }

@@ -1,7 +1,7 @@
 """One run of `lopd compare`: the cycle's distillation stage for one method and seed, to a rollout budget, and
 the cycle's evaluation of the student it exports.
 
-Training is `lopd_core.lopd.stages.run_lopd`, the function `lopd distill` and the cycle's distill stage call, in
+Training is `lopd_core.drivers.distill.run_lopd`, the function `lopd distill` and the cycle's distill stage call, in
 the run's own folder: checkpoints, distill.csv, the exported student, and — with `bank.refresh_every` > 0 — its own
 copy of the seed bank, which the student's successes grow every N steps (one run's additions never reach
 another run). The evaluation is `lopd_core.drivers.evaluate.run_evaluate`, the evaluate stage's driver, on the
@@ -32,8 +32,8 @@ from pathlib import Path
 from lopd_core.config import Params
 from lopd_core.drivers.evaluate import run_evaluate
 from lopd_core.evaluation import evaluate, wilson_interval, write_metrics
-from lopd_core.lopd.methods import method_spec
-from lopd_core.lopd.stages import run_lopd
+from lopd_core.methods import method_spec
+from lopd_core.drivers.distill import run_lopd
 from lopd_core.model.loading import load_policy
 
 REPORT_SPLITS = ("test_id", "test_ood")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopd_core import report
-from lopd_core.report import EvalColumn, TrainingRun
+from lopd_core import run_report as page
+from lopd_core.run_report import EvalColumn, TrainingRun
 
 
 def run_report(runs: list[dict], evals: list[dict], out_dir: str | Path, *, title: str,
@@ -17,6 +17,6 @@ def run_report(runs: list[dict], evals: list[dict], out_dir: str | Path, *, titl
                 for r in runs]
     columns = [EvalColumn(e["label"], json.loads(Path(e["path"]).read_text()))
                for e in evals if e.get("path") and Path(e["path"]).exists()]
-    path = report.write_report(training, [c for c in columns if c.results], out_dir, title=title, summary=summary)
+    path = page.write_report(training, [c for c in columns if c.results], out_dir, title=title, summary=summary)
     log(f"report: {path} (open it in a browser; it needs no network)")
     return path

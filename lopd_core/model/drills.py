@@ -12,7 +12,7 @@ somewhere. The drills isolate it, in the same chat framing the tasks use:
 They are mixed into the warm start with the demonstrations cut after their first action (short sequences whose
 target mostly copies from the instruction). Run first as a block, the drills were forgotten; mixed in, with an
 auxiliary loss on the context tokens and small batches, they raised both copying from the instruction and
-token accuracy at the same time budget (`benchmarks/probes/warmstart_probe.py` measures it). Words come from the
+token accuracy at the same time budget (`probes/warmstart_probe.py` measures it). Words come from the
 demonstrations themselves, so the drills add no new vocabulary.
 """
 

@@ -5,7 +5,7 @@ that is not in the local cache fails at once with a message saying what to do, i
 network for tens of seconds.
 
 A model with its own chat template gets the experience framing tokens on loading (`add_experience_tokens`), so
-it talks through `TemplateChat` (lopd_core/model/chat_template.py) with an experience slot the teacher can find.
+it talks through `TemplateChat` (lopd_core/model/chat/template.py) with an experience slot the teacher can find.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def load_policy(cfg: ModelConfig, device: torch.device | None = None):
         add_experience_tokens(tokenizer, model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    from lopd_core.model.chat_template import check_chat_format
+    from lopd_core.model.chat.template import check_chat_format
 
     check_chat_format(tokenizer, source)  # the template probed once, with a tool round trip: one line if unusable
     model.to(device or resolve_device(cfg.device)).eval()

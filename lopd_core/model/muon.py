@@ -4,7 +4,7 @@ Why not `torch.optim.Muon` as it is: it orthogonalises one matrix at a time. The
 small layer matrices (128 × 128, 64 × 128, 384 × 128, ...), so on a small CPU its step spends most of its time
 in the overhead of some two hundred tiny products. Stacking the matrices that share a shape (after turning tall
 ones wide) makes that 3–4 batched products per iteration, and the overhead goes with them
-(`benchmarks/probes/warmstart_optimizer.py` measures both; the figures:
+(`probes/warmstart_optimizer.py` measures both; the figures:
 docs/experiments/2026-12-05-base-design-figures.md).
 
 The arithmetic is torch's: Nesterov momentum as a lerp, the same quintic Newton–Schulz iteration, decoupled

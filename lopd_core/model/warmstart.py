@@ -188,7 +188,7 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
     Why Muon: the build is bound by optimizer steps, not tokens (2,048-token batches at half the steps, or
     512-token batches at twice, both did worse), so what counts is the progress each update makes. Muon's
     orthogonalised momentum updates every direction of a layer's matrix at the same rate, so each step of the
-    embedded base's build teaches more than AdamW's (`benchmarks/probes/warmstart_optimizer.py` compares them).
+    embedded base's build teaches more than AdamW's (`probes/warmstart_optimizer.py` compares them).
     """
     def with_peak(opt: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
         for group in opt.param_groups:

@@ -22,7 +22,7 @@ class Check(NamedTuple):
     expected: str  # completes "got V, expected ..."
 
 
-MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/lopd/margin.py)
+MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/distill/margin.py)
 
 
 def positive() -> Check:

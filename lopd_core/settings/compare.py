@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lopd_core.lopd.methods import METHOD_NAMES
+from lopd_core.methods import METHOD_NAMES
 from lopd_core.settings.checks import ConfigError, any_of, fraction, one_of, positive, subset_of
 from lopd_core.settings.envs import NAMED_WORLDS
 from lopd_core.settings.fields import Section, setting

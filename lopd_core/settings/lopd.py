@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lopd_core.lopd.methods import METHOD_NAMES
+from lopd_core.methods import METHOD_NAMES
 from lopd_core.settings.checks import (
     MARGIN_AUTO,
     ConfigError,
@@ -18,7 +18,7 @@ from lopd_core.settings.checks import (
 from lopd_core.settings.fields import Section, setting
 
 # Methods whose student loss is GRPO's (lopd.student_loss unused), and those of them that add the sampled-token
-# reverse KL to a teacher (Skill-SD): lopd_core/lopd/methods.py is the source, tests/lopd/test_training_step.py checks
+# reverse KL to a teacher (Skill-SD): lopd_core/methods.py is the source, tests/distill/test_training_step.py checks
 # these agree with it (plain data here: the config imports nothing of the library).
 POLICY_GRADIENT_METHODS = ("grpo", "skill_sd")
 SAMPLED_KL_METHODS = ("skill_sd",)
@@ -47,7 +47,7 @@ class LopdConfig(Section):
     # The default keeps the cold-start composer (φ = φ0): on the embedded testbed training φ online did not beat it
     # (docs/results.md); `lopd` trains φ as the paper does.
     method: str = setting("lopd_frozen_composer", check=one_of(*METHOD_NAMES),
-                          help="what the loop trains (lopd_core/lopd/methods.py): LOPD, a baseline or an ablation; "
+                          help="what the loop trains (lopd_core/methods.py): LOPD, a baseline or an ablation; "
                           "lopd_frozen_composer keeps φ = φ0, lopd trains φ as the paper does. One of: "
                           + " | ".join(METHOD_NAMES))
     steps: int = setting(64, help="training steps", check=positive())
@@ -147,7 +147,7 @@ class LopdConfig(Section):
 
 @dataclass(frozen=True)
 class BaselinesConfig(Section):
-    """Knobs of the baselines and controls `lopd.method` selects (lopd_core/lopd/methods.py); their shared settings
+    """Knobs of the baselines and controls `lopd.method` selects (lopd_core/methods.py); their shared settings
     (rollouts, steps, learning rate) are the `lopd` section's."""
 
     SECTION = "baselines"

@@ -43,7 +43,7 @@ class WarmStartConfig(Section):
         "user turn: the base learns to read conventions from experience", check=fraction())
     max_experiences: int = setting(3, help="most same-world successes one demonstration reads", check=positive())
     # Kept small: more noise made the base worse at reproducing held-out tasks without teaching it the conventions
-    # any better (benchmarks/probes/failure_probe.py measures it).
+    # any better (probes/failure_probe.py measures it).
     convention_noise: float = setting(
         0.15, help="chance that a demonstration without experience follows another world's conventions: the base "
         "then knows each world's rules only imperfectly", check=fraction())

@@ -40,7 +40,7 @@ class Params(Section):
     bench: BenchConfig = setting(factory=BenchConfig, help="tool-use benchmarks: `lopd bench score|run "
                                  "bfcl|acebench`, and eval.benchmarks")
     baselines: BaselinesConfig = setting(factory=BaselinesConfig, help="knobs of the baselines and controls "
-                                         "lopd.method selects (lopd_core/lopd/methods.py)")
+                                         "lopd.method selects (lopd_core/methods.py)")
     compare: CompareConfig = setting(factory=CompareConfig, help=CompareConfig.__doc__)
     serve: ServeConfig = setting(factory=ServeConfig, help=ServeConfig.__doc__)
 

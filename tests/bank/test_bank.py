@@ -335,8 +335,8 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
     reads random bank rows (not the nearest), LOPD the nearest (of the task's own world unless
     bank.same_world is off), a method without a bank reads nothing."""
     from lopd_core.config import Params
-    from lopd_core.lopd.methods import method_spec
-    from lopd_core.lopd.stages import method_retriever
+    from lopd_core.methods import method_spec
+    from lopd_core.drivers.distill import method_retriever
 
     params = Params()
     tasks = make_tasks("toolworld", "train", 60, seed=1)[40:46]
@@ -371,7 +371,7 @@ def test_an_unreadable_bank_file_is_named_and_left_as_it_is(tmp_path, filled, da
 
 
 def test_lopd_bank_checks_the_existing_bank_before_its_rollouts(tmp_path, filled, monkeypatch, capsys):
-    from flows.cli import main
+    from lopd_cli.main import main
     from lopd_core.drivers import bank as stages  # the bank stage's driver
 
     bank_dir = tmp_path / "bank"

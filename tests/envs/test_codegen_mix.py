@@ -14,9 +14,9 @@ from lopd_core.envs import make_tasks
 from lopd_core.envs.codegen import FAMILIES, families_for, oracle_action
 from lopd_core.envs.mix import interleave, mix_counts, mixed_tasks
 from lopd_core.experience import experience_text
-from lopd_core.lopd import trainer as trainer_mod
-from lopd_core.lopd.coldstart_data import oracle_trajectory
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.codegen_demos import (
     CodegenExperiencePool,

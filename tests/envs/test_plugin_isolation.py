@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.cli import main
+from lopd_cli.main import main
 from lopd_core.envs import check_env_contract, format_call, make_env, make_tasks, registry
 from lopd_core.envs.isolated import IsolatedEnv
 from lopd_core.errors import EnvironmentStepFailed

@@ -145,7 +145,7 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
 
 
 def test_lopd_envs_check_prints_ok_or_every_failure(capsys):
-    from flows.cli import main
+    from lopd_cli.main import main
 
     assert main(["envs", "check", "library"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -91,7 +91,7 @@ def test_pool_runs_in_parallel_and_keeps_order():
 
 
 def test_cli_sandbox_run_prints_json(tmp_path, capsys):
-    from flows.cli import main
+    from lopd_cli.main import main
 
     script = tmp_path / "loop.py"
     script.write_text("print('started', flush=True)\nwhile True:\n    pass\n")

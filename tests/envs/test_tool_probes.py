@@ -10,7 +10,7 @@ from typing import ClassVar
 import pytest
 from _plugin_fixture import CounterEnv, add_note
 
-from flows.cli import main
+from lopd_cli.main import main
 from lopd_core.envs import check_env_contract, format_call, guarded, make_env, make_tasks, registry
 from lopd_core.envs.contract import schema_arguments
 from lopd_core.envs.declarative import DeclarativeToolEnv, ToolError, ToolSpec, tool_table

@@ -7,7 +7,7 @@ from _foreign_tokenizers import HERMES_TEMPLATE, hermes_tokenizer
 from test_chat_templates import tiny_model
 
 from lopd_core.config import ModelConfig
-from lopd_core.model.chat_template import TemplateChat
+from lopd_core.model.chat.template import TemplateChat
 from lopd_core.model.loading import load_policy
 
 TOOL_TURN = ("{%- elif m.role == 'tool' %}"

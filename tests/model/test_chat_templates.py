@@ -12,10 +12,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lopd_core.config import ModelConfig
 from lopd_core.envs import format_call, make_env, make_tasks, parse_action
-from lopd_core.lopd.teacher import Framing, embed_row, splice_position
-from lopd_core.lopd.teacher_rollout import latent_rollout
+from lopd_core.distill.teacher import Framing, embed_row, splice_position
+from lopd_core.distill.teacher_rollout import latent_rollout
 from lopd_core.model.chat import ChatCodec, experience_block, make_chat
-from lopd_core.model.chat_template import TemplateChat, toolworld_schemas
+from lopd_core.model.chat.template import TemplateChat, toolworld_schemas
 from lopd_core.model.loading import add_experience_tokens, load_policy
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 

@@ -16,7 +16,7 @@ SMALL = [
 
 
 def lopd(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "lopd_cli.main", *args], cwd=cwd, capture_output=True, text=True, check=False,
                           timeout=600)
 
 

@@ -10,7 +10,7 @@ import pytest
 from lopd_core.compare.report import reach, write_compare_report
 from lopd_core.compare.run import plan_steps
 from lopd_core.config import Params
-from lopd_core.lopd.methods import METHOD_NAMES
+from lopd_core.methods import METHOD_NAMES
 
 
 def _run(method, seed, curve, final, csv):

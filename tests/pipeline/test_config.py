@@ -98,7 +98,7 @@ def test_sections_are_frozen_and_replace_checks_the_new_value():
 
 
 def test_every_method_of_the_table_is_a_valid_lopd_method():
-    from lopd_core.lopd.methods import METHOD_NAMES
+    from lopd_core.methods import METHOD_NAMES
 
     for name in METHOD_NAMES:
         assert LopdConfig(method=name).method == name
@@ -142,7 +142,7 @@ def test_params_yaml_is_written_from_the_definitions():
 def test_command_help_lists_the_settings_it_reads_with_their_help():
     import argparse
 
-    from flows.cli import build_parser
+    from lopd_cli.main import build_parser
     from lopd_core.settings.fields import help_of
 
     parser = build_parser()
@@ -207,7 +207,7 @@ def test_cli_prints_a_bad_params_file_without_traceback(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("seed: 1\nseed: 2\n")
     root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", "--params", str(path)], cwd=root,
+    res = subprocess.run([sys.executable, "-m", "lopd_cli.main", "evaluate", "--params", str(path)], cwd=root,
                          capture_output=True, text=True, check=False)
     assert res.returncode == 2  # the exit code of every invalid configuration
     assert f"{path}:2:1" in res.stderr and "duplicate key 'seed'" in res.stderr
@@ -215,7 +215,7 @@ def test_cli_prints_a_bad_params_file_without_traceback(tmp_path):
 
 
 def test_cli_reports_config_error(capsys):
-    from flows.cli import main
+    from lopd_cli.main import main
 
     assert main(["evaluate", "--set", "rollout.batch_size=0"]) == 2
     err = capsys.readouterr().err
@@ -236,14 +236,14 @@ def test_config_is_a_leaf_of_the_library():
     loaded = set(json.loads(out))
     assert loaded - {m for m in loaded if m.startswith("lopd_core.settings.")} == {
         "lopd_core", "lopd_core.config", "lopd_core.names", "lopd_core.offline", "lopd_core.settings",
-        "lopd_core.lopd", "lopd_core.lopd.methods"}
+        "lopd_core.methods"}
 
 
 def test_names_equal_the_lists_their_modules_define():
     """lopd_core/names.py copies these lists so the config can stay a leaf; the copies must not drift."""
     from lopd_core import names
-    from lopd_core.benchmarks.acebench import data as ace
-    from lopd_core.benchmarks.bfcl import data as bfcl
+    from lopd_core.bench.acebench import data as ace
+    from lopd_core.bench.bfcl import data as bfcl
 
     assert names.BFCL_CATEGORIES == bfcl.CATEGORIES
     assert names.ACEBENCH_GROUPS == ace.GROUPS and names.ACEBENCH_CATEGORIES == ace.CATEGORIES

@@ -41,8 +41,8 @@ def test_device_names_that_exist_are_accepted(device):
 
 
 def test_top_k_above_the_vocabulary_is_rejected(tiny_model, tiny_tokenizer):
-    from lopd_core.lopd.composer import Composer
-    from lopd_core.lopd.trainer import Distiller
+    from lopd_core.distill.composer import Composer
+    from lopd_core.distill.trainer import Distiller
 
     p = Params()
     p.lopd = replace(p.lopd, top_k=tiny_model.config.vocab_size + 5)
@@ -233,7 +233,7 @@ def test_the_bank_file_is_as_readable_as_its_folder(tmp_path):
 
 
 def test_every_command_says_what_it_does_and_writes():
-    from flows.cli import WRITES, build_parser
+    from lopd_cli.main import WRITES, build_parser
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
@@ -250,9 +250,9 @@ import torch
 import lopd_core  # noqa: F401
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import TinyModelConfig
-from lopd_core.lopd import trainer
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
-from lopd_core.lopd.stages import make_retriever
+from lopd_core.distill import trainer
+from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.drivers.distill import make_retriever
 from lopd_core.model.demos import build_demos
 from lopd_core.model.loading import tiny_qwen3
 from lopd_core.model.tokenizer import train_tokenizer

@@ -1,6 +1,6 @@
 """The guard of the adaptation setting: nothing oracle reaches a deployment world. The bank holds only the
 agent's own sampled successes there; the composer's cold start reads oracle episodes of the pretraining worlds
-only (lopd_core/drivers/bank.py seed_bank, lopd_core/lopd/coldstart_data.py)."""
+only (lopd_core/drivers/bank.py seed_bank, lopd_core/distill/coldstart_data.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 
 from lopd_core.config import load_params
 from lopd_core.envs.toolworld.worlds import WorldSplit
-from lopd_core.lopd.coldstart_data import ORACLE_SAMPLE_INDEX, pretraining_retriever, pretraining_successes
+from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX, pretraining_retriever, pretraining_successes
 from lopd_core.model.chat import ChatCodec
 
 
@@ -33,7 +33,7 @@ def test_the_cold_start_reads_only_pretraining_worlds(tmp_path, tiny_tokenizer):
 
 
 def test_seed_bank_rows_are_sampled_in_the_deployment_worlds(tmp_path, tiny_model, tiny_tokenizer):
-    from lopd_core.lopd.stages import bank_paths, seed_bank
+    from lopd_core.drivers.distill import bank_paths, seed_bank
     from lopd_core.rollout.table import read_trajectories
 
     model_dir = tmp_path / "policy"

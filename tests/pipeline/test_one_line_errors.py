@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flows.cli import main
+from lopd_cli.main import main
 from lopd_core import errors
 from lopd_core.envs import registry
 from lopd_core.errors import StateError
@@ -115,8 +115,8 @@ def test_a_read_only_sqlite_store_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(tmp_path, tiny_model, tiny_tokenizer):
     from lopd_core.config import Params
-    from lopd_core.lopd.composer import Composer
-    from lopd_core.lopd.trainer import Distiller
+    from lopd_core.distill.composer import Composer
+    from lopd_core.distill.trainer import Distiller
 
     p = Params()
     p.lopd = replace(p.lopd, out_dir=str(tmp_path / "lopd"))

@@ -39,7 +39,7 @@ def test_export_refuses_a_users_folder_and_leaves_it_whole(student_dir, tmp_path
 
 def test_export_out_dotdot_leaves_the_parent_alone(student_dir, tmp_path, monkeypatch):
     """`lopd export --out ..` from inside a project: the parent is not a previous export, so it is refused."""
-    from flows.cli import main
+    from lopd_cli.main import main
 
     project = _user_folder(tmp_path / "project")
     inner = project / "work"
@@ -122,7 +122,7 @@ def test_a_fifo_a_device_and_a_folder_are_refused(tmp_path):
 
 def test_evaluate_refuses_a_bad_out_before_any_work(tmp_path, capsys):
     """The check runs before the model loads: there is no model here, yet the error is the path's."""
-    from flows.cli import main
+    from lopd_cli.main import main
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -145,7 +145,7 @@ def test_a_full_disk_names_the_path_and_leaves_no_temporary(tmp_path, monkeypatc
 
 
 def test_merge_metrics_takes_the_same_rule(tmp_path):
-    from lopd_core.benchmarks.results import merge_metrics
+    from lopd_core.bench.results import merge_metrics
 
     with pytest.raises(OutputPathError, match="folder"):
         merge_metrics(tmp_path, "humaneval", {"pass@1": 0.5})
@@ -160,7 +160,7 @@ def test_file_target_of_a_missing_path_is_the_path(tmp_path):
 
 # ---- folder outputs (report, base) ----------------------------------------------------------------------------
 def test_report_refuses_a_users_folder_and_reuses_its_own(tmp_path):
-    from lopd_core.report import REPORT_MARKER, write_report
+    from lopd_core.run_report import REPORT_MARKER, write_report
 
     folder = _user_folder(tmp_path / "mine")
     with pytest.raises(OutputPathError, match="not empty"):
@@ -178,7 +178,7 @@ def test_report_refuses_a_users_folder_and_reuses_its_own(tmp_path):
 
 
 def test_report_out_root_is_refused(tmp_path, capsys):
-    from flows.cli import main
+    from lopd_cli.main import main
 
     csv = tmp_path / "distill.csv"
     csv.write_text("step,rollouts,delta,beta\n1,8,0.0,0.0\n")
@@ -218,7 +218,7 @@ def test_base_does_not_replace_a_users_hugging_face_folder(tmp_path, student_dir
 
 
 def test_report_does_not_overwrite_a_users_index_html(tmp_path):
-    from lopd_core.report import write_report
+    from lopd_core.run_report import write_report
 
     site = tmp_path / "site"
     site.mkdir()
@@ -231,7 +231,7 @@ def test_report_does_not_overwrite_a_users_index_html(tmp_path):
 def test_evaluate_refuses_an_out_inside_the_model(tmp_path, student_dir, capsys):
     import shutil
 
-    from flows.cli import main
+    from lopd_cli.main import main
 
     model = tmp_path / "model"
     shutil.copytree(student_dir, model)
@@ -272,7 +272,7 @@ def test_a_plugin_step_that_raises_system_exit_fails_the_episode():
 def test_small_bounds_the_probe_found(tmp_path, capsys):
     """`--cycles 0`, `envs check --n 100000000`, `envs.step_timeout_s=1e308` and a task-file number that overflows
     to infinity are refused up front."""
-    from flows.cli import main
+    from lopd_cli.main import main
     from lopd_core.config import ConfigError, load_params
     from lopd_core.envs.task_files import _finite_float
 

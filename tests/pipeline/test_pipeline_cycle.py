@@ -14,7 +14,7 @@ TINY = TINY_CYCLE
 
 
 def cycle(*extra):
-    from flows.cli import main
+    from lopd_cli.main import main
 
     args = ["cycle"]
     for assignment in TINY + list(extra):

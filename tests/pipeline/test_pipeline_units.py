@@ -68,7 +68,7 @@ def test_stage_key_changes_with_params_and_inputs_only(tmp_path):
 
 
 def test_path_params_do_not_enter_stage_keys():
-    from flows.stages import section
+    from flows.stage_flows import section
 
     a = load_params("params.yaml")
     b = load_params("params.yaml", ["bank.dir=elsewhere", "bank.index_dir=elsewhere_index", "lopd.csv=x.csv"])
@@ -157,7 +157,7 @@ def test_export_loads_with_from_pretrained_and_answers_a_task(student_dir, tmp_p
     from lopd_core.envs import make_tasks
     from lopd_core.model.chat import ChatCodec
     from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
-    from tasks.stages import export_task
+    from tasks.stage_tasks import export_task
 
     params = Params()
     (tmp_path / "eval.json").write_text(json.dumps(eval_json(0.25, 0.6)))
@@ -194,7 +194,7 @@ def test_export_merges_a_lora_adapter(student_dir, tmp_path):
 
 # ---- the offline report -------------------------------------------------------------------------------------
 def test_report_is_self_contained_with_every_curve(tmp_path):
-    from tasks.stages import report_task
+    from tasks.stage_tasks import report_task
 
     csvs = [distill_csv(tmp_path / f"c{i}.csv", steps=3 + i) for i in (1, 2)]
     (tmp_path / "base.json").write_text(json.dumps(eval_json(0.0, 0.2)))
@@ -253,7 +253,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     spec.loader.exec_module(shot)
     if shot.find_browser() is None:
         pytest.skip("no Chromium installed (apt-get install chromium)")
-    from lopd_core.report import EvalColumn, TrainingRun, write_report
+    from lopd_core.run_report import EvalColumn, TrainingRun, write_report
 
     page = write_report([TrainingRun("cycle 1", distill_csv(tmp_path / "d.csv"), 0.05)],
                         [EvalColumn("base", eval_json(0.0, 0.2))], tmp_path / "report")

@@ -27,7 +27,7 @@ def project(tmp_path, monkeypatch, prefect_harness):
 def test_cycle_with_the_example_plugin_in_the_mix(project, capsys):
     import pandas as pd
 
-    from flows.cli import main
+    from lopd_cli.main import main
 
     args = ["cycle", "--no-mlflow"]
     for assignment in [*TINY_CYCLE, "envs.mix={toolworld: 1.0, library: 1.0}", "bank.seed_tasks=8",

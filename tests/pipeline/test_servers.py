@@ -33,7 +33,7 @@ def _api(base: str, path: str) -> dict:
 @pytest.mark.slow
 def test_mlflow_server_shows_what_the_pipeline_tracked(tmp_path, monkeypatch):
     from lopd_core.config import load_params
-    from lopd_core.lopd.trainer import CSV_COLUMNS
+    from lopd_core.distill.trainer import CSV_COLUMNS
     from tasks.tracking import CYCLE_TAG, STAGE_TAG, Tracker
 
     port = free_port()
@@ -101,7 +101,7 @@ def bank_parquet(tmp_path_factory):
 def test_chroma_server_retrieves_like_the_embedded_folder(bank_parquet, tmp_path):
     from lopd_core.config import load_params
     from lopd_core.envs import make_tasks
-    from lopd_core.lopd.stages import open_bank
+    from lopd_core.drivers.distill import open_bank
 
     queries = make_tasks("toolworld", "test_id", 12, seed=5) + make_tasks("toolworld", "train", 6, seed=0)
     local = load_params(ROOT / "params.yaml", [f"bank.dir={bank_parquet / 'bank'}",

@@ -47,7 +47,7 @@ def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
 
 # The module that holds each stage's driver: what the stage runs is it and what it imports.
 DRIVERS = {"base": "lopd_core.drivers.base", "bank": "lopd_core.drivers.bank",
-           "coldstart": "lopd_core.drivers.coldstart", "distill": "lopd_core.lopd.stages",
+           "coldstart": "lopd_core.drivers.coldstart", "distill": "lopd_core.drivers.distill",
            "evaluate": "lopd_core.drivers.evaluate", "export": "lopd_core.drivers.export",
            "report": "lopd_core.drivers.report"}
 
@@ -138,7 +138,7 @@ def test_an_edit_under_envs_moves_the_keys_of_the_stages_that_run_it(tmp_path, m
     moved = {stage for stage in stages if after[stage] != before[stage]}
     assert moved == {"base", "bank", "coldstart", "distill", "evaluate"}
     assert moved == {stage for stage in stages if "lopd_core/envs" in STAGES[stage].code}
-    report = tmp_path / "lopd_core" / "report.py"
+    report = tmp_path / "lopd_core" / "run_report.py"
     report.write_text(report.read_text() + "\n# a new caption\n")
     assert {stage for stage in stages if keys()[stage] != after[stage]} == {"report"}
 
@@ -184,7 +184,7 @@ def _changed(params: Params, dotted: str) -> Params:
 
 
 def _key(params: Params, stage: str) -> str:
-    from flows.stages import stage_payload
+    from flows.stage_flows import stage_payload
 
     return stage_key(stage_payload(params, stage, dict.fromkeys(STAGES[stage].inputs)))
 
@@ -224,14 +224,14 @@ def test_paths_and_unread_keys_leave_the_key_alone(stage, leaf):
 
 
 def test_inputs_other_than_the_tables_are_refused():
-    from flows.stages import stage_payload
+    from flows.stage_flows import stage_payload
 
     with pytest.raises(ValueError, match="tasks/stage_params.py"):
         stage_payload(Params(), "distill", {"policy": None, "bank": None, "phi0": None})  # no teacher
 
 
 def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path):
-    from flows import stages as S
+    from flows import stage_flows as S
     from tasks.tracking import NULL_TRACKER
 
     teacher = tmp_path / "base"
@@ -263,7 +263,7 @@ def test_refresh_teacher_picks_the_cycles_teacher():
 
 
 def test_make_retriever_reads_the_retrieval_settings_whole():
-    from lopd_core.lopd.stages import make_retriever
+    from lopd_core.drivers.distill import make_retriever
 
     calls = []
 
@@ -286,7 +286,7 @@ def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
     """cycle.refresh_teacher false: the student starts from the champion, the teacher is other (frozen) weights."""
     import torch
 
-    from lopd_core.lopd.models import make_student_and_teacher
+    from lopd_core.distill.models import make_student_and_teacher
 
     champion, first_base = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
     with torch.no_grad():
@@ -304,7 +304,7 @@ def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
 def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
     """The settings a resume must agree with (trainer.RESUME_SETTINGS) are keys of the distill stage's table, so
     a setting that moves the stage's cache key cannot be left out of one and kept in the other unnoticed."""
-    from lopd_core.lopd.trainer import resume_settings
+    from lopd_core.distill.trainer import resume_settings
 
     reads = STAGES["distill"].params
     recorded = resume_settings(Params())
@@ -371,7 +371,7 @@ def test_dvc_stages_that_play_plugins_depend_on_their_fingerprint(tmp_path, monk
     """DVC cannot list a plugin's files (their paths come from params and package metadata): its `plugins` stage,
     run on every repro, writes their hashes with `lopd envs fingerprint`, and the stages that play the mix depend
     on that file, which an edit of the plugin's task file or code changes."""
-    from flows.cli import main
+    from lopd_cli.main import main
     from tasks.stage_params import PLUGIN_FINGERPRINT
 
     stages = _dvc_stages()

@@ -52,7 +52,7 @@ def _child(tracker, parent: str, name: str):
 def test_a_stages_child_run_is_open_while_it_works(tracker, tmp_path, prefect_harness):
     """The report's files are written between the child run's start and end: the run's duration is the stage's
     (it used to open after the work, lasting a few milliseconds)."""
-    from flows.stages import report_flow
+    from flows.stage_flows import report_flow
 
     parent = tracker.start_run("cycle-1")
     runs, evals = _report_args(tmp_path)
@@ -66,7 +66,7 @@ def test_a_stages_child_run_is_open_while_it_works(tracker, tmp_path, prefect_ha
 
 def test_a_stage_that_raises_leaves_a_failed_child_run(tracker, tmp_path, prefect_harness):
     """The report refuses a folder of the user's (outputs.check_folder): the stage fails, and so does its run."""
-    from flows.stages import report_flow
+    from flows.stage_flows import report_flow
     from lopd_core.outputs import OutputPathError
 
     parent = tracker.start_run("cycle-1")
@@ -125,7 +125,7 @@ def test_no_deterministic_local_task_retries():
     """Retries sit on the registry calls: a task that exports, reports or evaluates locally fails the same way
     again, so retrying it only delays the error."""
     from flows.compare import compare_run_task
-    from tasks import stages as T
+    from tasks import stage_tasks as T
     from tasks.eval_shards import evaluate_shard_task
 
     for task in (T.build_base_task, T.refresh_bank_task, T.coldstart_task, T.distill_task, T.evaluate_task,
@@ -135,7 +135,7 @@ def test_no_deterministic_local_task_retries():
 
 def test_prefect_records_the_tracker_by_name_only(tracker):
     """A flow's parameters are stored by Prefect: the tracker must not spill its store URI or client there."""
-    from flows.stages import evaluate_flow
+    from flows.stage_flows import evaluate_flow
     from tasks.tracking import NULL_TRACKER
 
     assert evaluate_flow.serialize_parameters({"tracker": tracker}) == {"tracker": "<Tracker>"}

@@ -1,4 +1,4 @@
-"""The convention probe's tag-swap measurement (benchmarks/probes/convention_probe.py), checked with stand-in models that
+"""The convention probe's tag-swap measurement (probes/convention_probe.py), checked with stand-in models that
 either read the `[world]` tag or cannot see it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.probes.convention_probe import tag_swap
+from probes.convention_probe import tag_swap
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import Demo, encode_demo, play

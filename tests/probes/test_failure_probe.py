@@ -1,4 +1,4 @@
-"""The failure probe's bookkeeping (benchmarks/probes/failure_probe.py): exact reproductions, the first wrong token's
+"""The failure probe's bookkeeping (probes/failure_probe.py): exact reproductions, the first wrong token's
 kind, and the two "what if" rates, checked with stand-in models whose argmax is known token by token."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.probes.failure_probe import classify, convention_positions, drill_exact_share, probe
+from probes.failure_probe import classify, convention_positions, drill_exact_share, probe
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import encode_demo, play

@@ -1,6 +1,6 @@
-"""The oracle-distillation probe (benchmarks/probes/oracle_distill_probe.py) feeds the trainer exactly the oracle's actions."""
+"""The oracle-distillation probe (probes/oracle_distill_probe.py) feeds the trainer exactly the oracle's actions."""
 
-from benchmarks.probes.oracle_distill_probe import oracle_trajectories
+from probes.oracle_distill_probe import oracle_trajectories
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.model.chat import ChatCodec
 

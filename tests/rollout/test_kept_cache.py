@@ -22,7 +22,7 @@ import torch
 
 from lopd_core.envs import make_tasks
 from lopd_core.envs.toolworld.tools import CALL_OPEN
-from lopd_core.lopd.teacher import Framing, embed_row
+from lopd_core.distill.teacher import Framing, embed_row
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lopd_core.envs import make_tasks
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
-from lopd_core.lopd.teacher import Framing, splice_position
-from lopd_core.lopd.teacher_rollout import latent_rollout, task_latents
+from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.teacher import Framing, splice_position
+from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 

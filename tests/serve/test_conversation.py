@@ -58,7 +58,7 @@ def test_an_echoed_tool_call_matches_the_reply_it_came_from(tiny_tokenizer):
 def test_a_later_user_turn_renders_as_the_models_own_template(builder):
     """With a model's own chat template, the whole forced conversation, a second user message included, is
     what `apply_chat_template` gives for it."""
-    from lopd_core.model.chat_template import TemplateChat
+    from lopd_core.model.chat.template import TemplateChat
     from lopd_core.model.loading import add_experience_tokens
     from tests.model._foreign_tokenizers import hermes_tokenizer, llama_tokenizer
 

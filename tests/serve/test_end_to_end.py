@@ -81,7 +81,7 @@ def test_hot_swap_during_requests_fails_none(live, tiny_checkpoints):
 def test_kill_9_mid_load_leaves_a_readable_store(tiny_checkpoints, tmp_path):
     port, store = free_port(), tmp_path / "traces"
     server = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve", "--model", str(tiny_checkpoints[0]), "--port", str(port),
+        [sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(tiny_checkpoints[0]), "--port", str(port),
          "--store", str(store), "--poll-s", "0"], cwd=ROOT, env=offline_env(PYTHONPATH=str(ROOT)),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from _batches import oracle_texts, step_params
-from lopd_core.lopd import trainer as trainer_mod
-from lopd_core.lopd.composer import Composer, mean_embedding_norm
+from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.composer import Composer, mean_embedding_norm
 from tests.serve.conftest import make_server
 
 

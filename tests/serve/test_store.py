@@ -73,7 +73,7 @@ def test_schema_catches_a_bad_record_and_snapshot_round_trips(tmp_path):
 
 
 def test_snapshot_command_writes_traces_and_rollout_rows(tmp_path):
-    from flows.cli import main
+    from lopd_cli.main import main
     from lopd_core.rollout.table import read_trajectories
 
     store = TraceStore(tmp_path / "s", segment_bytes=10**6, max_bytes=10**7)

@@ -248,7 +248,7 @@ def observation_text(payload: dict) -> str:
     A record names itself before its id (`{"label": "savings", "id": "a73"}`). An agent reads left to right: a
     lookup by label then finds the id right after the label it matched. With the id first, the id's token can
     never see its own label, and a small causal model must learn a second hop back; with the id first, some
-    builds of the embedded base never learned the lookup at all (`benchmarks/probes/failure_probe.py` measures it).
+    builds of the embedded base never learned the lookup at all (`probes/failure_probe.py` measures it).
     """
     try:
         return json.dumps(_id_last(payload), allow_nan=False)

@@ -75,7 +75,7 @@ def _load() -> None:
         importlib.import_module(f"{__name__}.{module}")  # registers the domain class
 
 
-_MODULES = ("bank", "calendar", "shop", "files", "msg", "travel")
+_MODULES = ("banking", "calendar", "shop", "files", "msg", "travel")
 
 
 _load()

@@ -1,0 +1,112 @@
+"""The dashboard row of one step (`plots/distill.csv`, DESIGN §5) and its diagnostics row, built from what the
+chunks of `update` accumulated.
+
+`DashboardRow`'s fields are the CSV's columns, in order: the CSV and MLflow read the dataclass, so a column is
+added in one place. Every figure is a whole-batch one (every rank's trajectories, in rank = task order).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+
+from lopd_core import distributed as D
+from lopd_core.distill import margin as MG
+from lopd_core.distill import step as S
+
+if TYPE_CHECKING:
+    from lopd_core.distill.trainer import Distiller
+
+
+@dataclass(frozen=True)
+class DashboardRow:
+    """One row of plots/distill.csv (DESIGN §5); NaN where a figure has no value for the method."""
+
+    step: int  # steps completed, this one included
+    rollouts: int  # trajectories sampled so far, including the bank's seed rollouts and refreshes
+    reward_mean: float
+    success_rate: float
+    distill_loss: float  # the student loss, a token mean over the batch
+    kl_phi: float  # KL(sg[p_S,old] ‖ p_T,φ), a token mean
+    delta: float  # δ̄: the mean over trajectories of δ(τ)
+    beta: float  # the β of this step's composer loss (the next row's is after the dual ascent)
+    margin: float | None  # m in force (None: `lopd.margin: auto`, not priced)
+    delta_success: float  # δ̄'s part on successful trajectories (margin.delta_parts)
+    delta_failure: float  # δ̄'s part on failed ones
+    anchor: float  # mean((c_φ − c_φ0)²)
+    student_entropy: float  # token means over the batch
+    teacher_entropy: float
+    topk_mass: float  # the teacher's mass on its top-k ids
+    grad_norm_theta: float  # before clipping
+    grad_norm_phi: float
+    latent_norm_ratio: float  # mean latent norm / mean token-embedding norm
+    step_seconds: float
+    phase: int  # index of the method phase the step trained (methods.method_phases)
+    teacher_refreshes: int  # θ̄ ← student refreshes so far (lopd_gated_refresh)
+
+
+CSV_COLUMNS = [f.name for f in fields(DashboardRow)]
+DIAGNOSTIC_COLUMNS = [
+    "step", "margin_success", "margin_failure", "latent_norm", "embedding_norm", "skipped_updates",
+    "encoder_cache_hits", "rollout_s", "teacher_s", "student_s", "composer_s", "refresh_student", "refresh_teacher",
+]
+# The teacher's columns, without value when a step runs no teacher (GRPO without a reference KL): NaN rather
+# than a misleading 0.
+TEACHER_COLUMNS = ("kl_phi", "delta", "teacher_entropy", "topk_mass", "delta_success", "delta_failure")
+
+
+@dataclass
+class ComposerStep:
+    """Step 4's figures for the row."""
+
+    anchor: float  # mean((c_φ − c_φ0)²) over every rank's latents
+    grad_norm: float
+    latent_norm: float  # mean norm of a latent vector, every rank's
+
+
+def step_result(d: Distiller, batch: S.RolloutBatch, sums: S.StepSums, totals: dict[str, float], *, beta: float,
+                grad_theta: float, composer: ComposerStep, started: float, rollout_s: float,
+                trajectories: list) -> S.StepResult:
+    """The dashboard row and the diagnostics, from the sums the chunks accumulated; `trajectories` are this
+    rank's (a growing bank reads them)."""
+    counts = batch.token_counts.clamp(min=1)
+    rewards = torch.tensor(D.gather_lists(batch.rewards.tolist()), dtype=torch.float32)
+    successes = torch.tensor(D.gather_lists(batch.successes.tolist()), dtype=torch.bool)
+    per_traj_gap = torch.tensor(D.gather_lists((sums.gap.cpu() / counts).tolist()))
+    per_traj_kl = D.gather_lists((sums.kl.cpu() / counts).tolist())
+    # δ(τ) = A(τ) · its mean gap, the δ̄ terms: its parts on successes and failures (margin.delta_parts)
+    advantage = torch.tensor(D.gather_lists(batch.advantage.cpu().tolist()))
+    all_counts = torch.tensor(D.gather_lists(batch.token_counts.tolist()))
+    delta_success, delta_failure = MG.delta_parts(advantage * per_traj_gap, all_counts, successes)
+    n = batch.n_tokens
+    values = {
+        "step": d.state.step, "rollouts": d.state.rollouts,
+        "reward_mean": float(rewards.mean()), "success_rate": float(successes.float().mean()),
+        "distill_loss": totals["distill"], "kl_phi": totals["kl"], "delta": totals["delta"], "beta": beta,
+        "margin": d.margin, "delta_success": delta_success, "delta_failure": delta_failure,
+        "anchor": composer.anchor, "student_entropy": totals["student_entropy"] / n,
+        "teacher_entropy": totals["teacher_entropy"] / n, "topk_mass": totals["topk_mass"] / n,
+        "grad_norm_theta": grad_theta, "grad_norm_phi": composer.grad_norm,
+        "latent_norm_ratio": composer.latent_norm / max(d.embedding_norm, 1e-8),
+        "step_seconds": time.perf_counter() - started, "phase": d.phase,
+        "teacher_refreshes": d.state.teacher_refreshes,
+    }
+    if not d.teacher_pass:
+        values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
+    diag = {
+        "step": d.state.step,
+        "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
+        "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
+        "latent_norm": composer.latent_norm, "embedding_norm": d.embedding_norm,
+        "skipped_updates": d.state.skipped_updates, "encoder_cache_hits": d.encoder.hits,
+        "rollout_s": rollout_s, "teacher_s": sums.seconds["teacher"],
+        "student_s": sums.seconds["student"], "composer_s": sums.seconds["composer"],
+        "refresh_student": math.nan, "refresh_teacher": math.nan,  # filled on a step that ran the check
+    }
+    # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
+    # (probes/margin_probe.py reads it to price margins and advantages).
+    return S.StepResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)

@@ -1,0 +1,111 @@
+"""The layers of the code, checked: every import points down, and no two parts import each other.
+
+Why a test: the review that split the trainer and moved the tree (issue "one definition of each thing") found
+the configuration importing the trainer's package and the trainer's package importing the stage drivers, a
+cycle that made every part reach every other. Imports inside functions count: a deferred import is still a
+dependency, only a slower one to find.
+"""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve", "lopd_cli")
+
+# Bottom to top. A part may import parts of its own layer or below; lopd_core never imports what is above it.
+LAYERS: list[set[str]] = [
+    {"lopd_core", "errors", "offline", "names", "methods", "outputs", "jsonio", "locks", "experience"},
+    {"settings", "config"},
+    {"envs", "distributed"},
+    {"model"},
+    {"rollout", "sharding"},
+    {"bank", "traces"},
+    {"bench"},
+    {"evaluation", "export", "run_report"},
+    {"distill"},
+    {"drivers"},
+    {"compare"},
+    {"tasks"},
+    {"flows", "lopd_serve"},
+    {"lopd_cli"},
+]
+LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+
+
+def part_of(module: str) -> str | None:
+    """The part a dotted module belongs to: a top-level package, or lopd_core's module or sub-package."""
+    head, *rest = module.split(".")
+    if head not in PACKAGES:
+        return None
+    if head != "lopd_core":
+        return head
+    return rest[0] if rest else "lopd_core"
+
+
+def imports(path: Path, module: str):
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            # `from lopd_core import distributed` names the module lopd_core.distributed
+            yield from (f"{base}.{alias.name}" for alias in node.names) if base == "lopd_core" else (base,)
+
+
+def part_graph() -> dict[str, dict[str, str]]:
+    """part -> {imported part: one file that imports it}."""
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+            here = part_of(module)
+            for name in imports(path, module):
+                there = part_of(name)
+                if there and there != here:
+                    graph[here].setdefault(there, rel.as_posix())
+    return graph
+
+
+def test_every_part_has_a_layer():
+    graph = part_graph()
+    parts = set(graph) | {p for edges in graph.values() for p in edges}
+    assert parts <= set(LAYER), f"add to LAYERS in tests/test_architecture.py: {sorted(parts - set(LAYER))}"
+
+
+def test_imports_point_down_the_layers():
+    upward = [f"{where}: {here} (layer {LAYER[here]}) imports {there} (layer {LAYER[there]})"
+              for here, edges in part_graph().items() for there, where in edges.items()
+              if LAYER.get(there, -1) > LAYER.get(here, -1)]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_two_parts_import_each_other():
+    graph = part_graph()
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), {}):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(f"{a} -> {b} ({graph[a][b]}) and back" for a in graph for b in graph[a] if a in reaches(b))
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_library_never_imports_the_orchestration():
+    """lopd_core is usable without Prefect, MLflow or the HTTP server: the arrows point down only."""
+    heavy = ("prefect", "mlflow", "fastapi", "uvicorn")
+    found = [f"{path.relative_to(ROOT)}: {name}"
+             for path in sorted((ROOT / "lopd_core").rglob("*.py"))
+             for name in imports(path, "lopd_core")
+             if name.split(".")[0] in heavy]
+    assert not found, "\n".join(found)
