@@ -189,3 +189,15 @@ def test_the_stage_keys_move_with_the_traces_content(tmp_path, store):
     assert after["bank"] != before["bank"] and after["distill"] != before["distill"]
     rollouts_only = replace(p.lopd, bank_source="rollouts", trajectories="rollouts")
     assert traces_input(replace(p, lopd=rollouts_only), "rollouts") is None
+
+
+@pytest.mark.parametrize("command", ["bank", "cycle"])
+def test_source_flag_is_the_setting(command, capsys):
+    """`--source traces` sets lopd.bank_source (and lopd.trajectories for the cycle): refused at load without a
+    trace path, before any work starts."""
+    from flows.cli import main
+
+    assert main([command, "--source", "traces"]) == 2
+    err = capsys.readouterr().err
+    assert "lopd.traces: got ''" in err and "lopd.bank_source='traces'" in err
+    assert ("lopd.trajectories='traces'" in err) == (command == "cycle")
