@@ -201,3 +201,19 @@ def test_source_flag_is_the_setting(command, capsys):
     err = capsys.readouterr().err
     assert "lopd.traces: got ''" in err and "lopd.bank_source='traces'" in err
     assert ("lopd.trajectories='traces'" in err) == (command == "cycle")
+
+
+def test_the_importance_weight_reads_the_recorded_logprobs(tmp_path, store, tiny_model, tiny_tokenizer, monkeypatch):
+    """With the sampled-token loss and the importance weight, p_sample is the served version's recorded log-prob."""
+    from lopd_core.lopd import losses as L
+
+    params = _params(tmp_path, store, trajectories="traces", student_loss="sampled", importance_weight=True)
+    d = _distiller(params, tiny_model, tiny_tokenizer)
+    seen = []
+    weight = L.truncated_importance_weight
+    monkeypatch.setattr(L, "truncated_importance_weight", lambda s, p, **k: seen.append(p.detach().clone()) or
+                        weight(s, p, **k))
+    d.step()
+    trajs = d.traces.take(0, 4)
+    recorded = sorted(round(lp, 5) for t in trajs for lp, m in zip(t.sample_logprobs[1:], t.action_mask[1:]) if m)
+    assert seen and sorted(round(float(v), 5) for p in seen for v in p) == recorded
