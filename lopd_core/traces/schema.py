@@ -4,10 +4,10 @@ A trace is one trajectory of `lopd serve` (lopd_serve/): the ids the model saw a
 store's turn records (lopd_core/traces/store.py), with the version that served it and the feedback it got.
 Why a schema of its own: a trace carries what a rollout row does not (session, parent trajectory, serving
 version, whether anyone labeled it) and may be unlabeled. `traces_as_trajectories` maps it onto the rollout
-table's columns (its episode as the environment-style record an experience text is built from, its world the one
-the instruction names) (lopd_core/rollout/table.py), validated by that table's own schema, so whatever reads rollout
-trajectories reads traces the same way; unlabeled traces are left out there unless asked for, and then carry
-reward 0 and success False — an unlabeled conversation is never a success.
+table's columns (lopd_core/rollout/table.py), validated by that table's own schema, so whatever reads rollout
+trajectories (the bank, distillation) reads traces the same way: its episode is the environment-style record an
+experience text is built from, its world the one its instruction names. Unlabeled traces are left out there
+unless asked for, and then carry reward 0 and success False — an unlabeled conversation is never a success.
 """
 
 from __future__ import annotations
@@ -104,7 +104,13 @@ def episode_records(messages: list[dict]) -> list[dict]:
             arguments = json.loads(fn.get("arguments") or "{}")
         except ValueError:
             arguments = fn.get("arguments")
-        reply = next((n for n in messages[i + 1:] if n.get("role") == "tool"), None)
+        reply = None  # the tool message the client sent back before the next assistant turn (none: cut off)
+        for later in messages[i + 1:]:
+            if later.get("role") == "assistant":
+                break
+            if later.get("role") == "tool":
+                reply = later
+                break
         records.append({"call": {"name": fn.get("name", ""), "arguments": arguments},
                         "observation": (reply or {}).get("content") or ""})
     return records
