@@ -101,6 +101,12 @@ def base_flow(params: Params) -> str:
     return str(base_dir)
 
 
+def traces_input(params: Params, source: str) -> str | None:
+    """The served traces a stage reads when `source` (lopd.bank_source, lopd.trajectories) names them: keyed by
+    their content, so a store that grew re-runs the stage; None (a fixed marker) when it reads none."""
+    return params.lopd.traces if source in ("traces", "both") else None
+
+
 @flow(name="lopd-bank", **FLOW)
 def bank_flow(params: Params, policy: str, parent_bank: str | None = None, generation: int = 0,
               parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker) -> dict:
@@ -108,6 +114,7 @@ def bank_flow(params: Params, policy: str, parent_bank: str | None = None, gener
     with tracker.run("bank", parent=parent_run, tags=_tags("bank", cycle)) as run:
         inputs, ids = model_input(policy)
         inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
+        inputs["traces"] = traces_input(params, params.lopd.bank_source)
         summary, cached = run_cached(T.refresh_bank_task, params, "bank", inputs, {"generation": generation, **ids},
                                      policy=policy, parent_bank=parent_bank, generation=generation)
         summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
@@ -143,7 +150,8 @@ def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: st
     with tracker.run("distill", parent=parent_run, tags=tags) as run:
         inputs, ids = model_input(policy)
         teacher_input, teacher_id = model_input(teacher, "teacher")
-        inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0)
+        inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0,
+                      traces=traces_input(params, params.lopd.trajectories))
         summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id},
                                      policy=policy, bank_dir=bank["bank_dir"], index_dir=bank["index_dir"],
                                      phi0=phi0, teacher=teacher, generation=cycle)

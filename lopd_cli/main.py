@@ -1,7 +1,7 @@
 """The `lopd` command line: one subcommand per pipeline stage, all reading the same params.yaml.
 
     lopd base      [--params params.yaml] [--set section.key=value ...]   build the embedded base policy
-    lopd bank      [--params ...] [--set ...]        roll out the policy, keep its successes in the bank
+    lopd bank      [--params ...] [--set ...] [--source S]  roll out the policy (or read traces), keep successes
     lopd coldstart [--params ...] [--set ...]        train φ0, the composer's cold start, on bank successes
     lopd distill   [--params ...] [--set ...] [--fresh]   LOPD training; resumes from the last checkpoint
     lopd evaluate  [--params ...] [--set ...]                               held-out success -> metrics/eval.json
@@ -160,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
         "--out", default=None, help="output directory (default: model.base_dir)")
-    stage("bank", "roll out the policy on training tasks and keep its successes in the bank", cmd_bank)
+    stage("bank", "roll out the policy on training tasks and keep its successes in the bank", cmd_bank).add_argument(
+        "--source", choices=SOURCES, default=None,
+        help="what the bank adds: successes of fresh rollouts, the labeled successes of the served traces at "
+        "lopd.traces, or both (sets lopd.bank_source)")
     stage("coldstart", "train the composer's cold start φ0 on bank successes", cmd_coldstart)
     distill = stage("distill", "LOPD distillation (resumes from the last checkpoint)", cmd_distill)
     distill.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
@@ -170,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_parser.add_argument("--task-runner", default=None, metavar="SPEC",
                                  help="run the shards as Prefect tasks: threads[:N], dask[:ADDRESS], ray[:ADDRESS]")
     add_pipeline_parsers(stage)
+    sub.choices["cycle"].add_argument(
+        "--source", choices=SOURCES, default=None,
+        help="learn from served traffic: the bank adds the traces' labeled successes and distillation takes the "
+        "traces as its trajectories (sets lopd.bank_source and lopd.trajectories; lopd.traces names them)")
     add_compare_parser(stage)
     add_bench_parser(sub, add_common)
     add_sandbox_parser(sub, add_common)
@@ -178,8 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SOURCES = ("rollouts", "traces", "both")
+# `--source` of each command, as the settings it stands for (appended to --set: the cycle re-reads them)
+SOURCE_SETTINGS = {"bank": ("lopd.bank_source",), "cycle": ("lopd.bank_source", "lopd.trajectories")}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "source", None):
+        args.overrides += [f"{key}={args.source}" for key in SOURCE_SETTINGS[args.command]]
     explicit = args.params is not None  # a file the user named must exist; only the implicit default may not
     args.params = args.params or DEFAULT_PARAMS
     try:

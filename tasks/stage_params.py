@@ -67,9 +67,12 @@ _ROLLOUT = *_PLAY, "lopd_core/rollout"
 STAGES: dict[str, StageReads] = {
     "base": StageReads(("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS),
                        code=("lopd_core/drivers/base.py", *_PLAY)),
-    "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs"),
-                       {"policy": ("data/base",), "parent_bank": ()},
-                       code=("lopd_core/drivers/bank.py", "lopd_core/bank", *_ROLLOUT)),
+    # `traces`: the served traces at lopd.traces when lopd.bank_source (lopd.trajectories for distill) names them,
+    # keyed by content; an optional path, so the cycle hashes it and DVC lists only the key (`lopd.traces`). The
+    # path stays in the key too: a distill checkpoint records it (a resume must read the same trace stream).
+    "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs", "lopd.bank_source", "lopd.traces"),
+                       {"policy": ("data/base",), "parent_bank": (), "traces": ()},
+                       code=("lopd_core/drivers/bank.py", "lopd_core/bank", "lopd_core/traces", *_ROLLOUT)),
     # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
     "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search",
                              "bank.min_reward"),
@@ -83,12 +86,13 @@ STAGES: dict[str, StageReads] = {
                            "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
                            "bank.min_reward"),
                           {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",),
-                           "phi0": ("data/composer",)},
+                           "phi0": ("data/composer",), "traces": ()},
                           cycle_params=("cycle.refresh_teacher",),
                           # the bank's and the cold start's drivers: open_bank, and the re-exported names
                           code=("lopd_core/drivers/distill.py", "lopd_core/distill", "lopd_core/methods.py",
                                 "lopd_core/drivers/bank.py", "lopd_core/drivers/coldstart.py",
-                                "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
+                                "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", "lopd_core/traces",
+                                *_ROLLOUT)),
     "evaluate": StageReads(("seed", *_POLICY, "eval", "bench", "rollout", "envs"),
                            {"model": ("data/base", "data/lopd")},
                            # export.py: eval_rows, the eval.json cells (summary_table)

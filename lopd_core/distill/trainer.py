@@ -47,6 +47,7 @@ from lopd_core.distill import margin_pricing as P
 from lopd_core import methods as M
 from lopd_core.distill import step as S
 from lopd_core.distill import teacher_refresh as R
+from lopd_core.distill import trace_source as TS
 from lopd_core.distill import update as U
 from lopd_core.distill.checkpoints import (  # noqa: F401  re-exported
     RESUME_FREE,
@@ -149,6 +150,9 @@ class Distiller:
         self._check_tasks: list[Task] | None = None
         self.pricing = pricing  # what `lopd.margin: auto` is priced on (`price_margin`); None: the first step
         self.splice_room = splice_room(params, self.phases, composer.num_queries)
+        # lopd.trajectories: traces | both: the served traces a step reads (trace_source.py)
+        self.traces = None if self.cfg.trajectories == "rollouts" else TS.TraceStream(
+            self.cfg.traces, params.seed, max_tokens=params.rollout.max_context - self.splice_room)
 
     def _build_models(self, base, composer: Composer, teacher_base) -> None:
         """θ (the student), θ̄ (the frozen teacher; `teacher_base`: other weights than the student's start, as
@@ -212,33 +216,40 @@ class Distiller:
         return self._task_blocks[block][within * per_step:(within + 1) * per_step]
 
     def step(self) -> StepResult:
-        """One full step: roll out this step's tasks, then `update` on the trajectories. The result carries this
-        rank's trajectories (`StepResult.trajectories`, what a growing bank adds)."""
-        cfg, ro = self.cfg, self.params.rollout
+        """One full step: roll out this step's tasks (or take served traces: `lopd.trajectories`,
+        trace_source.py), then `update` on the trajectories. The result carries this rank's trajectories
+        (`StepResult.trajectories`, what a growing bank adds)."""
+        cfg = self.cfg
         started = time.perf_counter()
         s = self.state.step
-        # Under `accelerate launch` each rank takes its contiguous slice of the step's tasks (all G samples of
-        # a task on one rank, so group advantages stay local); `update` reduces across ranks.
-        mine = D.shard_range(cfg.tasks_per_step)
-        tasks = self.step_tasks(s)[mine.start:mine.stop]
+        with self.sharding.gathered():  # rank-dependent numbers of passes from here on (sharding.py)
+            if cfg.trajectories != "rollouts":
+                out = TS.trace_step(self, started)
+            else:
+                # Under `accelerate launch` each rank takes its contiguous slice of the step's tasks (all G
+                # samples of a task on one rank, so group advantages stay local); `update` reduces across ranks.
+                mine = D.shard_range(cfg.tasks_per_step)
+                tasks = self.step_tasks(s)[mine.start:mine.stop]
+                trajs = self.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start)
+                self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
+                out = self.update(tasks, trajs, started=started)
+        if self.method.teacher.refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
+            self._refresh_check(out)  # (never sharded: `_shard` refuses a gated refresh)
+        return out
 
-        # 1. Rollouts with the current student. Each trajectory's sampling stream is seeded by (seed, step,
-        # task index in the stream, sample), so any number of ranks samples what one process samples.
-        first = s * cfg.tasks_per_step + mine.start
+    def rollout_tasks(self, tasks: list[Task], first: int) -> list:
+        """1. Rollouts of `tasks` × G with the current student; `first` is the first task's index in the stream.
+        Each trajectory's sampling stream is seeded by (seed, step, task index in the stream, sample), so any
+        number of ranks samples what one process samples."""
+        cfg, ro, s = self.cfg, self.params.rollout, self.state.step
         requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(cfg.samples_per_task)]
         seeds = [sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
                  for i in range(len(requests))]
         sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
                             max_context=ro.max_context - self.splice_room,
                             max_observation_tokens=ro.max_observation_tokens, served=ServedBackend.from_settings(ro))
-        with self.sharding.gathered():  # rank-dependent numbers of passes from here on (sharding.py)
-            trajs = rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
-                            seed=self.params.seed * 1_000_003 + s, seeds=seeds)
-            self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
-            out = self.update(tasks, trajs, started=started)
-        if self.method.teacher.refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
-            self._refresh_check(out)  # (never sharded: `_shard` refuses a gated refresh)
-        return out
+        return rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
+                       seed=self.params.seed * 1_000_003 + s, seeds=seeds)
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
         """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order), as update.py runs them

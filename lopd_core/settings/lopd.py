@@ -109,6 +109,18 @@ class LopdConfig(Section):
                                        "fails as diverged", check=fraction())
     resume_mismatch: str = setting("error", help="a checkpoint made under other settings: error (refused; --fresh "
                                    "starts over) or warn (resumed)", check=one_of("error", "warn"))
+    trajectories: str = setting(
+        "rollouts", check=one_of("rollouts", "traces", "both"),
+        help="where a step's B×G trajectories come from: rollouts (the student samples them) | traces (the labeled "
+        "served traces at lopd.traces, a seeded slice per step; each trace its own task) | both (the first half "
+        "of the step's tasks rolled out, the other half's B×G/2 trajectories taken from the traces); traces are "
+        "charged as rollouts")
+    traces: str = setting("", help="served traffic the cycle learns from: a `lopd serve` store folder or its "
+                          "snapshot parquet file (read when lopd.trajectories or lopd.bank_source names traces)")
+    bank_source: str = setting(
+        "rollouts", check=one_of("rollouts", "traces", "both"),
+        help="what `lopd bank` adds (`lopd bank --source`): the successes of fresh rollouts | the labeled successes "
+        "among the traces at lopd.traces (every trace charged as a rollout) | both")
     out_dir: str = setting("data/lopd", help="student, composer and checkpoint")
     csv: str = setting("plots/distill.csv", help="one row per training step")
 
@@ -125,10 +137,24 @@ class LopdConfig(Section):
                               f"lopd.student_loss={self.student_loss!r}, expected false: the weight applies to the "
                               f"sampled-token reverse KL only (lopd.student_loss=sampled), and {why}")
         self._check_kl_mix()
+        self._check_traces()
         if self.teacher_micro_batch > 0 and not self.low_memory:
             raise ConfigError(f"lopd.teacher_micro_batch: got {self.teacher_micro_batch} with lopd.low_memory=false, "
                               "expected 0: teacher passes inside a chunk are part of the low-memory order "
                               "(set lopd.low_memory=true)")
+
+    def _check_traces(self) -> None:
+        """Traces are one per task, so a step that reads them has no groups of G samples of a task."""
+        if (self.trajectories != "rollouts" or self.bank_source != "rollouts") and not self.traces:
+            raise ConfigError(f"lopd.traces: got '' with lopd.trajectories={self.trajectories!r} and "
+                              f"lopd.bank_source={self.bank_source!r}, expected a trace store folder or snapshot file")
+        if self.trajectories == "rollouts":
+            return
+        if self.method in POLICY_GRADIENT_METHODS or self.advantage == "group":
+            raise ConfigError(f"lopd.trajectories: got {self.trajectories!r} with lopd.method={self.method!r} and "
+                              f"lopd.advantage={self.advantage!r}, expected rollouts: a trace is its task's only "
+                              "sample, so group-relative advantages are 0 (use a distillation method and "
+                              "lopd.advantage continuous or binary)")
 
     def _check_kl_mix(self) -> None:
         """lopd.kl_mix weighs the top-k distillation loss: meaningless with GRPO's loss or another student loss."""

@@ -5,13 +5,16 @@ store's turn records (lopd_core/traces/store.py), with the version that served i
 Why a schema of its own: a trace carries what a rollout row does not (session, parent trajectory, serving
 version, whether anyone labeled it) and may be unlabeled. `traces_as_trajectories` maps it onto the rollout
 table's columns (lopd_core/rollout/table.py), validated by that table's own schema, so whatever reads rollout
-trajectories reads traces the same way; unlabeled traces are left out there unless asked for, and then carry
-reward 0 and success False — an unlabeled conversation is never a success.
+trajectories (the bank, distillation) reads traces the same way: its episode is the environment-style record an
+experience text is built from, its world the one its instruction names. Unlabeled traces are left out there
+unless asked for, and then carry reward 0 and success False — an unlabeled conversation is never a success.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
 import pandas as pd
 import pandera.pandas as pa
@@ -26,6 +29,9 @@ FINISH_REASONS = ("stop", "tool_calls", "length")
 # for a tool and never came back was cut off by the client, as a turn limit cuts a rollout.
 STOP_REASONS = {"stop": "answer", "length": "answer", "tool_calls": "turn_limit"}
 SERVE_ENV = "serve"
+# An instruction of the built-in worlds opens with its world's name in brackets ("[cobalt] Send 35 to ..."): what
+# the client declares, and so what keys retrieval (bank.same_world) without anything privileged.
+WORLD_PREFIX = re.compile(r"^\[([A-Za-z0-9_.-]+)\]")
 
 
 def _lengths_agree(df: pd.DataFrame) -> pd.Series:
@@ -71,17 +77,61 @@ def validate_traces(frame: pd.DataFrame) -> pd.DataFrame:
     return TRACE_SCHEMA.validate(frame, lazy=True)
 
 
-def _task_json(row) -> str:
+def trace_world(instruction: str, tools_json: str) -> str:
+    """The world a trace was played in: the bracketed name its instruction opens with, else its declared tool set
+    (`tools:` + a short hash of the tool names), so traces of one tool set share a world in retrieval."""
+    named = WORLD_PREFIX.match(instruction)
+    if named:
+        return named.group(1)
+    names = sorted(t.get("function", t).get("name", "") for t in json.loads(tools_json) if isinstance(t, dict))
+    return "tools:" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+
+
+def episode_records(messages: list[dict]) -> list[dict]:
+    """The environment-style episode record of a served conversation (one dict per assistant turn: the tool
+    call and the observation the client sent back, or the final answer), the form experience texts are built from
+    (lopd_core/experience.py). A call whose arguments are not a JSON object keeps them as the raw string."""
+    records: list[dict] = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        calls = m.get("tool_calls") or []
+        if not calls:
+            records.append({"action": m.get("content") or ""})
+            continue
+        fn = calls[0].get("function", {})
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            arguments = fn.get("arguments")
+        reply = None  # the tool message the client sent back before the next assistant turn (none: cut off)
+        for later in messages[i + 1:]:
+            if later.get("role") == "assistant":
+                break
+            if later.get("role") == "tool":
+                reply = later
+                break
+        records.append({"call": {"name": fn.get("name", ""), "arguments": arguments},
+                        "observation": (reply or {}).get("content") or ""})
+    return records
+
+
+def _task_json(row, world: str) -> str:
     """The Task a trace stands for: its first user message as the instruction, the system text and the tools as
-    the spec. A trace has no environment to replay it in; the Task keeps the rollout table's `task` column whole."""
+    the spec, the world its instruction (or tool set) declares. A trace has no environment to replay it in; the Task
+    keeps the rollout table's `task` column whole and is what retrieval reads."""
     messages = json.loads(row["messages"])
     user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
     system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
-    task = Task(task_id=row["trajectory_id"], env=SERVE_ENV, split="train", template=SERVE_ENV, world="",
+    task = Task(task_id=row["trajectory_id"], env=SERVE_ENV, split="train", template=SERVE_ENV, world=world,
                 instruction=user, spec={"system": system, "tools": json.loads(row["tools"]),
                                         "session": row["session"], "model_version": row["model_version"]},
                 max_turns=min(max(int(row["num_turns"]), 1), MAX_TURNS))
     return task.to_json()
+
+
+def _instruction(messages_json: str) -> str:
+    return next((m.get("content") or "" for m in json.loads(messages_json) if m.get("role") == "user"), "")
 
 
 def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -> pd.DataFrame:
@@ -91,13 +141,14 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
     traces = validate_traces(traces)
     if labeled_only:
         traces = traces[traces["labeled"]]
+    worlds = [trace_world(_instruction(m), t) for m, t in zip(traces["messages"], traces["tools"])]
     rows = [
         {
             "task_id": r["trajectory_id"],
             "env": SERVE_ENV,
             "split": "train",
             "template": SERVE_ENV,
-            "world": "",
+            "world": world,
             "sample_index": 0,
             "token_ids": list(r["token_ids"]),
             "action_mask": list(r["action_mask"]),
@@ -107,10 +158,10 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
             "success": bool(r["success"]),
             "stop_reason": STOP_REASONS[r["finish_reason"]],
             "num_turns": int(r["num_turns"]),
-            "episode": r["messages"],
+            "episode": json.dumps(episode_records(json.loads(r["messages"]))),
             "experiences": "[]",
-            "task": _task_json(r),
+            "task": _task_json(r, world),
         }
-        for _, r in traces.iterrows()
+        for world, (_, r) in zip(worlds, traces.iterrows())
     ]
     return validate_trajectories(pd.DataFrame(rows, columns=list(TRAJECTORY_SCHEMA.columns)))

@@ -1,0 +1,106 @@
+"""A step's trajectories from served traffic (`lopd.trajectories: traces | both`) instead of fresh rollouts.
+
+The teacher scores the served tokens as they were recorded (ids, action mask, the server's sampling log-probs):
+nothing is re-tokenized or replayed. Which traces a step reads is a function of (seed, step), as the rollout
+stream's tasks are: the labeled traces, sorted by trajectory id, are dealt in passes, pass e in the order of a
+permutation seeded by (seed, e); step s takes the next `count` of that endless stream from position s·count.
+A resumed run therefore reads what an uninterrupted one does, and a store that grows changes the order (its
+content hash is an input of the stage's cache key).
+
+Why labeled traces only: the student's loss needs no reward, but the composer's δ weighs every trajectory by
+A = 2r − 1, and an unlabeled trace's reward 0 would count a conversation nobody judged as a failure.
+
+Why each trace is its own task (a group of one): a served conversation has no siblings sampled from the same
+prompt, so the step runs with samples_per_task = 1 (no shared prompt, no group advantage; the settings refuse
+`lopd.advantage: group` and the policy-gradient methods with traces). With `both`, the first ⌈B/2⌉ tasks of the
+step's slice are rolled out G times each and the rest of the batch, (B − ⌈B/2⌉)·G trajectories, comes from the
+traces; the whole batch is then read as groups of one (an exact view for distillation: a group only shares the
+teacher's prompt pass and defines GRPO's advantage, neither of which the distillation loss needs).
+
+Importance weight: `lopd.importance_weight` with `lopd.student_loss: sampled` weighs each token by
+min(p_S / p_sample, cap) with p_sample the recorded log-prob, i.e. the served champion's, an older policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from contextlib import contextmanager
+
+from lopd_core import distributed as D
+from lopd_core.rollout.engine import Trajectory
+from lopd_core.traces.source import as_trajectories, trace_table
+
+
+class TraceStream:
+    """The labeled traces at `path`, dealt to steps in a seeded, resumable order."""
+
+    def __init__(self, path: str, seed: int, *, max_tokens: int):
+        frame = trace_table(path, labeled_only=True)
+        # the teacher splices its latents into the trajectory: a trace longer than the room a rollout keeps
+        # (rollout.max_context minus the splice) cannot be scored, and is left out (counted in `too_long`)
+        fits = frame["token_ids"].map(len) <= max_tokens
+        self.too_long = int((~fits).sum())
+        self.frame = frame[fits].reset_index(drop=True)
+        if self.frame.empty:
+            raise ValueError(f"lopd.traces: no labeled trace of at most {max_tokens} tokens at {path} "
+                             f"({self.too_long} longer): post feedback for the served conversations (`lopd serve "
+                             "client` does) or train on rollouts")
+        self.seed = seed
+        self._passes: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def _pass(self, e: int) -> list[int]:
+        if e not in self._passes:
+            order = list(range(len(self.frame)))
+            random.Random(self.seed * 1_000_003 + 7919 * e + 1).shuffle(order)
+            self._passes[e] = order
+        return self._passes[e]
+
+    def rows(self, step: int, count: int) -> list[int]:
+        """Positions in `frame` of step `step`'s `count` traces (0-based step)."""
+        n = len(self.frame)
+        return [self._pass(p // n)[p % n] for p in range(step * count, (step + 1) * count)]
+
+    def take(self, step: int, count: int) -> list[Trajectory]:
+        return as_trajectories(self.frame.iloc[self.rows(step, count)])
+
+
+def trace_count(tasks_per_step: int, samples_per_task: int, mode: str) -> int:
+    """How many of a step's B×G trajectories come from traces."""
+    if mode == "traces":
+        return tasks_per_step * samples_per_task
+    if mode == "both":
+        return (tasks_per_step - (tasks_per_step + 1) // 2) * samples_per_task
+    return 0
+
+
+def trace_step(d, started: float):
+    """Steps 1-5 of `d` (a trainer.Distiller) with the step's traces in place of (some of) its rollouts. Every
+    trajectory, rolled out or read from a trace, is charged to `rollouts`. Under `accelerate launch` each rank
+    takes its contiguous slice of the rolled-out tasks and of the traces."""
+    cfg, s = d.cfg, d.state.step
+    n_traces = trace_count(cfg.tasks_per_step, cfg.samples_per_task, cfg.trajectories)
+    rolled = cfg.tasks_per_step - n_traces // cfg.samples_per_task  # tasks rolled out (0 with `traces`)
+    mine = D.shard_range(rolled)
+    tasks = d.step_tasks(s)[mine.start:mine.stop] if rolled else []
+    trajs = d.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start) if tasks else []
+    theirs = D.shard_range(n_traces)
+    served = d.traces.take(s, n_traces)[theirs.start:theirs.stop]
+    per_trajectory = [t for t in tasks for _ in range(cfg.samples_per_task)] + [t.task for t in served]
+    d.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # traces are charged as rollouts
+    with groups_of_one(d):
+        return d.update(per_trajectory, trajs + served, started=started)
+
+
+@contextmanager
+def groups_of_one(distiller):
+    """The update reads `lopd.samples_per_task` as the group size: one while a batch holds traces."""
+    cfg = distiller.cfg
+    distiller.cfg = dataclasses.replace(cfg, samples_per_task=1)
+    try:
+        yield
+    finally:
+        distiller.cfg = cfg
