@@ -38,8 +38,10 @@ def main() -> int:
             scores = category_scores(entries, verdicts)
             passed = sum(v.valid for v in verdicts.values())
             table[f"{language}/{category}"] = {**scores, "unsatisfiable": unsatisfiable_ids(entries)}
-            print(f"{language + '/' + category:<48}{f'{passed}/{len(entries)}':>10}{scores['accuracy']:>10.4f}  "
-                  f"{' '.join(unsatisfiable_ids(entries))}")
+            print(
+                f"{language + '/' + category:<48}{f'{passed}/{len(entries)}':>10}{scores['accuracy']:>10.4f}  "
+                f"{' '.join(unsatisfiable_ids(entries))}"
+            )
     print(json.dumps(table, indent=2))
     return 0
 

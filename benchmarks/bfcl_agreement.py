@@ -41,12 +41,19 @@ def agreement(category: str, data_dir, limit: int = 0) -> dict:
                 counts["ours_pass_bfcl_fail" if ours else "ours_fail_bfcl_pass"] += 1
                 disagreements.append(f"{entry.id}:{kind}")
     judged = counts["cases"] - counts["reference_error"]
-    return {"entries": counts["entries"], "ground_truth_pass": counts["ground_truth_pass"],
-            "mutations": counts["mutations"], "mutations_fail": counts["mutations_fail"],
-            "cases": counts["cases"], "agree": counts["agree"],
-            "agreement": round(counts["agree"] / judged, 4) if judged else None,
-            "ours_pass_bfcl_fail": counts["ours_pass_bfcl_fail"], "ours_fail_bfcl_pass": counts["ours_fail_bfcl_pass"],
-            "reference_error": counts["reference_error"], "disagreements": disagreements[:10]}
+    return {
+        "entries": counts["entries"],
+        "ground_truth_pass": counts["ground_truth_pass"],
+        "mutations": counts["mutations"],
+        "mutations_fail": counts["mutations_fail"],
+        "cases": counts["cases"],
+        "agree": counts["agree"],
+        "agreement": round(counts["agree"] / judged, 4) if judged else None,
+        "ours_pass_bfcl_fail": counts["ours_pass_bfcl_fail"],
+        "ours_fail_bfcl_pass": counts["ours_fail_bfcl_pass"],
+        "reference_error": counts["reference_error"],
+        "disagreements": disagreements[:10],
+    }
 
 
 def main() -> int:
@@ -62,15 +69,19 @@ def main() -> int:
         return 1
     data_dir = resolve_data_dir(args.data_dir)
     table = {}
-    print(f"{'category':<26}{'gt pass':>11}{'mutations failing':>19}{'cases':>7}{'agree':>7}{'rate':>8}"
-          f"{'ours+ bfcl-':>13}{'ours- bfcl+':>13}{'bfcl err':>9}")
+    print(
+        f"{'category':<26}{'gt pass':>11}{'mutations failing':>19}{'cases':>7}{'agree':>7}{'rate':>8}"
+        f"{'ours+ bfcl-':>13}{'ours- bfcl+':>13}{'bfcl err':>9}"
+    )
     for category in args.categories:
         started = time.perf_counter()
         row = table[category] = agreement(category, data_dir, args.limit)
         row["seconds"] = round(time.perf_counter() - started, 1)
         gt, mutated = f"{row['ground_truth_pass']}/{row['entries']}", f"{row['mutations_fail']}/{row['mutations']}"
-        print(f"{category:<26}{gt:>11}{mutated:>19}{row['cases']:>7}{row['agree']:>7}{row['agreement'] or 0:>8.4f}"
-              f"{row['ours_pass_bfcl_fail']:>13}{row['ours_fail_bfcl_pass']:>13}{row['reference_error']:>9}")
+        print(
+            f"{category:<26}{gt:>11}{mutated:>19}{row['cases']:>7}{row['agree']:>7}{row['agreement'] or 0:>8.4f}"
+            f"{row['ours_pass_bfcl_fail']:>13}{row['ours_fail_bfcl_pass']:>13}{row['reference_error']:>9}"
+        )
     print(json.dumps(table, indent=2))
     return 0
 

@@ -63,8 +63,9 @@ def load(model_dir: str | None):
     demos = build_demos(n=200, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
     tok = train_tokenizer((d.text() for d in demos), vocab_size=600)
     torch.manual_seed(0)
-    return tiny_qwen3(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                                      intermediate_size=128), tok), tok
+    return tiny_qwen3(
+        TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128), tok
+    ), tok
 
 
 def make_prompts(n: int, seed: int):
@@ -84,36 +85,60 @@ def run_ours(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_to
     import torch
 
     from lopd_core.config import Params
-    from lopd_core.drivers.distill import new_composer
     from lopd_core.distill.trainer import Distiller
+    from lopd_core.drivers.distill import new_composer
     from lopd_core.model.chat import ChatCodec
     from lopd_core.rollout.engine import Sampling, Trajectory, generate_turn
 
     p = Params()
     p.seed = seed
-    p.lopd = replace(p.lopd, method="grpo", tasks_per_step=tasks, samples_per_task=samples, lr_student=lr,
-                     steps=steps, micro_batch=0, out_dir="/tmp/grpo_vs_trl/ours",
-                     csv="/tmp/grpo_vs_trl/ours/distill.csv")
+    p.lopd = replace(
+        p.lopd,
+        method="grpo",
+        tasks_per_step=tasks,
+        samples_per_task=samples,
+        lr_student=lr,
+        steps=steps,
+        micro_batch=0,
+        out_dir="/tmp/grpo_vs_trl/ours",
+        csv="/tmp/grpo_vs_trl/ours/distill.csv",
+    )
     torch.manual_seed(seed)
-    d = Distiller(p, model, tokenizer, lambda ts: [[] for _ in ts], composer=new_composer(p, model),
-                  log=lambda m: None)
+    d = Distiller(p, model, tokenizer, lambda ts: [[] for _ in ts], composer=new_composer(p, model), log=lambda m: None)
     codec = ChatCodec(tokenizer)
     sampling = Sampling(temperature=1.0, max_new_tokens=max_new_tokens)
     gen = torch.Generator().manual_seed(seed)
     rewards, seconds = [], []
     for s in range(steps):
         started = time.perf_counter()
-        batch = prompts[s * tasks:(s + 1) * tasks]
+        batch = prompts[s * tasks : (s + 1) * tasks]
         starts = [codec.start(system, user) for _, system, user, _ in batch for _ in range(samples)]
-        turns = generate_turn(d.student, [t.token_ids for t in starts], sampling=sampling, stop_id=codec.im_end_id,
-                              pad_id=codec.pad_id, generator=gen)
+        turns = generate_turn(
+            d.student,
+            [t.token_ids for t in starts],
+            sampling=sampling,
+            stop_id=codec.im_end_id,
+            pad_id=codec.pad_id,
+            generator=gen,
+        )
         trajs = []
         for i, (ids, (act, lps)) in enumerate(zip(starts, turns)):
             task, _, _, oracle_first = batch[i // samples]
             ids.add_action(act, lps)
             r = first_call_reward(task, codec.decode_action(act), oracle_first)
-            trajs.append(Trajectory(task, i % samples, (), ids.token_ids, ids.action_mask, ids.sample_logprobs,
-                                    len(ids.token_ids) - len(act), reward=r, success=r == 1.0))
+            trajs.append(
+                Trajectory(
+                    task,
+                    i % samples,
+                    (),
+                    ids.token_ids,
+                    ids.action_mask,
+                    ids.sample_logprobs,
+                    len(ids.token_ids) - len(act),
+                    reward=r,
+                    success=r == 1.0,
+                )
+            )
         d.update([b[0] for b in batch], trajs)
         seconds.append(time.perf_counter() - started)
         rewards.append(statistics.fmean(t.reward for t in trajs))
@@ -130,14 +155,18 @@ def run_trl(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_tok
     tok = copy.deepcopy(tokenizer)
     tok.eos_token = IM_END  # a completion is one assistant turn: it ends at <|im_end|>, as in our engine
     by_prompt = {first_turn_text(system, user): (task, oracle) for task, system, user, oracle in prompts}
-    data = Dataset.from_list([{"prompt": first_turn_text(system, user)} for _, system, user, _ in
-                              prompts[:steps * tasks]])
+    data = Dataset.from_list(
+        [{"prompt": first_turn_text(system, user)} for _, system, user, _ in prompts[: steps * tasks]]
+    )
 
     def reward(prompts, completions, completion_ids=None, **_):
         # TRL's `completions` are decoded with skip_special_tokens=True, which drops the <tool_call> markers a
         # call is parsed by (every completion then scores 0): decode its ids with the special tokens kept.
-        texts = ([tok.decode(ids, skip_special_tokens=False) for ids in completion_ids] if completion_ids is not None
-                 else completions)
+        texts = (
+            [tok.decode(ids, skip_special_tokens=False) for ids in completion_ids]
+            if completion_ids is not None
+            else completions
+        )
         out = []
         for prompt, completion in zip(prompts, texts):
             task, oracle = by_prompt[prompt]
@@ -154,15 +183,35 @@ def run_trl(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_tok
         def on_step_end(self, args, state, control, **kw):
             self.seconds.append(time.perf_counter() - self._t)
 
-    args = GRPOConfig(output_dir="/tmp/grpo_vs_trl/trl", per_device_train_batch_size=tasks * samples,
-                      num_generations=samples, max_completion_length=max_new_tokens, learning_rate=lr,
-                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-                      adam_beta1=0.9, adam_beta2=0.999, beta=0.0, num_iterations=1, temperature=1.0,
-                      max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                      seed=seed, shuffle_dataset=False, disable_dropout=True, bf16=False)
+    args = GRPOConfig(
+        output_dir="/tmp/grpo_vs_trl/trl",
+        per_device_train_batch_size=tasks * samples,
+        num_generations=samples,
+        max_completion_length=max_new_tokens,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        beta=0.0,
+        num_iterations=1,
+        temperature=1.0,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=seed,
+        shuffle_dataset=False,
+        disable_dropout=True,
+        bf16=False,
+    )
     timer = Timer()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[timer]
+    )
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return rewards, timer.seconds
@@ -181,39 +230,57 @@ def main(argv=None) -> int:
     try:
         import trl  # noqa: F401
     except ImportError:
-        print("grpo_vs_trl: TRL is not installed (a development dependency: pip install -e '.[dev]'); "
-              "nothing to compare, skipping.")
+        print(
+            "grpo_vs_trl: TRL is not installed (a development dependency: pip install -e '.[dev]'); "
+            "nothing to compare, skipping."
+        )
         return 0
     import torch
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     base, tokenizer = load(args.model)
     prompts = make_prompts(args.steps * args.tasks, args.seed + 7)
-    kw = {"steps": args.steps, "tasks": args.tasks, "samples": args.samples, "lr": args.lr,
-          "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    kw = {
+        "steps": args.steps,
+        "tasks": args.tasks,
+        "samples": args.samples,
+        "lr": args.lr,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
     ours_r, ours_s = run_ours(copy.deepcopy(base), tokenizer, prompts, **kw)
     trl_r, trl_s = run_trl(copy.deepcopy(base), tokenizer, prompts, **kw)
     print(f"{'step':>4}  {'ours reward':>11}  {'TRL reward':>10}  {'ours s':>7}  {'TRL s':>7}")
+
     def cell(xs, i, fmt):
         return fmt.format(xs[i]) if i < len(xs) else "-"
 
     for i in range(max(len(ours_r), len(trl_r))):
-        print(f"{i + 1:>4}  {cell(ours_r, i, '{:11.3f}'):>11}  {cell(trl_r, i, '{:10.3f}'):>10}  "
-              f"{cell(ours_s, i, '{:7.2f}'):>7}  {cell(trl_s, i, '{:7.2f}'):>7}")
+        print(
+            f"{i + 1:>4}  {cell(ours_r, i, '{:11.3f}'):>11}  {cell(trl_r, i, '{:10.3f}'):>10}  "
+            f"{cell(ours_s, i, '{:7.2f}'):>7}  {cell(trl_s, i, '{:7.2f}'):>7}"
+        )
     skip = 1 if len(ours_s) > 2 and len(trl_s) > 2 else 0  # the first step of each pays one-off warm-up costs
     ratio = statistics.fmean(ours_s[skip:]) / statistics.fmean(trl_s[skip:])
     half = max(1, len(ours_r) // 2)
-    print(json.dumps({
-        "model": args.model if (Path(args.model) / "config.json").exists() else "random tiny Qwen3",
-        "steps": args.steps, "tasks_x_samples": [args.tasks, args.samples], "lr": args.lr,
-        "ours_reward_first_half": round(statistics.fmean(ours_r[:half]), 4),
-        "ours_reward_second_half": round(statistics.fmean(ours_r[half:]), 4),
-        "trl_reward_first_half": round(statistics.fmean(trl_r[:half]), 4),
-        "trl_reward_second_half": round(statistics.fmean(trl_r[half:]), 4),
-        "ours_step_s": round(statistics.fmean(ours_s[skip:]), 3),
-        "trl_step_s": round(statistics.fmean(trl_s[skip:]), 3),
-        "step_time_ratio_ours_over_trl": round(ratio, 3),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": args.model if (Path(args.model) / "config.json").exists() else "random tiny Qwen3",
+                "steps": args.steps,
+                "tasks_x_samples": [args.tasks, args.samples],
+                "lr": args.lr,
+                "ours_reward_first_half": round(statistics.fmean(ours_r[:half]), 4),
+                "ours_reward_second_half": round(statistics.fmean(ours_r[half:]), 4),
+                "trl_reward_first_half": round(statistics.fmean(trl_r[:half]), 4),
+                "trl_reward_second_half": round(statistics.fmean(trl_r[half:]), 4),
+                "ours_step_s": round(statistics.fmean(ours_s[skip:]), 3),
+                "trl_step_s": round(statistics.fmean(trl_s[skip:]), 3),
+                "step_time_ratio_ours_over_trl": round(ratio, 3),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -34,9 +34,13 @@ def actions_for(task) -> list[str]:
     state = task.spec["state"]
     book = next(iter(state["books"].values()))
     member_id, member = next(iter(state["members"].items()))
-    calls = [format_call("find_book", {"title": book["title"]}), format_call("find_member", {"name": member["name"]}),
-             format_call("list_loans", {"member": member_id}), format_call("books_by", {"author": book["author"]})]
-    return calls[:task.max_turns - 1] + ["done"]
+    calls = [
+        format_call("find_book", {"title": book["title"]}),
+        format_call("find_member", {"name": member["name"]}),
+        format_call("list_loans", {"member": member_id}),
+        format_call("books_by", {"author": book["author"]}),
+    ]
+    return calls[: task.max_turns - 1] + ["done"]
 
 
 def play(make, tasks) -> tuple[list[float], list[float], list[float], list]:
@@ -80,11 +84,18 @@ def main() -> None:
             for into, values in zip(samples[mode], (starts, steps, episodes)):
                 into.extend(values)
             plays[mode] = seen
-    out = {"episodes": args.episodes, "repeats": args.repeats, "steps_per_episode": round(
-        len(plays["bare"]) / args.episodes, 2), "python": sys.version.split()[0]}
+    out = {
+        "episodes": args.episodes,
+        "repeats": args.repeats,
+        "steps_per_episode": round(len(plays["bare"]) / args.episodes, 2),
+        "python": sys.version.split()[0],
+    }
     for mode, (starts, steps, episodes) in samples.items():
-        out[mode] = {"step_ms": 1e3 * statistics.median(steps), "start_ms": 1e3 * statistics.median(starts),
-                     "episode_ms": 1e3 * statistics.median(episodes)}
+        out[mode] = {
+            "step_ms": 1e3 * statistics.median(steps),
+            "start_ms": 1e3 * statistics.median(starts),
+            "episode_ms": 1e3 * statistics.median(episodes),
+        }
     base = dict(out["in_process"])
     for mode in makers:
         out[mode].update({f"{k}_vs_in_process": round(out[mode][k] / base[k], 2) for k in base})

@@ -58,12 +58,21 @@ def synthesise(real: np.ndarray, n: int, noise: float, rng: np.random.Generator)
 def bank_frame(n: int) -> pd.DataFrame:
     ids = [f"{i:032x}" for i in range(n)]
     worlds = ["aurora", "borealis", "cirrus", "dune"]
-    return pd.DataFrame({
-        "row_id": ids, "task_text": [f"text-{i}" for i in range(n)],
-        "experience_text": [f"experience {i}" for i in range(n)],
-        "task_id": [f"synthetic/{i}" for i in range(n)], "env": "toolworld", "split": "train", "template": "synthetic",
-        "world": [worlds[i % 4] for i in range(n)], "policy_version": "bench", "reward": 1.0, "cycle": 0,
-    })
+    return pd.DataFrame(
+        {
+            "row_id": ids,
+            "task_text": [f"text-{i}" for i in range(n)],
+            "experience_text": [f"experience {i}" for i in range(n)],
+            "task_id": [f"synthetic/{i}" for i in range(n)],
+            "env": "toolworld",
+            "split": "train",
+            "template": "synthetic",
+            "world": [worlds[i % 4] for i in range(n)],
+            "policy_version": "bench",
+            "reward": 1.0,
+            "cycle": 0,
+        }
+    )
 
 
 def topj_exact(queries: np.ndarray, vectors: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,8 +91,9 @@ def measure(vectors: np.ndarray, queries: np.ndarray, j: int, hnsw: dict, single
     with tempfile.TemporaryDirectory() as tmp:
         index = BankIndex(make_client(client_spec(Path(tmp) / "index")), hnsw=hnsw)
         t0 = time.perf_counter()
-        index.rebuild(frame, content_hash="bench", model_id="bench",
-                      encode=lambda texts: vectors[[lookup[t] for t in texts]])
+        index.rebuild(
+            frame, content_hash="bench", model_id="bench", encode=lambda texts: vectors[[lookup[t] for t in texts]]
+        )
         build_s = time.perf_counter() - t0
 
         index.query(queries[:4], j)  # warm the segment into memory
@@ -104,10 +114,16 @@ def measure(vectors: np.ndarray, queries: np.ndarray, j: int, hnsw: dict, single
     # How much worse the missed neighbours are: mean (exact - HNSW) cosine of the k-th hit, k = 1..J.
     got_sims = np.array([[h.similarity for h in row] for row in hits])
     gap = float(np.mean(exact_sims - got_sims))
-    return {"rows": n, "build_s": round(build_s, 2), "batched_ms_per_query": round(batched_ms, 3),
-            "single_ms_per_query": round(single_ms, 3), "exact_numpy_ms_per_query": round(exact_ms, 3),
-            f"recall@{j}": round(recall, 4), "mean_cosine_gap_vs_exact": round(gap, 5) + 0.0,
-            "top1_exact_match": round(float(np.mean([g[0] == e[0] for g, e in zip(got, exact)])), 4)}
+    return {
+        "rows": n,
+        "build_s": round(build_s, 2),
+        "batched_ms_per_query": round(batched_ms, 3),
+        "single_ms_per_query": round(single_ms, 3),
+        "exact_numpy_ms_per_query": round(exact_ms, 3),
+        f"recall@{j}": round(recall, 4),
+        "mean_cosine_gap_vs_exact": round(gap, 5) + 0.0,
+        "top1_exact_match": round(float(np.mean([g[0] == e[0] for g, e in zip(got, exact)])), 4),
+    }
 
 
 def main() -> None:
@@ -125,8 +141,15 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    hnsw = {k: v for k, v in {"ef_search": args.ef_search, "ef_construction": args.ef_construction,
-                              "max_neighbors": args.max_neighbors}.items() if v is not None}
+    hnsw = {
+        k: v
+        for k, v in {
+            "ef_search": args.ef_search,
+            "ef_construction": args.ef_construction,
+            "max_neighbors": args.max_neighbors,
+        }.items()
+        if v is not None
+    }
 
     embedder = Embedder(device="cpu", batch_size=128)
     t0 = time.perf_counter()
@@ -138,13 +161,17 @@ def main() -> None:
     embed_query_ms = (time.perf_counter() - t0) * 1000 / len(query_texts)
 
     vectors_all = synthesise(real, max(args.sizes), args.noise, rng)
-    results = [measure(vectors_all[:size], queries, args.j, hnsw, min(args.single, args.queries))
-               for size in sorted(args.sizes)]
+    results = [
+        measure(vectors_all[:size], queries, args.j, hnsw, min(args.single, args.queries))
+        for size in sorted(args.sizes)
+    ]
     out = {
         "benchmark": "experience-bank retrieval: Chroma HNSW vs exact cosine",
-        "data": (f"{len(real)} bank rows are real embedded toolworld train instructions; the rest are synthetic "
-                 f"noisy copies of them (Gaussian noise of norm ~{args.noise}, renormalised); queries are "
-                 f"{len(queries)} real test_id instructions"),
+        "data": (
+            f"{len(real)} bank rows are real embedded toolworld train instructions; the rest are synthetic "
+            f"noisy copies of them (Gaussian noise of norm ~{args.noise}, renormalised); queries are "
+            f"{len(queries)} real test_id instructions"
+        ),
         "embedding_model": embedder.model_id,
         "dim": int(real.shape[1]),
         "j": args.j,

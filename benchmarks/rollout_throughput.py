@@ -59,17 +59,25 @@ def naive_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], samp
     """One sample at a time, one `generate` call per assistant turn. Returns generated tokens."""
     device = next(model.parameters()).device
     torch.manual_seed(seed)
-    sample = ({"do_sample": False} if sampling.temperature == 0 else
-              {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0})
+    sample = (
+        {"do_sample": False}
+        if sampling.temperature == 0
+        else {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+    )
     generated = 0
     for req in requests:
         env = make_env(req.task)
         first = env.reset(req.task)
         ids = codec.start(first.system, first.user).token_ids
         while True:
-            out = model.generate(torch.tensor([ids], device=device), max_new_tokens=sampling.max_new_tokens,
-                                 eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id, **sample)
-            new = out[0, len(ids):].tolist()
+            out = model.generate(
+                torch.tensor([ids], device=device),
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=codec.im_end_id,
+                pad_token_id=codec.pad_id,
+                **sample,
+            )
+            new = out[0, len(ids) :].tolist()
             generated += len(new)
             ids = ids + new + ([] if new and new[-1] == codec.im_end_id else [codec.im_end_id])
             result = env.step(codec.decode_action(new))
@@ -82,13 +90,22 @@ def naive_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], samp
     return generated
 
 
-def engine_rollouts(model, codec: ChatCodec, requests: list[RolloutRequest], sampling: Sampling, batch_size: int,
-                    *, share_prompts: bool, keep_cache: bool = False):
+def engine_rollouts(
+    model,
+    codec: ChatCodec,
+    requests: list[RolloutRequest],
+    sampling: Sampling,
+    batch_size: int,
+    *,
+    share_prompts: bool,
+    keep_cache: bool = False,
+):
     seeds = list(range(len(requests)))
     turn = partial(engine.generate_turn, share_prompts=share_prompts)
     with mock.patch.object(engine, "generate_turn", turn):
-        return rollout(model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds,
-                       keep_cache=keep_cache)
+        return rollout(
+            model, codec, requests, sampling=sampling, batch_size=batch_size, seeds=seeds, keep_cache=keep_cache
+        )
 
 
 def _sync(device: str) -> None:
@@ -96,8 +113,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batch_size: int, device: str,
-            repeats: int) -> dict:
+def measure(
+    model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batch_size: int, device: str, repeats: int
+) -> dict:
     """The engine's variants and naive rollouts of `tasks` × `group` samples, side by side. The engine's variants
     alternate `repeats` times and keep their median time (they are short next to the naive loop, so noisier);
     the naive loop runs once."""
@@ -110,8 +128,15 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
         if name == "naive":
             tokens[name] = naive_rollouts(model, codec, requests, sampling, seed=group)
         else:
-            trajs = engine_rollouts(model, codec, requests, sampling, batch_size, share_prompts=name != "unshared",
-                                    keep_cache=name == "kept")
+            trajs = engine_rollouts(
+                model,
+                codec,
+                requests,
+                sampling,
+                batch_size,
+                share_prompts=name != "unshared",
+                keep_cache=name == "kept",
+            )
             tokens[name] = sum(t.num_action_tokens for t in trajs)
             played[name] = [t.token_ids for t in trajs]
         _sync(device)
@@ -119,8 +144,11 @@ def measure(model, codec: ChatCodec, tasks, group: int, sampling: Sampling, batc
     figures = {}
     for name, times in seconds.items():
         median = sorted(times)[len(times) // 2]
-        figures[name] = {"tokens": tokens[name], "seconds": round(median, 3),
-                         "tokens_per_s": round(tokens[name] / median, 1)}
+        figures[name] = {
+            "tokens": tokens[name],
+            "seconds": round(median, 3),
+            "tokens_per_s": round(tokens[name] / median, 1),
+        }
     tps = {name: f["tokens_per_s"] for name, f in figures.items()}
     return {
         "group": group,
@@ -156,21 +184,29 @@ def main() -> None:
     tasks = make_tasks("toolworld", "test_id", args.tasks, seed=123)
     sampling = Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_context=1024)
     for keep_cache in (False, True):  # warm-up
-        engine_rollouts(model, codec, [RolloutRequest(tasks[0])] * 2, sampling, 2, share_prompts=True,
-                        keep_cache=keep_cache)
-    groups = [measure(model, codec, tasks, int(g), sampling, args.batch_size, args.device, args.repeats)
-              for g in args.groups.split(",")]
-    print(json.dumps({
-        "model": source,
-        "device": args.device,
-        "dtype": args.dtype,
-        "tasks": len(tasks),
-        "batch_size": args.batch_size,
-        "temperature": args.temperature,
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "groups": groups,
-    }, indent=2))
+        engine_rollouts(
+            model, codec, [RolloutRequest(tasks[0])] * 2, sampling, 2, share_prompts=True, keep_cache=keep_cache
+        )
+    groups = [
+        measure(model, codec, tasks, int(g), sampling, args.batch_size, args.device, args.repeats)
+        for g in args.groups.split(",")
+    ]
+    print(
+        json.dumps(
+            {
+                "model": source,
+                "device": args.device,
+                "dtype": args.dtype,
+                "tasks": len(tasks),
+                "batch_size": args.batch_size,
+                "temperature": args.temperature,
+                "threads": args.threads,
+                "repeats": args.repeats,
+                "groups": groups,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

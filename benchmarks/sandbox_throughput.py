@@ -44,16 +44,21 @@ def main() -> None:
         pooled_s = time.perf_counter() - started
 
     assert all(r.status == "ok" for r in serial + pooled), "a benchmark job failed"
-    print(json.dumps({
-        "runs": args.runs,
-        "workers": args.workers,
-        "cpus": os.cpu_count(),
-        "serial_exec_per_s": round(args.runs / serial_s, 2),
-        "pooled_exec_per_s": round(args.runs / pooled_s, 2),
-        "speedup": round(serial_s / pooled_s, 2),
-        "mean_run_ms": round(1000 * sum(r.duration_s for r in serial) / len(serial), 1),
-        "isolation": serial[0].isolation,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "runs": args.runs,
+                "workers": args.workers,
+                "cpus": os.cpu_count(),
+                "serial_exec_per_s": round(args.runs / serial_s, 2),
+                "pooled_exec_per_s": round(args.runs / pooled_s, 2),
+                "speedup": round(serial_s / pooled_s, 2),
+                "mean_run_ms": round(1000 * sum(r.duration_s for r in serial) / len(serial), 1),
+                "isolation": serial[0].isolation,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -56,11 +56,30 @@ def start_server(folder: Path, work: Path, threads: int):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     with open(work / f"server-{port}.log", "w") as log:  # the child keeps its own copy of the descriptor
-        command = [sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(folder), "--port", str(port),
-                   "--poll-s", "0", "--device", "cpu", "--store", str(work / f"traces-{port}")]
-        proc = subprocess.Popen(command,
-                                cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.DEVNULL,
-                                stderr=log, start_new_session=True)
+        command = [
+            sys.executable,
+            "-m",
+            "lopd_cli.main",
+            "serve",
+            "--model",
+            str(folder),
+            "--port",
+            str(port),
+            "--poll-s",
+            "0",
+            "--device",
+            "cpu",
+            "--store",
+            str(work / f"traces-{port}"),
+        ]
+        proc = subprocess.Popen(
+            command,
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -83,8 +102,9 @@ def timed(play, repeats: int):
 
 def fidelity(local, remote) -> dict:
     same = all(a.token_ids == b.token_ids for a, b in zip(local, remote))
-    diff = max((abs(x - y) for a, b in zip(local, remote) for x, y in zip(a.sample_logprobs, b.sample_logprobs)),
-               default=0.0)
+    diff = max(
+        (abs(x - y) for a, b in zip(local, remote) for x, y in zip(a.sample_logprobs, b.sample_logprobs)), default=0.0
+    )
     return {"ids_equal": same, "max_abs_logprob_diff": diff}
 
 
@@ -100,8 +120,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer, label = load_or_build(args.model)
     codec = make_chat(tokenizer)
-    requests = [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "test_id", args.tasks, seed=3)
-                for g in range(args.samples)]
+    requests = [
+        RolloutRequest(t, sample_index=g)
+        for t in make_tasks("toolworld", "test_id", args.tasks, seed=3)
+        for g in range(args.samples)
+    ]
     greedy = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens, max_context=1024)
     work = Path(tempfile.mkdtemp(prefix="lopd-served-bench-"))
     folder = work / "policy"
@@ -109,8 +132,9 @@ def main() -> None:
     tokenizer.save_pretrained(folder)
     servers = [start_server(folder, work, args.threads) for _ in range(2)]
     try:
-        local_s, local = timed(lambda: rollout(model, codec, requests, sampling=greedy, batch_size=len(requests)),
-                               args.repeats)
+        local_s, local = timed(
+            lambda: rollout(model, codec, requests, sampling=greedy, batch_size=len(requests)), args.repeats
+        )
         results = {"local": {"seconds": local_s}}
         for n in (1, 2):
             backend = ServedBackend(tuple(url for _, url in servers[:n]))
@@ -131,12 +155,23 @@ def main() -> None:
         row["tokens_per_s"] = round(tokens / row["seconds"], 1)
         row["seconds"] = round(row["seconds"], 3)
     speed = {name: row["tokens_per_s"] for name, row in results.items()}
-    print(json.dumps({"model": label, "trajectories": len(requests), "action_tokens": tokens,
-                      "turns": sum(t.num_turns for t in local), "threads": args.threads, **results,
-                      "ratio_served_1_over_local": round(speed["served_1"] / speed["local"], 3),
-                      "ratio_served_2_over_local": round(speed["served_2"] / speed["local"], 3),
-                      "ratio_served_2_over_served_1": round(speed["served_2"] / speed["served_1"], 3),
-                      "weight_sync_seconds_2_servers": round(sync_s, 3)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": label,
+                "trajectories": len(requests),
+                "action_tokens": tokens,
+                "turns": sum(t.num_turns for t in local),
+                "threads": args.threads,
+                **results,
+                "ratio_served_1_over_local": round(speed["served_1"] / speed["local"], 3),
+                "ratio_served_2_over_local": round(speed["served_2"] / speed["local"], 3),
+                "ratio_served_2_over_served_1": round(speed["served_2"] / speed["served_1"], 3),
+                "weight_sync_seconds_2_servers": round(sync_s, 3),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

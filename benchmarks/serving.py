@@ -59,8 +59,9 @@ def clients(client, messages: list[dict], level: int, per_client: int, max_token
     def worker(k: int) -> None:
         for i in range(per_client):
             t0 = time.perf_counter()
-            r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                               seed=1000 * k + i, temperature=1.0)
+            r = client.chat.completions.create(
+                model="m", messages=messages, max_tokens=max_tokens, seed=1000 * k + i, temperature=1.0
+            )
             with lock:
                 latencies.append(time.perf_counter() - t0)
                 tokens.append(r.usage.completion_tokens)
@@ -97,10 +98,27 @@ def main() -> int:
         port = s.getsockname()[1]
     # The server in a process of its own, as deployed: clients here would otherwise share its interpreter lock.
     root = Path(__file__).resolve().parents[1]
-    server = subprocess.Popen([sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(folder), "--port", str(port),
-                               "--store", str(work / "traces"), "--poll-s", "0"], cwd=root,
-                              env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lopd_cli.main",
+            "serve",
+            "--model",
+            str(folder),
+            "--port",
+            str(port),
+            "--store",
+            str(work / "traces"),
+            "--poll-s",
+            "0",
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     health = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + 300
     while True:
@@ -123,27 +141,40 @@ def main() -> int:
         latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
         engine_tokens, t0 = 0, time.perf_counter()
         for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
-            turns = generate_turn(loaded.model, [context] * level,
-                                  sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
-                                  stop_id=loaded.chat.im_end_id, pad_id=loaded.chat.pad_id,
-                                  generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)])
+            turns = generate_turn(
+                loaded.model,
+                [context] * level,
+                sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
+                stop_id=loaded.chat.im_end_id,
+                pad_id=loaded.chat.pad_id,
+                generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
+            )
             engine_tokens += sum(len(ids) for ids, _ in turns)
         engine_s = time.perf_counter() - t0
         results[level] = {
-            "requests": len(latencies), "server_tokens_per_s": round(sum(tokens) / server_s, 1),
+            "requests": len(latencies),
+            "server_tokens_per_s": round(sum(tokens) / server_s, 1),
             "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
             "server_over_engine": round((sum(tokens) / server_s) / (engine_tokens / engine_s), 3),
             "latency_p50_s": round(statistics.median(latencies), 4),
             "latency_p95_s": round(percentile(latencies, 0.95), 4),
-            "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1)}
+            "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1),
+        }
     stats = httpx.get(health).json()
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(timeout=30)
     levels = sorted(results)
-    out = {"device": "cpu", "torch_threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
-           "server_batches": stats["batches"], "server_requests": stats["batched_requests"], "levels": results,
-           f"server_c{levels[-1]}_over_c{levels[0]}": round(results[levels[-1]]["server_tokens_per_s"]
-                                                            / results[levels[0]]["server_tokens_per_s"], 2)}
+    out = {
+        "device": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "max_tokens": args.max_tokens,
+        "server_batches": stats["batches"],
+        "server_requests": stats["batched_requests"],
+        "levels": results,
+        f"server_c{levels[-1]}_over_c{levels[0]}": round(
+            results[levels[-1]]["server_tokens_per_s"] / results[levels[0]]["server_tokens_per_s"], 2
+        ),
+    }
     print(json.dumps(out, indent=2))
     return 0
 

@@ -50,20 +50,32 @@ def distiller(base, tokenizer, texts, *, sharding: str, mode: str, method: str =
     p = Params()
     p.seed = 0
     p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
-    p.lopd = replace(p.lopd, tasks_per_step=TASKS, samples_per_task=SAMPLES, steps=3, out_dir=f"{out_dir}/lopd",
-                     csv=f"{out_dir}/distill.csv", beta_init=0.5, student_mode=mode, method=method,
-                     sharding=sharding, margin=0.05)
+    p.lopd = replace(
+        p.lopd,
+        tasks_per_step=TASKS,
+        samples_per_task=SAMPLES,
+        steps=3,
+        out_dir=f"{out_dir}/lopd",
+        csv=f"{out_dir}/distill.csv",
+        beta_init=0.5,
+        student_mode=mode,
+        method=method,
+        sharding=sharding,
+        margin=0.05,
+    )
     torch.manual_seed(0)
-    composer = Composer(base.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(base)).to(next(base.parameters()).device)
-    return trainer_mod.Distiller(p, copy.deepcopy(base), tokenizer, lambda ts: [texts for _ in ts],
-                                 composer=composer, log=lambda m: None)
+    composer = Composer(
+        base.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(base)
+    ).to(next(base.parameters()).device)
+    return trainer_mod.Distiller(
+        p, copy.deepcopy(base), tokenizer, lambda ts: [texts for _ in ts], composer=composer, log=lambda m: None
+    )
 
 
 def my_slice(tasks, trajs):
     """This rank's contiguous slice of the tasks and their trajectories, as `Distiller.step` takes it."""
     mine = D.shard_range(len(tasks))
-    return tasks[mine.start:mine.stop], trajs[mine.start * SAMPLES:mine.stop * SAMPLES]
+    return tasks[mine.start : mine.stop], trajs[mine.start * SAMPLES : mine.stop * SAMPLES]
 
 
 def run_updates(d, tasks, trajs, n: int) -> tuple[list[dict], list[float]]:
@@ -89,16 +101,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="the base's weights (a LoRA adapter stays float32 beside a bf16 base)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the base's weights (a LoRA adapter stays float32 beside a bf16 base)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     SH.setup()  # on CUDA this pins each rank to its LOCAL_RANK's GPU first (distributed.setup)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     small, tokenizer, tasks, trajs, texts = setup()
     torch.manual_seed(0)
-    shape = TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
-                            intermediate_size=2 * args.hidden)
+    shape = TinyModelConfig(
+        hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2, intermediate_size=2 * args.hidden
+    )
     base = tiny_qwen3(shape, tokenizer).eval().to(device, getattr(torch, args.dtype))
     del small
     tasks, trajs = my_slice(tasks, trajs)
@@ -114,8 +131,12 @@ def main() -> None:
         if d.teacher.adapter_owner is None:  # full mode: the frozen teacher is a second copy, sharded alike
             held["teacher_params"] = SH.local_bytes(d.teacher.lm.parameters())
         whole = SH.whole_state_dict(d.trainable) if sharding == "fsdp2" else d.trainable.state_dict()
-        arms[sharding] = {"seconds_per_update": seconds[1:] or seconds, "rank_bytes": held, "rows": rows,
-                          "weights": {k: v.detach().cpu().clone() for k, v in whole.items()}}
+        arms[sharding] = {
+            "seconds_per_update": seconds[1:] or seconds,
+            "rank_bytes": held,
+            "rows": rows,
+            "weights": {k: v.detach().cpu().clone() for k, v in whole.items()},
+        }
         del d, whole  # the next arm's peak starts without this one's tensors
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -123,18 +144,31 @@ def main() -> None:
         rep, sh = arms["none"], arms["fsdp2"]
         weights_diff = max(float((rep["weights"][k] - sh["weights"][k]).abs().max()) for k in rep["weights"])
         mean = {k: sum(a["seconds_per_update"]) / len(a["seconds_per_update"]) for k, a in arms.items()}
-        print(json.dumps({
-            "processes": D.world_size(), "backend": torch.distributed.get_backend(), "device": str(device),
-            "mode": args.mode, "dtype": args.dtype,
-            "hidden": args.hidden, "layers": args.layers, "updates": args.updates,
-            "replicated": {"seconds_per_update": mean["none"], "rank0_bytes": rep["rank_bytes"]},
-            "sharded": {"seconds_per_update": mean["fsdp2"], "rank0_bytes": sh["rank_bytes"]},
-            "ratio_sharded_over_replicated": {
-                "seconds": mean["fsdp2"] / mean["none"],
-                **{k: sh["rank_bytes"][k] / max(rep["rank_bytes"][k], 1) for k in rep["rank_bytes"]}},
-            "largest_difference": {"dashboard_rows": largest_row_difference(rep["rows"], sh["rows"]),
-                                   "weights": weights_diff},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "processes": D.world_size(),
+                    "backend": torch.distributed.get_backend(),
+                    "device": str(device),
+                    "mode": args.mode,
+                    "dtype": args.dtype,
+                    "hidden": args.hidden,
+                    "layers": args.layers,
+                    "updates": args.updates,
+                    "replicated": {"seconds_per_update": mean["none"], "rank0_bytes": rep["rank_bytes"]},
+                    "sharded": {"seconds_per_update": mean["fsdp2"], "rank0_bytes": sh["rank_bytes"]},
+                    "ratio_sharded_over_replicated": {
+                        "seconds": mean["fsdp2"] / mean["none"],
+                        **{k: sh["rank_bytes"][k] / max(rep["rank_bytes"][k], 1) for k in rep["rank_bytes"]},
+                    },
+                    "largest_difference": {
+                        "dashboard_rows": largest_row_difference(rep["rows"], sh["rows"]),
+                        "weights": weights_diff,
+                    },
+                },
+                indent=2,
+            )
+        )
     D.barrier()
 
 

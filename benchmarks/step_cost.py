@@ -60,14 +60,14 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401
 from lopd_core.config import load_params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.distill import losses as L
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.distill.models import make_student_and_teacher
 from lopd_core.distill.step import chunk_group, micro_batches
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.trainer import Distiller
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -94,7 +94,7 @@ def make_batch(model, tokenizer, tasks: int, samples: int, top_j: int):
     for t in pool:
         _, _, env = run_oracle(t)
         texts.append(format_experience(t.instruction, env.episode))
-    experiences = [texts[top_j * i:top_j * (i + 1)] for i in range(tasks)]  # J per task, distinct
+    experiences = [texts[top_j * i : top_j * (i + 1)] for i in range(tasks)]  # J per task, distinct
     return task_list, trajs, experiences
 
 
@@ -141,11 +141,18 @@ def distiller(model, tokenizer, mode: str, experiences, samples: int, params) ->
     params = copy.deepcopy(params)
     params.lopd = replace(params.lopd, student_mode=mode, samples_per_task=samples, steps=1)
     c = params.composer
-    composer = Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
-                        num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size,
+        num_queries=c.num_queries,
+        hidden_size=c.hidden_size,
+        num_layers=c.num_layers,
+        num_heads=c.num_heads,
+        embedding_norm=mean_embedding_norm(model),
+    )
     composer.to(next(model.parameters()).device)
-    return Distiller(params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer,
-                     log=lambda m: None)
+    return Distiller(
+        params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer, log=lambda m: None
+    )
 
 
 def current_rss_mb() -> float:
@@ -199,15 +206,20 @@ def memory_probe(args, params) -> None:
 
 def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, reps: int) -> dict:
     """Median seconds of each update, the four interleaved; LOPD's median per-phase seconds too."""
-    students = {kind: pg_student(copy.deepcopy(model).train(), kind, params.lopd.lora_rank)
-                for kind in ("pg", "pg_lora")}
-    lopd = {mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params)
-            for mode in ("full", "lora")}
+    students = {
+        kind: pg_student(copy.deepcopy(model).train(), kind, params.lopd.lora_rank) for kind in ("pg", "pg_lora")
+    }
+    lopd = {
+        mode: distiller(copy.deepcopy(model), tokenizer, mode, experiences, samples, params)
+        for mode in ("full", "lora")
+    }
     mb, group = params.lopd.micro_batch, chunk_group(samples, params.lopd.share_prompt)
-    fns = {"pg": lambda: pg_update(*students["pg"], trajs, mb, group),
-           "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb, group),
-           "lopd_full": lambda: lopd["full"].update(tasks, trajs),
-           "lopd_lora": lambda: lopd["lora"].update(tasks, trajs)}
+    fns = {
+        "pg": lambda: pg_update(*students["pg"], trajs, mb, group),
+        "pg_lora": lambda: pg_update(*students["pg_lora"], trajs, mb, group),
+        "lopd_full": lambda: lopd["full"].update(tasks, trajs),
+        "lopd_lora": lambda: lopd["lora"].update(tasks, trajs),
+    }
     for fn in fns.values():
         fn()  # warm-up (also fills the experience-encoding cache, as in a real run after its first step)
     times = {k: [] for k in fns}
@@ -223,8 +235,10 @@ def measure_times(model, tokenizer, tasks, trajs, experiences, samples, params, 
                 for k, v in out.diagnostics.items():
                     if k.endswith("_s") and k != "rollout_s":
                         phases[name.removeprefix("lopd_")].setdefault(k, []).append(v)
-    return {"seconds": {k: round(statistics.median(v), 4) for k, v in times.items()},
-            "phases_s": {m: {k: round(statistics.median(v), 4) for k, v in p.items()} for m, p in phases.items()}}
+    return {
+        "seconds": {k: round(statistics.median(v), 4) for k, v in times.items()},
+        "phases_s": {m: {k: round(statistics.median(v), 4) for k, v in p.items()} for m, p in phases.items()},
+    }
 
 
 def cuda_memory_probe(model, tokenizer, kind: str, tasks, trajs, experiences, samples: int, params) -> float:
@@ -265,14 +279,23 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-reps", type=int, default=3, help="fresh processes per memory probe (median)")
-    parser.add_argument("--micro-batch", type=int, nargs="+", default=None,
-                        help="trajectories per chunk, one or more settings measured side by side "
-                             "(default: lopd.micro_batch of the params)")
-    parser.add_argument("--low-memory", action="store_true",
-                        help="lopd.low_memory=true: s_old from a no-grad student forward, so a chunk's teacher "
-                             "and student graphs never coexist (one more student forward per chunk)")
-    parser.add_argument("--vocab", type=int, default=0,
-                        help="grow the vocabulary to this many rows for the update (0: the model's own)")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        nargs="+",
+        default=None,
+        help="trajectories per chunk, one or more settings measured side by side "
+        "(default: lopd.micro_batch of the params)",
+    )
+    parser.add_argument(
+        "--low-memory",
+        action="store_true",
+        help="lopd.low_memory=true: s_old from a no-grad student forward, so a chunk's teacher "
+        "and student graphs never coexist (one more student forward per chunk)",
+    )
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="grow the vocabulary to this many rows for the update (0: the model's own)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to measure on a GPU")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--probe", choices=["pg", "pg_lora", "lora", "full"], default=None, help=argparse.SUPPRESS)
@@ -291,11 +314,34 @@ def main() -> None:
     torch.manual_seed(0)
 
     def probe(kind: str, mb: int) -> float:
-        cmd = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--tasks", str(args.tasks),
-               "--samples", str(args.samples), "--threads", str(args.threads), "--probe", kind,
-               "--micro-batch", str(mb), "--device", args.device, "--dtype", args.dtype, "--vocab", str(args.vocab)] \
-            + [f"--set={o}" for o in args.overrides] \
+        cmd = (
+            [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--params",
+                args.params,
+                "--tasks",
+                str(args.tasks),
+                "--samples",
+                str(args.samples),
+                "--threads",
+                str(args.threads),
+                "--probe",
+                kind,
+                "--micro-batch",
+                str(mb),
+                "--device",
+                args.device,
+                "--dtype",
+                args.dtype,
+                "--vocab",
+                str(args.vocab),
+            ]
+            + [f"--set={o}" for o in args.overrides]
             + (["--low-memory"] if args.low_memory else [])
+        )
         peaks = []
         for _ in range(args.memory_reps):  # the heap's layout varies from process to process: median of several
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -311,38 +357,53 @@ def main() -> None:
         timing = measure_times(model, tokenizer, tasks, trajs, experiences, args.samples, p, args.reps)
         s = timing["seconds"]
         if args.device.startswith("cuda"):
-            mem = {kind: cuda_memory_probe(model, tokenizer, kind, tasks, trajs, experiences, args.samples, p)
-                   for kind in ("pg", "pg_lora", "lora", "full")}
+            mem = {
+                kind: cuda_memory_probe(model, tokenizer, kind, tasks, trajs, experiences, args.samples, p)
+                for kind in ("pg", "pg_lora", "lora", "full")
+            }
         else:
             mem = {kind: probe(kind, mb) for kind in ("pg", "pg_lora", "lora", "full")}
-        results.append({
-            "micro_batch": mb,
-            "seconds": s,
-            "lopd_phases_s": timing["phases_s"],
-            "time_ratio_full": round(s["lopd_full"] / s["pg"], 3),
-            "time_ratio_lora": round(s["lopd_lora"] / s["pg"], 3),
-            "time_ratio_lora_vs_pg_lora": round(s["lopd_lora"] / s["pg_lora"], 3),
-            "peak_memory_growth_mb": {k: round(v, 1) for k, v in mem.items()},
-            "memory_ratio_lora": round(mem["lora"] / max(mem["pg"], 1e-6), 3),
-            "memory_ratio_full": round(mem["full"] / max(mem["pg"], 1e-6), 3),
-            "memory_ratio_lora_vs_pg_lora": round(mem["lora"] / max(mem["pg_lora"], 1e-6), 3),
-        })
+        results.append(
+            {
+                "micro_batch": mb,
+                "seconds": s,
+                "lopd_phases_s": timing["phases_s"],
+                "time_ratio_full": round(s["lopd_full"] / s["pg"], 3),
+                "time_ratio_lora": round(s["lopd_lora"] / s["pg"], 3),
+                "time_ratio_lora_vs_pg_lora": round(s["lopd_lora"] / s["pg_lora"], 3),
+                "peak_memory_growth_mb": {k: round(v, 1) for k, v in mem.items()},
+                "memory_ratio_lora": round(mem["lora"] / max(mem["pg"], 1e-6), 3),
+                "memory_ratio_full": round(mem["full"] / max(mem["pg"], 1e-6), 3),
+                "memory_ratio_lora_vs_pg_lora": round(mem["lora"] / max(mem["pg_lora"], 1e-6), 3),
+            }
+        )
     tokens = sum(t.num_action_tokens for t in trajs)
-    print(json.dumps({
-        "model": source, "vocab": model.get_output_embeddings().weight.shape[0],
-        "device": args.device, "dtype": args.dtype, "threads": args.threads,
-        "overrides": args.overrides,
-        "low_memory": params.lopd.low_memory,
-        "trajectories": len(trajs), "action_tokens": tokens,
-        "tokens_per_trajectory_max": max(len(t.token_ids) for t in trajs),
-        "latents_per_trajectory": params.bank.top_j * params.composer.num_queries,
-        "targets": {"time_ratio": 1.6, "memory_ratio_lora": 1.15},
-        "memory_note": ("peak CUDA allocation above the setup's model copy during its first two updates"
-                        if args.device.startswith("cuda") else
-                        "peak RSS above the loaded model and batch during two updates, each in a fresh process")
-                       + "; pg = full-weight student (AdamW state included), pg_lora = LoRA student of LOPD's rank",
-        "by_micro_batch": results,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": source,
+                "vocab": model.get_output_embeddings().weight.shape[0],
+                "device": args.device,
+                "dtype": args.dtype,
+                "threads": args.threads,
+                "overrides": args.overrides,
+                "low_memory": params.lopd.low_memory,
+                "trajectories": len(trajs),
+                "action_tokens": tokens,
+                "tokens_per_trajectory_max": max(len(t.token_ids) for t in trajs),
+                "latents_per_trajectory": params.bank.top_j * params.composer.num_queries,
+                "targets": {"time_ratio": 1.6, "memory_ratio_lora": 1.15},
+                "memory_note": (
+                    "peak CUDA allocation above the setup's model copy during its first two updates"
+                    if args.device.startswith("cuda")
+                    else "peak RSS above the loaded model and batch during two updates, each in a fresh process"
+                )
+                + "; pg = full-weight student (AdamW state included), pg_lora = LoRA student of LOPD's rank",
+                "by_micro_batch": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

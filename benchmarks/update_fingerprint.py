@@ -33,10 +33,10 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import Params, TinyModelConfig
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import build_demos
 from lopd_core.model.loading import tiny_qwen3
@@ -62,11 +62,17 @@ def setup():
     demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
     tokenizer = train_tokenizer((d.text() for d in demos), vocab_size=600)
     torch.manual_seed(0)
-    base = tiny_qwen3(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                                      intermediate_size=64), tokenizer).eval()
+    base = tiny_qwen3(
+        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64), tokenizer
+    ).eval()
     tasks = make_tasks("toolworld", "train", 3, seed=11)
-    trajs = rollout(base, ChatCodec(tokenizer), [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)],
-                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
+    trajs = rollout(
+        base,
+        ChatCodec(tokenizer),
+        [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)],
+        sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640),
+        seed=3,
+    )
     for i, t in enumerate(trajs):
         t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
     texts = []
@@ -83,15 +89,30 @@ def fingerprint(out_dir: str) -> dict:
         p = Params()
         p.seed = 0
         p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
-        p.lopd = replace(p.lopd, **{"tasks_per_step": 3, "samples_per_task": 2, "steps": 3,
-                                    "out_dir": f"{out_dir}/lopd", "csv": f"{out_dir}/distill.csv", "beta_init": 0.5,
-                                    **overrides})
+        p.lopd = replace(
+            p.lopd,
+            **{
+                "tasks_per_step": 3,
+                "samples_per_task": 2,
+                "steps": 3,
+                "out_dir": f"{out_dir}/lopd",
+                "csv": f"{out_dir}/distill.csv",
+                "beta_init": 0.5,
+                **overrides,
+            },
+        )
         model = copy.deepcopy(base)
         torch.manual_seed(0)
-        composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                            embedding_norm=mean_embedding_norm(model))
-        d = trainer_mod.Distiller(p, model, tokenizer, lambda ts: [texts for _ in ts], composer=composer,
-                                  log=lambda m: None)
+        composer = Composer(
+            model.config.hidden_size,
+            num_queries=4,
+            num_layers=1,
+            num_heads=2,
+            embedding_norm=mean_embedding_norm(model),
+        )
+        d = trainer_mod.Distiller(
+            p, model, tokenizer, lambda ts: [texts for _ in ts], composer=composer, log=lambda m: None
+        )
         g = torch.Generator().manual_seed(1)  # a student that differs from the sampler and the base
         with torch.no_grad():
             for q in d.trainable.parameters():
@@ -99,12 +120,20 @@ def fingerprint(out_dir: str) -> dict:
         steps = []
         for _ in range(3):
             r = d.update(tasks, trajs)
-            steps.append({"row": {k: v for k, v in asdict(r.row).items() if k != "step_seconds"},
-                          "diagnostics": {k: v for k, v in r.diagnostics.items() if not k.endswith("_s")},
-                          "gaps": r.trajectory_gaps, "kl": r.trajectory_kl})
-        out[name] = {"steps": steps, "beta": d.state.beta,
-                     "student": {n: t.detach().clone() for n, t in d.trainable.named_parameters()},
-                     "composer": {n: t.detach().clone() for n, t in d.composer.named_parameters()}}
+            steps.append(
+                {
+                    "row": {k: v for k, v in asdict(r.row).items() if k != "step_seconds"},
+                    "diagnostics": {k: v for k, v in r.diagnostics.items() if not k.endswith("_s")},
+                    "gaps": r.trajectory_gaps,
+                    "kl": r.trajectory_kl,
+                }
+            )
+        out[name] = {
+            "steps": steps,
+            "beta": d.state.beta,
+            "student": {n: t.detach().clone() for n, t in d.trainable.named_parameters()},
+            "composer": {n: t.detach().clone() for n, t in d.composer.named_parameters()},
+        }
         print(f"update_fingerprint: {name}", file=sys.stderr)
     return out
 

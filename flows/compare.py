@@ -64,9 +64,22 @@ def preset_params(params_file: str, overrides: list[str]) -> tuple[Params, objec
 
 
 @task(name="compare-run", cache_policy=NO_CACHE)  # a finished run is found by its folder (module docstring)
-def compare_run_task(work: str, params: Params, method: str, budget: int, bank: dict | None, phi0: str | None,
-                     curve_points: int, curve_n: int, eval_n: int, validation_n: int,
-                     tracker: Tracker | NullTracker, parent: str | None, run_name: str, run_tags: dict) -> dict:
+def compare_run_task(
+    work: str,
+    params: Params,
+    method: str,
+    budget: int,
+    bank: dict | None,
+    phi0: str | None,
+    curve_points: int,
+    curve_n: int,
+    eval_n: int,
+    validation_n: int,
+    tracker: Tracker | NullTracker,
+    parent: str | None,
+    run_name: str,
+    run_tags: dict,
+) -> dict:
     """One (method, seed, lr) run in its own folder (lopd_core/compare/run.py), inside its MLflow child run."""
     from lopd_core.compare.run import run_method
 
@@ -74,10 +87,21 @@ def compare_run_task(work: str, params: Params, method: str, budget: int, bank: 
     with tracker.run(run_name, parent=parent, tags={**run_tags, "lopd.cached": False}) as run:
         tracker.log_params(run, params.to_dict())
         log(f"compare: {method} seed {params.seed} lr {params.lopd.lr_student:g} -> {work}")
-        summary = run_method(params, method, work, budget=budget, bank_rollouts=bank.get("sampled", 0),
-                             bank_dir=bank.get("bank_dir"), index_dir=bank.get("index_dir"), phi0=phi0,
-                             curve_points=curve_points, curve_n=curve_n, eval_n=eval_n, validation_n=validation_n,
-                             log=log)
+        summary = run_method(
+            params,
+            method,
+            work,
+            budget=budget,
+            bank_rollouts=bank.get("sampled", 0),
+            bank_dir=bank.get("bank_dir"),
+            index_dir=bank.get("index_dir"),
+            phi0=phi0,
+            curve_points=curve_points,
+            curve_n=curve_n,
+            eval_n=eval_n,
+            validation_n=validation_n,
+            log=log,
+        )
         _log_results(tracker, run, summary)
     return mark_complete(work, summary)
 
@@ -88,19 +112,40 @@ def _pair_params(params: Params, world: str, seed: int) -> Params:
     return p
 
 
-def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: int, base: str, banks: dict,
-         phi0s: dict, preset, validation_n: int) -> dict:
+def _job(
+    params: Params,
+    method: str,
+    pair: tuple[str, int],
+    lr: float,
+    budget: int,
+    base: str,
+    banks: dict,
+    phi0s: dict,
+    preset,
+    validation_n: int,
+) -> dict:
     world, seed = pair
     p = _pair_params(params, world, seed)
     p.lopd = replace(p.lopd, lr_student=lr, method=method)
     spec = method_spec(method, p.baselines)
     bank = banks.get(pair) if spec.uses_bank else None
     phi0 = phi0s.get(pair) if spec.needs_composer else None
-    sections = {"seed": seed, "world": world, "method": method, "lr": lr, "budget": budget,
-                "lopd": S.section(p, "lopd"), "envs": p.envs, "eval": S.section(p, "eval"),
-                "bench": S.section(p, "bench"),
-                "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer, "bank": S.section(p, "bank"),
-                "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]}
+    sections = {
+        "seed": seed,
+        "world": world,
+        "method": method,
+        "lr": lr,
+        "budget": budget,
+        "lopd": S.section(p, "lopd"),
+        "envs": p.envs,
+        "eval": S.section(p, "eval"),
+        "bench": S.section(p, "bench"),
+        "baselines": p.baselines,
+        "rollout": p.rollout,
+        "composer": p.composer,
+        "bank": S.section(p, "bank"),
+        "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n],
+    }
     plugins = plugin_fingerprint(p.envs)  # the mix's plugin task files and code (tasks/stage_params.py)
     if plugins:
         sections["plugins"] = plugins
@@ -109,16 +154,31 @@ def _job(params: Params, method: str, pair: tuple[str, int], lr: float, budget: 
     key = stage_key(key_payload(f"compare-{phase}", sections, inputs, code=COMPARE_CODE))
     work = Path(p.cycle.dir) / "runs" / f"{phase}-{method}-{world}-s{seed}-lr{lr:g}-{key[:10]}"
     p.model = replace(p.model, name_or_path=base)
-    return {"work": str(work), "params": p, "method": method, "budget": budget, "bank": bank, "phi0": phi0,
-            "phase": phase, "validation_n": validation_n}
+    return {
+        "work": str(work),
+        "params": p,
+        "method": method,
+        "budget": budget,
+        "bank": bank,
+        "phi0": phi0,
+        "phase": phase,
+        "validation_n": validation_n,
+    }
 
 
 def _run_name(job: dict) -> tuple[str, dict]:
     """The child run's name and tags of a job."""
     world, seed = job["params"].envs.deploy_worlds[0], job["params"].seed
-    return (f"{job['phase']}-{job['method']}-{world}-seed{seed}",
-            {"lopd.stage": "compare-run", "lopd.compare.phase": job["phase"], "lopd.method": job["method"],
-             "lopd.seed": seed, "lopd.world": world})
+    return (
+        f"{job['phase']}-{job['method']}-{world}-seed{seed}",
+        {
+            "lopd.stage": "compare-run",
+            "lopd.compare.phase": job["phase"],
+            "lopd.method": job["method"],
+            "lopd.seed": seed,
+            "lopd.world": world,
+        },
+    )
 
 
 def _run_all(jobs: list[dict], preset, tracker: Tracker | NullTracker, parent: str | None) -> list[dict]:
@@ -135,11 +195,21 @@ def _run_all(jobs: list[dict], preset, tracker: Tracker | NullTracker, parent: s
     if todo:
         names = [_run_name(j) for j in todo]
         futures = compare_run_task.map(
-            work=[j["work"] for j in todo], params=[j["params"] for j in todo], method=[j["method"] for j in todo],
-            budget=[j["budget"] for j in todo], bank=[j["bank"] for j in todo], phi0=[j["phi0"] for j in todo],
-            curve_points=preset.curve_points, curve_n=preset.curve_n, eval_n=preset.eval_n,
-            validation_n=[j["validation_n"] for j in todo], tracker=unmapped(tracker), parent=unmapped(parent),
-            run_name=[n for n, _ in names], run_tags=[t for _, t in names])
+            work=[j["work"] for j in todo],
+            params=[j["params"] for j in todo],
+            method=[j["method"] for j in todo],
+            budget=[j["budget"] for j in todo],
+            bank=[j["bank"] for j in todo],
+            phi0=[j["phi0"] for j in todo],
+            curve_points=preset.curve_points,
+            curve_n=preset.curve_n,
+            eval_n=preset.eval_n,
+            validation_n=[j["validation_n"] for j in todo],
+            tracker=unmapped(tracker),
+            parent=unmapped(parent),
+            run_name=[n for n, _ in names],
+            run_tags=[t for _, t in names],
+        )
         for future in futures:
             future.result()
     return [json.loads((Path(j["work"]) / DONE).read_text()) for j in jobs]
@@ -150,13 +220,22 @@ def _log_results(tracker: Tracker | NullTracker, run: str | None, summary: dict)
     rollouts, the final evaluation."""
     tracker.log_step_metrics(run, summary["csv"])
     for point in summary["curve"]:
-        tracker.log_metrics(run, {f"curve.test_id.{k}": v for k, v in point.items()
-                                  if k not in ("step", "rollouts")}, step=int(point["rollouts"]))
-    tracker.log_metrics(run, {**eval_metrics(json.loads(Path(summary["eval"]).read_text())),
-                              "compare.rollouts": summary["rollouts"], "compare.steps": summary["steps"],
-                              "compare.bank_added": summary["bank"]["added"],
-                              "compare.train_seconds": summary["train_seconds"],
-                              "compare.eval_seconds": summary["eval_seconds"]})
+        tracker.log_metrics(
+            run,
+            {f"curve.test_id.{k}": v for k, v in point.items() if k not in ("step", "rollouts")},
+            step=int(point["rollouts"]),
+        )
+    tracker.log_metrics(
+        run,
+        {
+            **eval_metrics(json.loads(Path(summary["eval"]).read_text())),
+            "compare.rollouts": summary["rollouts"],
+            "compare.steps": summary["steps"],
+            "compare.bank_added": summary["bank"]["added"],
+            "compare.train_seconds": summary["train_seconds"],
+            "compare.eval_seconds": summary["eval_seconds"],
+        },
+    )
     tracker.log_artifact(run, summary["csv"])
     tracker.log_artifact(run, summary["eval"])
 
@@ -167,17 +246,22 @@ def _tune_score(summary: dict) -> float:
     return (cells["greedy"]["reward_mean"] + cells["sampled"]["reward_mean"]) / 2
 
 
-@flow(name="lopd-compare", log_prints=True, validate_parameters=False,
-      task_runner=ThreadPoolTaskRunner(max_workers=1))
-def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None = None, track: bool = True,
-                 command: str = "lopd compare") -> dict:
+@flow(name="lopd-compare", log_prints=True, validate_parameters=False, task_runner=ThreadPoolTaskRunner(max_workers=1))
+def compare_flow(
+    params_file: str = "params.yaml",
+    overrides: list[str] | None = None,
+    track: bool = True,
+    command: str = "lopd compare",
+) -> dict:
     started = time.perf_counter()
     commit = git_commit()  # the code the runs use: taken now, not when the report is written
     params, preset, merged = preset_params(params_file, overrides or [])
     resolve_mix(params.envs)  # every environment of the mix resolves before any work or MLflow run
     tracker = make_tracker(params.tracking, track)  # one MlflowClient for every run of the comparison
-    with tracker.run(f"compare-{params.compare.preset}", tags={"lopd.stage": "compare", "git.commit": commit,
-                                                               "lopd.compare.preset": params.compare.preset}) as parent:
+    with tracker.run(
+        f"compare-{params.compare.preset}",
+        tags={"lopd.stage": "compare", "git.commit": commit, "lopd.compare.preset": params.compare.preset},
+    ) as parent:
         tracker.log_params(parent, params.to_dict())
         base = S.base_flow(params)
         specs = [method_spec(m, params.baselines) for m in preset.methods]
@@ -196,45 +280,78 @@ def compare_flow(params_file: str = "params.yaml", overrides: list[str] | None =
         tuning, best = [], {}
         if tune:
             tune_budget = max(1, int(preset.budget * preset.tune_budget_fraction))
-            jobs = [_job(params, m, tune_pair, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
-                    for m in preset.methods for lr in preset.lr_grid]
+            jobs = [
+                _job(params, m, tune_pair, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
+                for m in preset.methods
+                for lr in preset.lr_grid
+            ]
             for job, summary in zip(jobs, _run_all(jobs, preset, tracker, parent)):
                 tuning.append({"method": job["method"], "lr": summary["lr"], "score": _tune_score(summary)})
             for m in preset.methods:
                 scored = [t for t in tuning if t["method"] == m]
                 best[m] = max(scored, key=lambda t: (t["score"], -abs(t["lr"] - 3e-4)))["lr"]
-        lr_of = {m: best.get(m, preset.lr_grid[0] if preset.lr_grid else params.lopd.lr_student)
-                 for m in preset.methods}
-        jobs = [_job(params, m, pair, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
-                for m in preset.methods for pair in pairs]
+        lr_of = {
+            m: best.get(m, preset.lr_grid[0] if preset.lr_grid else params.lopd.lr_student) for m in preset.methods
+        }
+        jobs = [
+            _job(params, m, pair, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
+            for m in preset.methods
+            for pair in pairs
+        ]
         runs = _run_all(jobs, preset, tracker, parent)
 
         from lopd_core.compare.report import write_compare_report
 
         seconds = time.perf_counter() - started
-        bank_note = (f"{next(iter(banks.values()))['sampled']} sampled rollouts per replicate, charged to the methods "
-                     f"that read the bank (its own successes only; the composer's cold start read "
-                     f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)" if banks else "not used")
+        bank_note = (
+            f"{next(iter(banks.values()))['sampled']} sampled rollouts per replicate, charged to the methods "
+            f"that read the bank (its own successes only; the composer's cold start read "
+            f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)"
+            if banks
+            else "not used"
+        )
         if banks and params.bank.refresh_every > 0:
-            bank_note += (f"; grown during each run by the student's successes every {params.bank.refresh_every} "
-                          "steps, in the run's own copy (the methods that retrieve the nearest, as in the cycle)")
-        settings = [("command", f"`{command}`"), ("preset", params.compare.preset),
-                    ("methods", ", ".join(preset.methods)),
-                    ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),
-                    ("rollout budget", (f"{preset.budget} sampled trajectories per run "
-                                        f"({params.lopd.tasks_per_step} tasks × {params.lopd.samples_per_task} "
-                                        f"samples per step)")),
-                    ("bank", bank_note),
-                    ("learning-rate grid (lopd.lr_student)",
-                     ", ".join(f"{x:g}" for x in preset.lr_grid) + (
-                         f"; tuned in {tune_pair[0]} on seed {tune_pair[1]} at {preset.tune_budget_fraction:g} "
-                         f"of the budget, "
-                         f"{preset.tune_n} validation tasks" if tune else " (one value: no tuning)")),
-                    ("base", f"{base} (content {content_hash(base)[:12]})"),
-                    ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
-                    ("total wall time", f"{seconds / 60:.1f} min"), ("git commit", commit)]
-        paths = write_compare_report(runs, params.compare.report_dir, title=f"lopd compare ({params.compare.preset})",
-                                     settings=settings, tuning=tuning)
+            bank_note += (
+                f"; grown during each run by the student's successes every {params.bank.refresh_every} "
+                "steps, in the run's own copy (the methods that retrieve the nearest, as in the cycle)"
+            )
+        settings = [
+            ("command", f"`{command}`"),
+            ("preset", params.compare.preset),
+            ("methods", ", ".join(preset.methods)),
+            ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),
+            (
+                "rollout budget",
+                (
+                    f"{preset.budget} sampled trajectories per run "
+                    f"({params.lopd.tasks_per_step} tasks × {params.lopd.samples_per_task} "
+                    f"samples per step)"
+                ),
+            ),
+            ("bank", bank_note),
+            (
+                "learning-rate grid (lopd.lr_student)",
+                ", ".join(f"{x:g}" for x in preset.lr_grid)
+                + (
+                    f"; tuned in {tune_pair[0]} on seed {tune_pair[1]} at {preset.tune_budget_fraction:g} "
+                    f"of the budget, "
+                    f"{preset.tune_n} validation tasks"
+                    if tune
+                    else " (one value: no tuning)"
+                ),
+            ),
+            ("base", f"{base} (content {content_hash(base)[:12]})"),
+            ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
+            ("total wall time", f"{seconds / 60:.1f} min"),
+            ("git commit", commit),
+        ]
+        paths = write_compare_report(
+            runs,
+            params.compare.report_dir,
+            title=f"lopd compare ({params.compare.preset})",
+            settings=settings,
+            tuning=tuning,
+        )
         for path in paths.values():
             tracker.log_artifact(parent, path, "compare")
         tracker.log_metrics(parent, {"compare.seconds": seconds})

@@ -64,11 +64,17 @@ def _write(path: Path, value) -> None:
 def gate_score(params: Params, results: dict | None) -> float:
     """The gate's number: `gate_metric` under `gate_mode`, averaged over envs and `gate_splits`."""
     g = params.cycle
-    values = [splits[s][g.gate_mode][g.gate_metric] for splits in (results or {}).values()
-              for s in g.gate_splits if s in splits and g.gate_mode in splits[s]]
+    values = [
+        splits[s][g.gate_mode][g.gate_metric]
+        for splits in (results or {}).values()
+        for s in g.gate_splits
+        if s in splits and g.gate_mode in splits[s]
+    ]
     if not values:
-        raise ValueError(f"the evaluation has none of the gate's splits {g.gate_splits} in mode {g.gate_mode!r}: "
-                         "set eval.splits/eval.modes to include them")
+        raise ValueError(
+            f"the evaluation has none of the gate's splits {g.gate_splits} in mode {g.gate_mode!r}: "
+            "set eval.splits/eval.modes to include them"
+        )
     return sum(values) / len(values)
 
 
@@ -86,8 +92,9 @@ def _last_row(csv_path: str) -> tuple[dict, float]:
 
 
 @flow(name="lopd-cycle", log_prints=True, validate_parameters=False)
-def cycle_flow(params_file: str = "params.yaml", overrides: list[str] | None = None, cycles: int = 1,
-               track: bool = True) -> list[dict]:
+def cycle_flow(
+    params_file: str = "params.yaml", overrides: list[str] | None = None, cycles: int = 1, track: bool = True
+) -> list[dict]:
     """Run `cycles` cycles from the current champion; return one record per cycle."""
     params = load_params(params_file, overrides or [])
     resolve_mix(params.envs)  # every environment of the mix resolves before a base is built or a run opened
@@ -116,70 +123,127 @@ def _run_cycles(params: Params, cycles: int, tracker: Tracker | NullTracker) -> 
     return records
 
 
-def run_one_cycle(params: Params, tracker: Tracker | NullTracker, champion: Champion, base: str, *, number: int,
-                  history: list[dict]) -> dict:
+def run_one_cycle(
+    params: Params, tracker: Tracker | NullTracker, champion: Champion, base: str, *, number: int, history: list[dict]
+) -> dict:
     started = time.perf_counter()
     log(f"cycle {number}: starting from {champion.model} (generation {champion.generation})")
     commit = git_commit()
     # the cycle's parent run: ended FAILED by the context manager when a stage raises
-    with tracker.run(f"cycle-{number}", tags={"lopd.cycle": number, "git.commit": commit,
-                                              "lopd.champion": champion.model,
-                                              "lopd.champion_version": champion.version or "base"}) as parent:
+    with tracker.run(
+        f"cycle-{number}",
+        tags={
+            "lopd.cycle": number,
+            "git.commit": commit,
+            "lopd.champion": champion.model,
+            "lopd.champion_version": champion.version or "base",
+        },
+    ) as parent:
         tracker.log_params(parent, params.to_dict())
         common = {"parent_run": parent, "cycle": number, "tracker": tracker}
-        bank = S.bank_flow(params, champion.model, (champion.bank or {}).get("bank_dir"),
-                           champion.generation + 1, **common)
+        bank = S.bank_flow(
+            params, champion.model, (champion.bank or {}).get("bank_dir"), champion.generation + 1, **common
+        )
         tracker.set_tags(parent, {"lopd.bank.dvc_md5": bank["dvc_md5"]})
         phi0, cold = champion.composer, None  # a promoted champion carries its trained composer on
         if phi0 is None:
             cold = S.coldstart_flow(params, champion.model, bank, **common)
             phi0 = cold["phi0"]
-        distilled = S.distill_flow(params, champion.model, bank, phi0, teacher_for(params, champion, base),
-                                   **common)
+        distilled = S.distill_flow(params, champion.model, bank, phi0, teacher_for(params, champion, base), **common)
         champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
         student_eval = S.evaluate_flow(params, distilled["student"], label="student", **common)
         base_eval = champ_eval if champion.model == base else S.evaluate_flow(params, base, label="base", **common)
 
         old, new = gate_score(params, champ_eval["results"]), gate_score(params, student_eval["results"])
         promoted = new > old + params.cycle.min_gain
-        log(f"cycle {number}: gate {params.cycle.gate_metric} ({params.cycle.gate_mode}, "
+        log(
+            f"cycle {number}: gate {params.cycle.gate_metric} ({params.cycle.gate_mode}, "
             f"{'+'.join(params.cycle.gate_splits)}): student {new:.4f} vs champion {old:.4f} "
-            f"(min gain {params.cycle.min_gain:g}) -> {'PROMOTED' if promoted else 'not promoted'}")
+            f"(min gain {params.cycle.min_gain:g}) -> {'PROMOTED' if promoted else 'not promoted'}"
+        )
 
-        lineage = {"cycle": number, "parent model": champion.model, "parent version": champion.version or "base",
-                   "base model content": content_hash(base)[:16], "bank DVC md5": bank["dvc_md5"],
-                   "bank rows": bank["bank_rows"], "git commit": commit, "mlflow cycle run": parent or "untracked",
-                   "distill steps": distilled["steps"], "gate": f"{new:.4f} vs {old:.4f}", "promoted": promoted}
-        exported = S.export_flow(params, distilled["student"],
-                                 str(Path(params.cycle.dir) / "exports" / f"cycle-{number:03d}" / "student"),
-                                 student_eval["eval"], base_eval["eval"], lineage, promote=promoted, **common)
+        lineage = {
+            "cycle": number,
+            "parent model": champion.model,
+            "parent version": champion.version or "base",
+            "base model content": content_hash(base)[:16],
+            "bank DVC md5": bank["dvc_md5"],
+            "bank rows": bank["bank_rows"],
+            "git commit": commit,
+            "mlflow cycle run": parent or "untracked",
+            "distill steps": distilled["steps"],
+            "gate": f"{new:.4f} vs {old:.4f}",
+            "promoted": promoted,
+        }
+        exported = S.export_flow(
+            params,
+            distilled["student"],
+            str(Path(params.cycle.dir) / "exports" / f"cycle-{number:03d}" / "student"),
+            student_eval["eval"],
+            base_eval["eval"],
+            lineage,
+            promote=promoted,
+            **common,
+        )
         last, delta_mean = _last_row(distilled["csv"])
         record = {
-            "cycle": number, "promoted": promoted, "gate": {"champion": old, "student": new},
-            "champion_before": asdict(champion), "student": distilled["student"], "csv": distilled["csv"],
-            "export": exported["export"], "version": exported["version"], "mlflow_run": parent,
+            "cycle": number,
+            "promoted": promoted,
+            "gate": {"champion": old, "student": new},
+            "champion_before": asdict(champion),
+            "student": distilled["student"],
+            "csv": distilled["csv"],
+            "export": exported["export"],
+            "version": exported["version"],
+            "mlflow_run": parent,
             "eval": {"base": base_eval["eval"], "champion": champ_eval["eval"], "student": student_eval["eval"]},
-            "final_beta": float(last["beta"]), "final_delta": float(last["delta"]), "delta_mean": delta_mean,
-            "bank": bank_census(distilled.get("grown_bank", {}).get("bank_dir") or bank["bank_dir"],
-                                distilled.get("bank_added", 0)),
+            "final_beta": float(last["beta"]),
+            "final_delta": float(last["delta"]),
+            "delta_mean": delta_mean,
+            "bank": bank_census(
+                distilled.get("grown_bank", {}).get("bank_dir") or bank["bank_dir"], distilled.get("bank_added", 0)
+            ),
             # the m the run trained with (the resolved method's: 0 for lopd_no_margin), not the section's
             "margin": distilled.get("margin", resolve_method(params.lopd, params.baselines).margin),
-            "cached": {k: v["cached"] for k, v in (("bank", bank), ("coldstart", cold), ("distill", distilled),
-                                                   ("champion_eval", champ_eval), ("student_eval", student_eval))
-                       if v is not None},
+            "cached": {
+                k: v["cached"]
+                for k, v in (
+                    ("bank", bank),
+                    ("coldstart", cold),
+                    ("distill", distilled),
+                    ("champion_eval", champ_eval),
+                    ("student_eval", student_eval),
+                )
+                if v is not None
+            },
             "composer_from": "the champion's" if cold is None else "cold start φ0",
             # the bank the student's own successes grew during distillation, when it grew (growing_bank.py)
-            "new_champion": asdict(Champion(model=distilled["student"], bank={**bank, **(distilled.get("grown_bank") or {})},
-                                            composer=distilled["composer"],
-                                            eval=student_eval["eval"], generation=champion.generation + 1,
-                                            cycle=number, version=exported["version"])),
+            "new_champion": asdict(
+                Champion(
+                    model=distilled["student"],
+                    bank={**bank, **(distilled.get("grown_bank") or {})},
+                    composer=distilled["composer"],
+                    eval=student_eval["eval"],
+                    generation=champion.generation + 1,
+                    cycle=number,
+                    version=exported["version"],
+                )
+            ),
         }
         record["report"] = write_cycle_report(params, history + [record], tracker, parent, number)
         record["seconds"] = round(time.perf_counter() - started, 1)
-        tracker.log_metrics(parent, {"gate.champion": old, "gate.student": new,
-                                     "gate.base": gate_score(params, base_eval["results"]),
-                                     "beta": record["final_beta"], "delta": record["final_delta"],
-                                     "delta_mean": delta_mean, "cycle_seconds": record["seconds"]})
+        tracker.log_metrics(
+            parent,
+            {
+                "gate.champion": old,
+                "gate.student": new,
+                "gate.base": gate_score(params, base_eval["results"]),
+                "beta": record["final_beta"],
+                "delta": record["final_delta"],
+                "delta_mean": delta_mean,
+                "cycle_seconds": record["seconds"],
+            },
+        )
         tracker.set_tags(parent, {"lopd.promoted": promoted, "lopd.registered_version": exported["version"]})
         tracker.log_artifact(parent, distilled["csv"], "plots")
         for label, path in record["eval"].items():
@@ -187,24 +251,53 @@ def run_one_cycle(params: Params, tracker: Tracker | NullTracker, champion: Cham
     return record
 
 
-def write_cycle_report(params: Params, history: list[dict], tracker: Tracker | NullTracker, parent: str | None,
-                       number: int) -> str:
+def write_cycle_report(
+    params: Params, history: list[dict], tracker: Tracker | NullTracker, parent: str | None, number: int
+) -> str:
     """The report across every cycle so far: one training run per cycle, base vs each cycle's student."""
     trained_margin = resolve_method(params.lopd, params.baselines).margin
-    runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
-            for r in history]
+    runs = [
+        {"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)} for r in history
+    ]
     evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
-    evals += [{"label": f"cycle {r['cycle']} student" + (" (promoted)" if r["promoted"] else ""),
-               "path": r["eval"]["student"]} for r in history]
+    evals += [
+        {
+            "label": f"cycle {r['cycle']} student" + (" (promoted)" if r["promoted"] else ""),
+            "path": r["eval"]["student"],
+        }
+        for r in history
+    ]
     last = history[-1]
-    summary = [("cycles", str(len(history))),
-               ("last cycle", (f"{last['cycle']}: {'promoted' if last['promoted'] else 'not promoted'} "
-                              f"(gate {last['gate']['student']:.4f} vs champion {last['gate']['champion']:.4f})")),
-               ("final β / last δ̄ / mean δ̄", (f"{last['final_beta']:.4f} / {last['final_delta']:+.4f} / "
-                                               f"{last['delta_mean']:+.4f} (margin m = {last['margin']:g})")),
-               ("exported student", last["export"]), ("registered version", str(last["version"]))]
-    return S.report_flow(params, runs, evals, params.cycle.report_dir, "LOPD continual cycles", summary,
-                         parent_run=parent, cycle=number, tracker=tracker)
+    summary = [
+        ("cycles", str(len(history))),
+        (
+            "last cycle",
+            (
+                f"{last['cycle']}: {'promoted' if last['promoted'] else 'not promoted'} "
+                f"(gate {last['gate']['student']:.4f} vs champion {last['gate']['champion']:.4f})"
+            ),
+        ),
+        (
+            "final β / last δ̄ / mean δ̄",
+            (
+                f"{last['final_beta']:.4f} / {last['final_delta']:+.4f} / "
+                f"{last['delta_mean']:+.4f} (margin m = {last['margin']:g})"
+            ),
+        ),
+        ("exported student", last["export"]),
+        ("registered version", str(last["version"])),
+    ]
+    return S.report_flow(
+        params,
+        runs,
+        evals,
+        params.cycle.report_dir,
+        "LOPD continual cycles",
+        summary,
+        parent_run=parent,
+        cycle=number,
+        tracker=tracker,
+    )
 
 
 def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
@@ -215,11 +308,14 @@ def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
     from lopd_core.envs import TEMPLATES
 
     path = Path(bank_dir) / "experience.parquet"
-    frame = (pd.read_parquet(path, columns=["env", "template"]) if path.exists()
-             else pd.DataFrame({"env": [], "template": []}))
+    frame = (
+        pd.read_parquet(path, columns=["env", "template"])
+        if path.exists()
+        else pd.DataFrame({"env": [], "template": []})
+    )
     by_domain: dict[str, int] = {}
     for (env, template), count in frame.value_counts(["env", "template"]).items():
-        for domain in (TEMPLATES[template].domains if env == "toolworld" and template in TEMPLATES else (env,)):
+        for domain in TEMPLATES[template].domains if env == "toolworld" and template in TEMPLATES else (env,):
             by_domain[domain] = by_domain.get(domain, 0) + int(count)
     return {"rows": len(frame), "by_domain": by_domain, "added_in_distill": int(added_in_distill)}
 
@@ -241,8 +337,10 @@ def summarize(record: dict, params: Params) -> list[str]:
     bank = record.get("bank") or {}
     if bank:
         by_domain = ", ".join(f"{d} {n}" for d, n in sorted(bank.get("by_domain", {}).items()))
-        lines.append(f"  bank: {bank.get('rows')} rows ({bank.get('added_in_distill', 0)} added by the student "
-                     f"during distillation); successes by domain: {by_domain or 'none'}")
+        lines.append(
+            f"  bank: {bank.get('rows')} rows ({bank.get('added_in_distill', 0)} added by the student "
+            f"during distillation); successes by domain: {by_domain or 'none'}"
+        )
     envs = list(params.envs.mix)
     n = next((c["n"] for c in (ev["student"] or {}).get(envs[0], {}).get("test_id", {}).values()), None)
     lines.append(f"  success, base -> new student (95 % interval, n = {n} per split):")
@@ -251,15 +349,23 @@ def summarize(record: dict, params: Params) -> list[str]:
         splits = [s for s in params.eval.splits if s in (ev["student"] or {}).get(env, {}) or len(envs) == 1]
         for split in splits:
             for mode in params.eval.modes:
-                lines.append(f"    {label + split:<14} {mode:<8} {cell(ev['base'], env, split, mode)} -> "
-                             f"{cell(ev['student'], env, split, mode)}")
+                lines.append(
+                    f"    {label + split:<14} {mode:<8} {cell(ev['base'], env, split, mode)} -> "
+                    f"{cell(ev['student'], env, split, mode)}"
+                )
     lines += [
-        (f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
-        f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"),
-        (f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
-        f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"),
-        (f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
-        f"composer: {record.get('composer_from', 'cold start φ0')}"),
+        (
+            f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
+            f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"
+        ),
+        (
+            f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
+            f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"
+        ),
+        (
+            f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
+            f"composer: {record.get('composer_from', 'cold start φ0')}"
+        ),
         f"  exported student: {record['export']} (registry version {record['version']})",
         f"  report: {record['report']}",
     ]

@@ -28,8 +28,10 @@ def check_task_runner(spec: str) -> None:
     if kind not in ("threads", "dask", "ray"):
         raise SystemExit(f"lopd: --task-runner: got {spec!r}, expected {TASK_RUNNER_FORMS}")
     if kind == "threads" and arg and not (arg.isdigit() and int(arg) >= 1):
-        raise SystemExit(f"lopd: --task-runner: got {spec!r}, expected threads:N with N a whole number >= 1 "
-                         "(threads alone: as many as Prefect picks)")
+        raise SystemExit(
+            f"lopd: --task-runner: got {spec!r}, expected threads:N with N a whole number >= 1 "
+            "(threads alone: as many as Prefect picks)"
+        )
 
 
 def task_runner_for(spec: str):
@@ -56,8 +58,12 @@ def task_runner_for(spec: str):
 
 
 @flow(name="lopd-evaluate-sharded", log_prints=True, validate_parameters=False)
-def evaluate_sharded_flow(params_file: str = "params.yaml", overrides: list[str] | None = None,
-                          model: str | None = None, out: str | None = None) -> dict:
+def evaluate_sharded_flow(
+    params_file: str = "params.yaml",
+    overrides: list[str] | None = None,
+    model: str | None = None,
+    out: str | None = None,
+) -> dict:
     params = load_params(params_file, overrides or [])
     if model:
         params = with_paths(params, model__name_or_path=model)
@@ -68,7 +74,9 @@ def evaluate_sharded_flow(params_file: str = "params.yaml", overrides: list[str]
     return run_evaluate(params, out or params.eval.out, log=print, map_shards=map_shards)
 
 
-def run_sharded(params_file: str, overrides: list[str], *, task_runner: str, model: str | None = None,
-                out: str | None = None) -> dict:
+def run_sharded(
+    params_file: str, overrides: list[str], *, task_runner: str, model: str | None = None, out: str | None = None
+) -> dict:
     return evaluate_sharded_flow.with_options(task_runner=task_runner_for(task_runner))(
-        params_file=params_file, overrides=overrides, model=model, out=out)
+        params_file=params_file, overrides=overrides, model=model, out=out
+    )

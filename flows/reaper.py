@@ -10,14 +10,15 @@ every descendant it saw, checking each one's start time so that a reused pid is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 DONE = b"done\n"
 POLL_S = 0.5
@@ -29,7 +30,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return int(fields[1]), int(fields[19])
 
 
@@ -58,10 +59,8 @@ def _terminate(seen: dict[int, int], grace_s: float = 5.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid, start in seen.items():
             if still(pid, start):
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, sig)
-                except OSError:
-                    pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(still(p, s) for p, s in seen.items()):
             time.sleep(0.1)
@@ -94,8 +93,12 @@ def start_reaper() -> Iterator[None]:
     if not Path("/proc/self/stat").exists():
         yield
         return
-    child = subprocess.Popen([sys.executable, "-m", "flows.reaper", str(os.getpid())], stdin=subprocess.PIPE,
-                             start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "flows.reaper", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
     try:
         yield
     finally:

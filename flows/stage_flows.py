@@ -59,8 +59,9 @@ def stage_payload(params: Params, stage: str, inputs: dict, extra: dict | None =
     return key_payload(stage, {**stage_sections(params, stage), **extra}, inputs)
 
 
-def run_cached(task, params: Params, stage: str, inputs: dict, extra: dict | None = None,
-               **kwargs) -> tuple[dict, bool]:
+def run_cached(
+    task, params: Params, stage: str, inputs: dict, extra: dict | None = None, **kwargs
+) -> tuple[dict, bool]:
     """Run a cached stage task in its content-addressed work folder; return (summary, was it cached)."""
     payload = stage_payload(params, stage, inputs, extra)
     key = stage_key(payload)
@@ -68,8 +69,11 @@ def run_cached(task, params: Params, stage: str, inputs: dict, extra: dict | Non
     work = root / "work" / f"{stage}-{key}"
     work.mkdir(parents=True, exist_ok=True)
     (work / KEY_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    runner = task.with_options(refresh_cache=not is_complete(work), timeout_seconds=params.cycle.stage_timeout_s,
-                               result_storage=(root / "prefect-results").resolve())
+    runner = task.with_options(
+        refresh_cache=not is_complete(work),
+        timeout_seconds=params.cycle.stage_timeout_s,
+        result_storage=(root / "prefect-results").resolve(),
+    )
     state = runner(stage=stage, key=key, work=str(work), params=params, return_state=True, **kwargs)
     summary = state.result()
     cached = state.name == "Cached"
@@ -94,9 +98,11 @@ def base_flow(params: Params) -> str:
     if (base_dir / "config.json").exists():
         return str(base_dir)
     key = stage_key(stage_payload(params, "base", {}))
-    runner = T.build_base_task.with_options(timeout_seconds=params.cycle.stage_timeout_s,
-                                            result_storage=(Path(params.cycle.dir) / "prefect-results").resolve(),
-                                            refresh_cache=True)
+    runner = T.build_base_task.with_options(
+        timeout_seconds=params.cycle.stage_timeout_s,
+        result_storage=(Path(params.cycle.dir) / "prefect-results").resolve(),
+        refresh_cache=True,
+    )
     runner(stage="base", key=key, work=str(base_dir), params=params)
     return str(base_dir)
 
@@ -108,26 +114,50 @@ def traces_input(params: Params, source: str) -> str | None:
 
 
 @flow(name="lopd-bank", **FLOW)
-def bank_flow(params: Params, policy: str, parent_bank: str | None = None, generation: int = 0,
-              parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker) -> dict:
+def bank_flow(
+    params: Params,
+    policy: str,
+    parent_bank: str | None = None,
+    generation: int = 0,
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> dict:
     """Refresh the bank: the parent bank plus the successes of `policy`'s rollouts."""
     with tracker.run("bank", parent=parent_run, tags=_tags("bank", cycle)) as run:
         inputs, ids = model_input(policy)
         inputs["parent_bank"] = str(Path(parent_bank) / "experience.parquet") if parent_bank else None
         inputs["traces"] = traces_input(params, params.lopd.bank_source)
-        summary, cached = run_cached(T.refresh_bank_task, params, "bank", inputs, {"generation": generation, **ids},
-                                     policy=policy, parent_bank=parent_bank, generation=generation)
+        summary, cached = run_cached(
+            T.refresh_bank_task,
+            params,
+            "bank",
+            inputs,
+            {"generation": generation, **ids},
+            policy=policy,
+            parent_bank=parent_bank,
+            generation=generation,
+        )
         summary = {**summary, "dvc_md5": dvc_hash(summary["bank_dir"]), "cached": cached}
         tracker.set_tags(run, {"lopd.cached": cached, "lopd.bank.dvc_md5": summary["dvc_md5"]})
-        tracker.log_metrics(run, {"bank.rollouts": summary["rollouts"], "bank.successes": summary["successes"],
-                                  "bank.success_rate": summary["success_rate"], "bank.rows": summary["bank_rows"]})
+        tracker.log_metrics(
+            run,
+            {
+                "bank.rollouts": summary["rollouts"],
+                "bank.successes": summary["successes"],
+                "bank.success_rate": summary["success_rate"],
+                "bank.rows": summary["bank_rows"],
+            },
+        )
         tracker.log_artifact(run, Path(summary["bank_dir"]) / "bank_report.json")
     return summary
 
 
 @flow(name="lopd-coldstart", **FLOW)
-def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0,
-                   *, tracker: AnyTracker) -> dict:
+def coldstart_flow(
+    params: Params, policy: str, bank: dict, parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker
+) -> dict:
     """φ0 for the composer from oracle successes of the pretraining worlds (`bank` only tags the run: the cold
     start never reads the deployment bank)."""
     tags = _tags("coldstart", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
@@ -135,26 +165,53 @@ def coldstart_flow(params: Params, policy: str, bank: dict, parent_run: str | No
         inputs, ids = model_input(policy)
         summary, cached = run_cached(T.coldstart_task, params, "coldstart", inputs, ids, policy=policy)
         tracker.set_tags(run, {"lopd.cached": cached})
-        tracker.log_metrics(run, {f"coldstart.{when}.{k}": v for when in ("first", "last")
-                                  for k, v in summary[when].items() if isinstance(v, (int, float))})
+        tracker.log_metrics(
+            run,
+            {
+                f"coldstart.{when}.{k}": v
+                for when in ("first", "last")
+                for k, v in summary[when].items()
+                if isinstance(v, (int, float))
+            },
+        )
         tracker.log_artifact(run, summary["csv"])
     return {**summary, "cached": cached}
 
 
 @flow(name="lopd-distill", **FLOW)
-def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: str | None = None,
-                 parent_run: str | None = None, cycle: int = 0, *, tracker: AnyTracker) -> dict:
+def distill_flow(
+    params: Params,
+    policy: str,
+    bank: dict,
+    phi0: str,
+    teacher: str | None = None,
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> dict:
     """LOPD training of a student from `policy`; the frozen teacher is `teacher`'s weights, or the policy's own
     when None. Every step's row of the CSV becomes MLflow step metrics (β and δ̄ included)."""
     tags = _tags("distill", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
     with tracker.run("distill", parent=parent_run, tags=tags) as run:
         inputs, ids = model_input(policy)
         teacher_input, teacher_id = model_input(teacher, "teacher")
-        inputs.update(teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0,
-                      traces=traces_input(params, params.lopd.trajectories))
-        summary, cached = run_cached(T.distill_task, params, "distill", inputs, {**ids, **teacher_id},
-                                     policy=policy, bank_dir=bank["bank_dir"], index_dir=bank["index_dir"],
-                                     phi0=phi0, teacher=teacher, generation=cycle)
+        inputs.update(
+            teacher_input, bank=Path(bank["bank_dir"]), phi0=phi0, traces=traces_input(params, params.lopd.trajectories)
+        )
+        summary, cached = run_cached(
+            T.distill_task,
+            params,
+            "distill",
+            inputs,
+            {**ids, **teacher_id},
+            policy=policy,
+            bank_dir=bank["bank_dir"],
+            index_dir=bank["index_dir"],
+            phi0=phi0,
+            teacher=teacher,
+            generation=cycle,
+        )
         tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_step_metrics(run, summary["csv"])
         tracker.log_artifact(run, summary["csv"])
@@ -163,8 +220,15 @@ def distill_flow(params: Params, policy: str, bank: dict, phi0: str, teacher: st
 
 
 @flow(name="lopd-evaluate", **FLOW)
-def evaluate_flow(params: Params, model: str, label: str = "student", parent_run: str | None = None,
-                  cycle: int = 0, *, tracker: AnyTracker) -> dict:
+def evaluate_flow(
+    params: Params,
+    model: str,
+    label: str = "student",
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> dict:
     """Held-out evaluation of the policy at `model`."""
     tags = _tags(f"evaluate-{label}", cycle, {"lopd.evaluated": label})
     with tracker.run(f"evaluate-{label}", parent=parent_run, tags=tags) as run:
@@ -177,9 +241,19 @@ def evaluate_flow(params: Params, model: str, label: str = "student", parent_run
 
 
 @flow(name="lopd-export", **FLOW)
-def export_flow(params: Params, model: str, out: str, student_eval: str | None, base_eval: str | None,
-                lineage: dict, parent_run: str | None = None, cycle: int = 0, promote: bool = False, *,
-                tracker: AnyTracker) -> dict:
+def export_flow(
+    params: Params,
+    model: str,
+    out: str,
+    student_eval: str | None,
+    base_eval: str | None,
+    lineage: dict,
+    parent_run: str | None = None,
+    cycle: int = 0,
+    promote: bool = False,
+    *,
+    tracker: AnyTracker,
+) -> dict:
     """Export the clean checkpoint, log and register it as a version of `lopd-student`; move the champion
     alias to it only when `promote` (the gate passed). Untracked: the export alone, version None."""
     with tracker.run("export", parent=parent_run, tags=_tags("export", cycle, {"lopd.cached": False})) as run:
@@ -187,7 +261,8 @@ def export_flow(params: Params, model: str, out: str, student_eval: str | None, 
         student_hash = content_hash(model)
         # The same student (a cached cycle) keeps its version: the registry lists models, not runs.
         version = tracker.find_version("lopd.student_hash", student_hash) or tracker.register_student(
-            run, path, tags={"lopd.cycle": cycle, "lopd.student_hash": student_hash})
+            run, path, tags={"lopd.cycle": cycle, "lopd.student_hash": student_hash}
+        )
         tracker.log_artifact(run, Path(path) / "README.md")
         tracker.log_artifact(run, Path(path) / "lineage.json")
         if promote:
@@ -197,9 +272,18 @@ def export_flow(params: Params, model: str, out: str, student_eval: str | None, 
 
 
 @flow(name="lopd-report", **FLOW)
-def report_flow(params: Params, runs: list[dict], evals: list[dict], out_dir: str, title: str,
-                summary: list[tuple[str, str]], parent_run: str | None = None, cycle: int = 0,
-                *, tracker: AnyTracker) -> str:
+def report_flow(
+    params: Params,
+    runs: list[dict],
+    evals: list[dict],
+    out_dir: str,
+    title: str,
+    summary: list[tuple[str, str]],
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> str:
     """The offline HTML dashboard and its PNGs, logged as artifacts of the cycle."""
     with tracker.run("report", parent=parent_run, tags=_tags("report", cycle, {"lopd.cached": False})) as run:
         path = T.report_task(runs, evals, out_dir, title, summary)

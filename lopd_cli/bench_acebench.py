@@ -23,27 +23,42 @@ _HELP_CATEGORIES = "normal, special, or one category such as normal_atom_bool (a
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="ACEBench data_all/ folder (default: bench.acebench_dir)")
-    p.add_argument("--language", action="append", default=None, choices=["en", "zh"],
-                   help="repeatable (default: bench.acebench_languages)")
+    p.add_argument(
+        "--language",
+        action="append",
+        default=None,
+        choices=["en", "zh"],
+        help="repeatable (default: bench.acebench_languages)",
+    )
     p.add_argument("--out", default=None, help="metrics file to merge into (default: eval.out)")
 
 
 def add_score_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--category", action="append", required=True, help=f"repeatable: {_HELP_CATEGORIES}")
-    p.add_argument("--predictions", required=True,
-                   help="JSONL: id + calls | text; ids as en/<id> and zh/<id>, or plain with one --language")
+    p.add_argument(
+        "--predictions",
+        required=True,
+        help="JSONL: id + calls | text; ids as en/<id> and zh/<id>, or plain with one --language",
+    )
     p.add_argument("--partial", action="store_true", help="score only the test cases the file has a record for")
     p.add_argument("--details", default=None, help="also write one JSON line per test case (verdict, error) here")
     _common(p)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--category", action="append", default=None,
-                   help=f"repeatable (default: bench.acebench_categories): {_HELP_CATEGORIES}")
+    p.add_argument(
+        "--category",
+        action="append",
+        default=None,
+        help=f"repeatable (default: bench.acebench_categories): {_HELP_CATEGORIES}",
+    )
     p.add_argument("--model", default=None, help="policy directory or hub id (default: model.name_or_path / base_dir)")
     p.add_argument("--limit", type=int, default=None, help="first N test cases (conversations) per category")
-    p.add_argument("--predictions-out", default="metrics/acebench_predictions",
-                   help="folder for the model's answers, one <language>/<category>.jsonl each")
+    p.add_argument(
+        "--predictions-out",
+        default="metrics/acebench_predictions",
+        help="folder for the model's answers, one <language>/<category>.jsonl each",
+    )
     _common(p)
 
 
@@ -62,10 +77,14 @@ def _by_language(records: dict[str, dict], languages: list[str]) -> dict[str, di
 
     plain = {k: r for k, r in records.items() if "/" not in k}
     if plain and len(languages) > 1:
-        raise PredictionError(f"ids such as {next(iter(plain))!r} have no language prefix: prefix them with en/ "
-                              "or zh/, or score one --language at a time")
-    return {lang: {**plain, **{k.split("/", 1)[1]: r for k, r in records.items() if k.startswith(f"{lang}/")}}
-            for lang in languages}
+        raise PredictionError(
+            f"ids such as {next(iter(plain))!r} have no language prefix: prefix them with en/ "
+            "or zh/, or score one --language at a time"
+        )
+    return {
+        lang: {**plain, **{k.split("/", 1)[1]: r for k, r in records.items() if k.startswith(f"{lang}/")}}
+        for lang in languages
+    }
 
 
 def score(params, args) -> int:
@@ -115,14 +134,31 @@ def run(params, args) -> int:
     model_cfg = dataclasses.replace(params.model, name_or_path=args.model) if args.model else params.model
     model, tokenizer = load_policy(model_cfg)
     started = time.perf_counter()
-    scores, records = run_acebench(model, tokenizer, bench, categories=args.category, languages=args.language,
-                                   log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True))
+    scores, records = run_acebench(
+        model,
+        tokenizer,
+        bench,
+        categories=args.category,
+        languages=args.language,
+        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+    )
     for name, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{name}.jsonl", rows)
-    print(f"[{time.strftime('%H:%M:%S')}] acebench run done in {time.perf_counter() - started:.0f}s; answers in "
-          f"{args.predictions_out}/", flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] acebench run done in {time.perf_counter() - started:.0f}s; answers in "
+        f"{args.predictions_out}/",
+        flush=True,
+    )
     return _write(params, args, scores)
 
 
-register(Benchmark(name="acebench", help="ACEBench tool usage (normal, special; en, zh)",
-                   add_score_args=add_score_args, score=score, add_run_args=add_run_args, run=run))
+register(
+    Benchmark(
+        name="acebench",
+        help="ACEBench tool usage (normal, special; en, zh)",
+        add_score_args=add_score_args,
+        score=score,
+        add_run_args=add_run_args,
+        run=run,
+    )
+)

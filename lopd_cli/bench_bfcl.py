@@ -23,8 +23,9 @@ _HELP_CATEGORIES = "simple, multiple, parallel, parallel_multiple, irrelevance, 
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=None, help="BFCL data folder (default: bench.bfcl_dir, else the "
-                                                    "bfcl-eval package's data)")
+    p.add_argument(
+        "--data-dir", default=None, help="BFCL data folder (default: bench.bfcl_dir, else the bfcl-eval package's data)"
+    )
     p.add_argument("--out", default=None, help="metrics file to merge into (default: eval.out)")
 
 
@@ -37,12 +38,19 @@ def add_score_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--category", action="append", default=None,
-                   help=f"repeatable (default: bench.bfcl_categories): {_HELP_CATEGORIES}")
+    p.add_argument(
+        "--category",
+        action="append",
+        default=None,
+        help=f"repeatable (default: bench.bfcl_categories): {_HELP_CATEGORIES}",
+    )
     p.add_argument("--model", default=None, help="policy directory or hub id (default: model.name_or_path / base_dir)")
     p.add_argument("--limit", type=int, default=None, help="first N test cases per category (default: bench.limit)")
-    p.add_argument("--predictions-out", default="metrics/bfcl_predictions",
-                   help="folder for the model's answers, one <category>.jsonl each")
+    p.add_argument(
+        "--predictions-out",
+        default="metrics/bfcl_predictions",
+        help="folder for the model's answers, one <category>.jsonl each",
+    )
     _common(p)
 
 
@@ -89,19 +97,38 @@ def run(params, args) -> int:
     except ValueError as exc:
         print(f"lopd bench run bfcl: {exc}", file=sys.stderr)
         return 2
-    bench = dataclasses.replace(params.bench, **({"bfcl_dir": args.data_dir} if args.data_dir is not None else {}),
-                                **({"limit": args.limit} if args.limit is not None else {}))
+    bench = dataclasses.replace(
+        params.bench,
+        **({"bfcl_dir": args.data_dir} if args.data_dir is not None else {}),
+        **({"limit": args.limit} if args.limit is not None else {}),
+    )
     model_cfg = dataclasses.replace(params.model, name_or_path=args.model) if args.model else params.model
     model, tokenizer = load_policy(model_cfg)
     started = time.perf_counter()
-    scores, records = run_bfcl(model, tokenizer, bench, categories=categories,
-                               log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True))
+    scores, records = run_bfcl(
+        model,
+        tokenizer,
+        bench,
+        categories=categories,
+        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+    )
     for category, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{category}.jsonl", rows)
-    print(f"[{time.strftime('%H:%M:%S')}] bfcl run done in {time.perf_counter() - started:.0f}s; answers in "
-          f"{args.predictions_out}/", flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] bfcl run done in {time.perf_counter() - started:.0f}s; answers in "
+        f"{args.predictions_out}/",
+        flush=True,
+    )
     return _write(params, args, scores, {})
 
 
-register(Benchmark(name="bfcl", help="Berkeley Function Calling Leaderboard (v3/v4 data)",
-                   add_score_args=add_score_args, score=score, add_run_args=add_run_args, run=run))
+register(
+    Benchmark(
+        name="bfcl",
+        help="Berkeley Function Calling Leaderboard (v3/v4 data)",
+        add_score_args=add_score_args,
+        score=score,
+        add_run_args=add_run_args,
+        run=run,
+    )
+)

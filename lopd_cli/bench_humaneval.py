@@ -101,11 +101,28 @@ def run_cmd(params, args) -> int:
     model, tokenizer = load_policy(model_cfg)
     problems = _problems(args)
     temperature = args.temperature if args.temperature is not None else (0.0 if args.samples == 1 else 0.8)
-    rows = generate_completions(model, tokenizer, problems, samples=args.samples, temperature=temperature,
-                                max_new_tokens=args.max_new_tokens, seed=params.seed)
+    rows = generate_completions(
+        model,
+        tokenizer,
+        problems,
+        samples=args.samples,
+        temperature=temperature,
+        max_new_tokens=args.max_new_tokens,
+        seed=params.seed,
+    )
     write_file(args.predictions_out, "".join(json.dumps(r) + "\n" for r in rows))
-    return _score_and_write(params, args, problems, rows, f"model:{args.model or model_cfg.name_or_path or model_cfg.base_dir}")
+    return _score_and_write(
+        params, args, problems, rows, f"model:{args.model or model_cfg.name_or_path or model_cfg.base_dir}"
+    )
 
 
-register(Benchmark(name="humaneval", help="HumanEval (164 Python problems): pass@k in the sandbox",
-                   add_score_args=add_score_args, score=score_cmd, add_run_args=add_run_args, run=run_cmd))
+register(
+    Benchmark(
+        name="humaneval",
+        help="HumanEval (164 Python problems): pass@k in the sandbox",
+        add_score_args=add_score_args,
+        score=score_cmd,
+        add_run_args=add_run_args,
+        run=run_cmd,
+    )
+)

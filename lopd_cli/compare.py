@@ -35,15 +35,18 @@ def cmd_compare(params: Params, args) -> int:
 
     # one compare per work folder; a killed compare leaves no temporary Prefect server behind
     with folder_lock(params.compare.work_dir, "the compare folder"), start_reaper():
-        out = compare_flow(params_file=args.params, overrides=args.overrides, track=not args.no_mlflow,
-                           command=command)
+        out = compare_flow(params_file=args.params, overrides=args.overrides, track=not args.no_mlflow, command=command)
     print(Path(out["report"]["md"]).read_text())
-    print(f"lopd compare: {len(out['runs'])} runs in {(time.perf_counter() - started) / 60:.1f} min; "
-          f"report {out['report']['md']}, plot {out['report']['png']}", flush=True)
+    print(
+        f"lopd compare: {len(out['runs'])} runs in {(time.perf_counter() - started) / 60:.1f} min; "
+        f"report {out['report']['md']}, plot {out['report']['png']}",
+        flush=True,
+    )
     return 0
 
 
 def add_compare_parser(stage) -> None:
-    p = stage("compare", "every method (LOPD, baselines, ablations) at one rollout budget -> reports/compare.md",
-              cmd_compare)
+    p = stage(
+        "compare", "every method (LOPD, baselines, ablations) at one rollout budget -> reports/compare.md", cmd_compare
+    )
     p.add_argument("--no-mlflow", action="store_true", help="do not record runs in MLflow")

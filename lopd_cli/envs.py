@@ -59,8 +59,9 @@ def cmd_envs_check(params, args) -> int:
         print(f"note: {registry.isolation_note(name)}")
         return 1
     per_split = ", ".join(f"{split} {k}" for split, k in checked.items())
-    print(f"OK {name}: the contract holds on {sum(checked.values())} tasks ({per_split}); "
-          f"{registry.known_envs()[name]}")
+    print(
+        f"OK {name}: the contract holds on {sum(checked.values())} tasks ({per_split}); {registry.known_envs()[name]}"
+    )
     print(f"note: {registry.isolation_note(name)}")
     return 0
 
@@ -97,8 +98,10 @@ def add_envs_parser(sub, add_common) -> None:
     check.add_argument("--n", type=_at_least_one, default=3, help="tasks per split (default %(default)s)")
     check.add_argument("--seed", type=int, default=0, help="task seed (default %(default)s)")
     check.set_defaults(func=cmd_envs_check)
-    fingerprint = actions.add_parser("fingerprint", help="hash the files the mix's plugin environments read (task "
-                                                         "files, package sources) into one file for DVC")
+    fingerprint = actions.add_parser(
+        "fingerprint",
+        help="hash the files the mix's plugin environments read (task files, package sources) into one file for DVC",
+    )
     add_common(fingerprint)
     fingerprint.add_argument("--out", default="data/plugins.json", help="where (default %(default)s)")
     fingerprint.set_defaults(func=cmd_envs_fingerprint)

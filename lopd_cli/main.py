@@ -45,8 +45,10 @@ def cmd_base(params: Params, args) -> int:
     from lopd_core.drivers.base import run_base
 
     report = run_base(params, args.out or params.model.base_dir, log=_log)
-    _log(f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
-         f"({report.epochs_done} epochs), final loss {report.final_loss}")
+    _log(
+        f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
+        f"({report.epochs_done} epochs), final loss {report.final_loss}"
+    )
     return 0
 
 
@@ -63,8 +65,10 @@ def cmd_coldstart(params: Params, args) -> int:
 
     summary = run_coldstart(params, log=_log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
-        _log(f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
-             f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}")
+        _log(
+            f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
+            f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}"
+        )
     return 0
 
 
@@ -73,10 +77,12 @@ def cmd_distill(params: Params, args) -> int:
 
     summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=_log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
-        _log(f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}"
-             f"{' (beta_unbounded: kept growing)' if summary.get('beta_unbounded') else ''}, margin m "
-             f"{'unpriced' if summary['margin'] is None else format(summary['margin'], '.4g')}, "
-             f"{summary['skipped_updates']} skipped updates; student at {summary['student']}")
+        _log(
+            f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}"
+            f"{' (beta_unbounded: kept growing)' if summary.get('beta_unbounded') else ''}, margin m "
+            f"{'unpriced' if summary['margin'] is None else format(summary['margin'], '.4g')}, "
+            f"{summary['skipped_updates']} skipped updates; student at {summary['student']}"
+        )
     return 0
 
 
@@ -86,8 +92,11 @@ def cmd_evaluate(params: Params, args) -> int:
     from lopd_core.outputs import file_target, outside_of
 
     # a folder, FIFO or device, or a file of the model being evaluated, is refused before minutes of evaluation
-    outside_of(file_target(args.out or params.eval.out), params.model.name_or_path or params.model.base_dir,
-               "the model being evaluated")
+    outside_of(
+        file_target(args.out or params.eval.out),
+        params.model.name_or_path or params.model.base_dir,
+        "the model being evaluated",
+    )
     if args.task_runner:
         from flows.evaluate_sharded import check_task_runner
 
@@ -113,14 +122,14 @@ def cmd_evaluate(params: Params, args) -> int:
 WRITES = {
     "base": "model.base_dir (data/base: weights, tokenizer, build_report.json)",
     "bank": "bank.dir (data/bank: experience.parquet, seed_rollouts.parquet, bank_report.json) and its Chroma "
-            "index in bank.index_dir",
+    "index in bank.index_dir",
     "coldstart": "coldstart.out (data/composer/phi0.pt) and plots/coldstart.csv",
     "distill": "lopd.out_dir (data/lopd: student, composer, checkpoint) and lopd.csv (plots/distill.csv)",
     "evaluate": "eval.out (metrics/eval.json)",
     "compare": "compare.work_dir (data/compare: one folder per run) and compare.report_dir (reports/compare.md, "
-               ".png, .json); MLflow runs unless --no-mlflow",
+    ".png, .json); MLflow runs unless --no-mlflow",
     "cycle": "cycle.dir (data/cycles: history.json, champion.json, exports/, cached stage work) and "
-             "cycle.report_dir; MLflow runs and registry versions unless --no-mlflow",
+    "cycle.report_dir; MLflow runs and registry versions unless --no-mlflow",
     "export": "the --out folder (a Hugging Face checkpoint with README.md model card)",
     "report": "the --out folder (default reports/run; cycle.report_dir with --cycles): dashboard HTML and PNGs",
 }
@@ -144,39 +153,67 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--params", default=None, help="the run's configuration (default: params.yaml; only the "
-                       "default may be missing, meaning every default)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
-                       "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting")
+        p.add_argument(
+            "--params",
+            default=None,
+            help="the run's configuration (default: params.yaml; only the "
+            "default may be missing, meaning every default)",
+        )
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
+            "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting",
+        )
 
     def stage(name: str, help_text: str, func):
-        description = f"{help_text[0].upper()}{help_text[1:]}." + (f" Writes: {WRITES[name]}." if name in WRITES else "")
-        p = sub.add_parser(name, help=help_text, description=textwrap.fill(description, 100),
-                           epilog=settings_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description = f"{help_text[0].upper()}{help_text[1:]}." + (
+            f" Writes: {WRITES[name]}." if name in WRITES else ""
+        )
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=textwrap.fill(description, 100),
+            epilog=settings_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         add_common(p)
         p.set_defaults(func=func, resolve_envs=name in RESOLVES_ENVS)
         return p
 
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
-        "--out", default=None, help="output directory (default: model.base_dir)")
+        "--out", default=None, help="output directory (default: model.base_dir)"
+    )
     stage("bank", "roll out the policy on training tasks and keep its successes in the bank", cmd_bank).add_argument(
-        "--source", choices=SOURCES, default=None,
+        "--source",
+        choices=SOURCES,
+        default=None,
         help="what the bank adds: successes of fresh rollouts, the labeled successes of the served traces at "
-        "lopd.traces, or both (sets lopd.bank_source)")
+        "lopd.traces, or both (sets lopd.bank_source)",
+    )
     stage("coldstart", "train the composer's cold start φ0 on bank successes", cmd_coldstart)
     distill = stage("distill", "LOPD distillation (resumes from the last checkpoint)", cmd_distill)
     distill.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     distill.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # resumption tests
     evaluate_parser = stage("evaluate", "evaluate the policy on held-out tasks -> metrics/eval.json", cmd_evaluate)
     evaluate_parser.add_argument("--out", default=None, help="metrics file (default: eval.out)")
-    evaluate_parser.add_argument("--task-runner", default=None, metavar="SPEC",
-                                 help="run the shards as Prefect tasks: threads[:N], dask[:ADDRESS], ray[:ADDRESS]")
+    evaluate_parser.add_argument(
+        "--task-runner",
+        default=None,
+        metavar="SPEC",
+        help="run the shards as Prefect tasks: threads[:N], dask[:ADDRESS], ray[:ADDRESS]",
+    )
     add_pipeline_parsers(stage)
     sub.choices["cycle"].add_argument(
-        "--source", choices=SOURCES, default=None,
+        "--source",
+        choices=SOURCES,
+        default=None,
         help="learn from served traffic: the bank adds the traces' labeled successes and distillation takes the "
-        "traces as its trajectories (sets lopd.bank_source and lopd.trajectories; lopd.traces names them)")
+        "traces as its trajectories (sets lopd.bank_source and lopd.trajectories; lopd.traces names them)",
+    )
     add_compare_parser(stage)
     add_bench_parser(sub, add_common)
     add_sandbox_parser(sub, add_common)

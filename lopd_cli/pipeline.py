@@ -47,8 +47,9 @@ def cmd_cycle(params: Params, args) -> int:
     from flows.reaper import start_reaper
 
     with start_reaper():  # a killed cycle leaves no temporary Prefect server behind
-        records = cycle_flow(params_file=args.params, overrides=args.overrides, cycles=args.cycles,
-                             track=not args.no_mlflow)
+        records = cycle_flow(
+            params_file=args.params, overrides=args.overrides, cycles=args.cycles, track=not args.no_mlflow
+        )
     print()
     for record in records:
         print("\n".join(summarize(record, params)))
@@ -64,15 +65,25 @@ def cmd_export(params: Params, args) -> int:
     from tasks.tracking import dvc_hash, git_commit
 
     model = args.model or str(Path(params.lopd.out_dir) / "student")
-    lineage = {"source model": model, "source content": content_hash(model)[:16], "git commit": git_commit(),
-               "bank DVC md5": dvc_hash(params.bank.dir), "distill csv": params.lopd.csv,
-               "params": args.params + "".join(f" --set {o}" for o in args.overrides)}
+    lineage = {
+        "source model": model,
+        "source content": content_hash(model)[:16],
+        "git commit": git_commit(),
+        "bank DVC md5": dvc_hash(params.bank.dir),
+        "distill csv": params.lopd.csv,
+        "params": args.params + "".join(f" --set {o}" for o in args.overrides),
+    }
     if Path(params.lopd.csv).exists():
         import pandas as pd
 
         frame = pd.read_csv(params.lopd.csv)
-        lineage.update({"distill steps": int(frame["step"].iloc[-1]), "final beta": float(frame["beta"].iloc[-1]),
-                        "mean delta": round(float(frame["delta"].mean()), 6)})
+        lineage.update(
+            {
+                "distill steps": int(frame["step"].iloc[-1]),
+                "final beta": float(frame["beta"].iloc[-1]),
+                "mean delta": round(float(frame["delta"].mean()), 6),
+            }
+        )
     run_export(params, model, args.out, student_eval=args.eval, base_eval=args.base_eval, lineage=lineage, log=_log)
     return 0
 
@@ -88,8 +99,10 @@ def cmd_report(params: Params, args) -> int:
         if not history_path.exists():
             raise FileNotFoundError(f"no cycle history at {history_path}: run `lopd cycle` first")
         history = json.loads(history_path.read_text())
-        runs = [{"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
-                for r in history]
+        runs = [
+            {"label": f"cycle {r['cycle']}", "csv": r["csv"], "margin": r.get("margin", trained_margin)}
+            for r in history
+        ]
         evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
         evals += [{"label": f"cycle {r['cycle']} student", "path": r["eval"]["student"]} for r in history]
         title = "LOPD continual cycles"
@@ -125,8 +138,9 @@ def add_pipeline_parsers(stage) -> None:
     export.add_argument("--base-eval", default="metrics/eval_base.json", help="the base's evaluation")
 
     report = stage("report", "write the offline HTML dashboard and its PNGs", cmd_report)
-    report.add_argument("--out", default=None,
-                        help="output folder (default: reports/run, or cycle.report_dir with --cycles)")
+    report.add_argument(
+        "--out", default=None, help="output folder (default: reports/run, or cycle.report_dir with --cycles)"
+    )
     report.add_argument("--csv", default=None, help="distill CSV (default: lopd.csv)")
     report.add_argument("--eval", default="metrics/eval.json", help="the student's evaluation")
     report.add_argument("--base-eval", default="metrics/eval_base.json", help="the base's evaluation")
@@ -138,4 +152,3 @@ def _report_defaults(params: Params, args) -> int:
     args.out = args.out or (params.cycle.report_dir if args.cycles else "reports/run")
     args.csv = args.csv or params.lopd.csv
     return cmd_report(params, args)
-

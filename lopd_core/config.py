@@ -99,8 +99,10 @@ def apply_override(raw: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
     dotted, text = assignment.split("=", 1)
     if "\n" in text or "\r" in text:  # YAML folds a line break in a plain value into a space: said, not done
-        raise ConfigError(f"{dotted.strip()}: the --set value {text!r} holds a line break, which YAML would turn "
-                          "into a space; give a one-line value, or write it in the params file")
+        raise ConfigError(
+            f"{dotted.strip()}: the --set value {text!r} holds a line break, which YAML would turn "
+            "into a space; give a one-line value, or write it in the params file"
+        )
     parts = dotted.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
@@ -133,8 +135,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if seen is not None:
                 raise ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {seen}), a mapping holds each key "
-                    "once", key_node.start_mark)
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {seen}), a mapping holds each key once",
+                    key_node.start_mark,
+                )
             first_line[key] = line
         return super().construct_mapping(node, deep)
 
@@ -156,8 +161,9 @@ def read_params_file(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8), expected a params YAML "
-                          "file (--params)") from None
+        raise ConfigError(
+            f"{path}: not a text file (byte {exc.start} is not UTF-8), expected a params YAML file (--params)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if "\0" in text:
@@ -167,8 +173,10 @@ def read_params_file(path: Path) -> dict:
     except yaml.YAMLError as exc:
         raise _yaml_error(path, exc) from None
     if loaded is None:
-        raise ConfigError(f"{path}: holds no settings (it is empty, or only comments), expected a mapping of "
-                          "sections (the repository's params.yaml lists them all)")
+        raise ConfigError(
+            f"{path}: holds no settings (it is empty, or only comments), expected a mapping of "
+            "sections (the repository's params.yaml lists them all)"
+        )
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded).__name__}")
     return loaded
@@ -177,8 +185,9 @@ def read_params_file(path: Path) -> dict:
 DEFAULT_PARAMS = "params.yaml"
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *,
-                must_exist: bool | None = None) -> Params:
+def load_params(
+    path: str | Path = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *, must_exist: bool | None = None
+) -> Params:
     """Read a params file, apply overrides, validate, return typed Params. Only the implicit default (`params.yaml`
     in the working directory) may be missing, meaning all defaults; any other path must exist (`must_exist`:
     True for a path the user named, even that one; None: every path but the default)."""
@@ -188,8 +197,10 @@ def load_params(path: str | Path = DEFAULT_PARAMS, overrides: list[str] | tuple[
     if path.exists() or path.is_symlink():
         raw = read_params_file(path)
     elif not implicit:
-        raise ConfigError(f"{path}: no such params file (--params); only the default {DEFAULT_PARAMS} may be "
-                          "missing, meaning every default")
+        raise ConfigError(
+            f"{path}: no such params file (--params); only the default {DEFAULT_PARAMS} may be "
+            "missing, meaning every default"
+        )
     for assignment in overrides:
         apply_override(raw, assignment)
     return build(Params, raw, "")

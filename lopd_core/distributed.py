@@ -111,13 +111,14 @@ def sum_gradients(params: Iterable[torch.nn.Parameter]) -> None:
     live = [p for p, h in zip(params, has.tolist()) if h > 0]
     if not live:
         return
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(device, torch.float32)
-                      for p in live])
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(device, torch.float32) for p in live]
+    )
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
     for p in live:
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.device, p.dtype).clone()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.device, p.dtype).clone()
         offset += n
 
 

@@ -90,10 +90,14 @@ def eval_shards(params: Params) -> list[EvalShard]:
     has, and never with experience (no oracle successes to show)."""
     ev = params.eval
     registry.use_config(params.envs)
-    return [EvalShard(env, split, experience, mode) for env in params.envs.mix
-            for split in ev.splits if split in registry.env_splits(env)
-            for experience in ((False, True) if ev.with_experience and registry.has_pretraining(env) else (False,))
-            for mode in ev.modes]
+    return [
+        EvalShard(env, split, experience, mode)
+        for env in params.envs.mix
+        for split in ev.splits
+        if split in registry.env_splits(env)
+        for experience in ((False, True) if ev.with_experience and registry.has_pretraining(env) else (False,))
+        for mode in ev.modes
+    ]
 
 
 @lru_cache(maxsize=8)
@@ -121,14 +125,26 @@ def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print
     """{success_rate, reward_mean, n, ci95} of one shard."""
     ev, ro = params.eval, params.rollout
     temperature = 0.0 if shard.mode == "greedy" else ev.temperature
-    sampling = Sampling(temperature=temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context,
-                        max_observation_tokens=ro.max_observation_tokens)
-    trajs = rollout(model, make_chat(tokenizer), shard_requests(params, shard), sampling=sampling,
-                    batch_size=ro.batch_size, seed=params.seed)
+    sampling = Sampling(
+        temperature=temperature,
+        top_p=ro.top_p,
+        max_new_tokens=ro.max_new_tokens,
+        max_context=ro.max_context,
+        max_observation_tokens=ro.max_observation_tokens,
+    )
+    trajs = rollout(
+        model,
+        make_chat(tokenizer),
+        shard_requests(params, shard),
+        sampling=sampling,
+        batch_size=ro.batch_size,
+        seed=params.seed,
+    )
     summary = summarize(trajs)
-    log(f"eval {shard.env}/{shard.variant}/{shard.mode}: success {summary['success_rate']:.3f} "
-        f"{summary['ci95']} reward {summary['reward_mean']:.3f} (n={summary['n']})")
+    log(
+        f"eval {shard.env}/{shard.variant}/{shard.mode}: success {summary['success_rate']:.3f} "
+        f"{summary['ci95']} reward {summary['reward_mean']:.3f} (n={summary['n']})"
+    )
     return summary
 
 
@@ -172,17 +188,24 @@ def summary_table(results: dict) -> str:
     lines = []
     if rows:
         width = max(len(f"{env} {split}") for env, split, _, _ in rows)
-        lines.append(f"{'environment split':<{width}}  {'mode':<7}  {'success':>7}  {'ci95':<15}  {'reward':>6}  {'n':>5}")
+        lines.append(
+            f"{'environment split':<{width}}  {'mode':<7}  {'success':>7}  {'ci95':<15}  {'reward':>6}  {'n':>5}"
+        )
         for env, split, mode, cell in rows:
             low, high = (cell.get("ci95") or [math.nan, math.nan])[:2]
-            lines.append(f"{env + ' ' + split:<{width}}  {mode:<7}  {cell['success_rate']:>7.3f}  "
-                         f"[{low:.3f}, {high:.3f}]  {cell.get('reward_mean', math.nan):>6.3f}  {cell.get('n', 0):>5}")
+            lines.append(
+                f"{env + ' ' + split:<{width}}  {mode:<7}  {cell['success_rate']:>7.3f}  "
+                f"[{low:.3f}, {high:.3f}]  {cell.get('reward_mean', math.nan):>6.3f}  {cell.get('n', 0):>5}"
+            )
     cells = {id(cell) for *_, cell in rows}
     for name, section in results.items():
         if isinstance(section, dict) and not any(id(c) in cells for c in _cells(section)):
-            numbers = [f"{k} {v:.4g}" for k, v in section.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            lines.append(f"{name}: " + (", ".join(numbers) if numbers else f"{len(section)} entries") + " (see the file)")
+            numbers = [
+                f"{k} {v:.4g}" for k, v in section.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
+            lines.append(
+                f"{name}: " + (", ".join(numbers) if numbers else f"{len(section)} entries") + " (see the file)"
+            )
     return "\n".join(lines)
 
 

@@ -73,26 +73,39 @@ def model_card(name: str, student_eval: dict | None, base_eval: dict | None, lin
     """README.md of the export: what the model is, how to load it, its numbers and where it came from."""
     base_cells = {(e, s, m): c for e, s, m, c in eval_rows(base_eval)}
     lines = [
-        "---", "library_name: transformers", "pipeline_tag: text-generation",
-        "tags: [lopd, tool-use, agent, self-distillation]", "---", "",
-        f"# {name}", "",
-        ("A tool-using agent policy trained by Latent On-Policy Self-Distillation (LOPD). It is a plain causal "
-        "language model: no experience bank, retriever, composer or latent tokens are needed to run it."), "",
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [lopd, tool-use, agent, self-distillation]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        (
+            "A tool-using agent policy trained by Latent On-Policy Self-Distillation (LOPD). It is a plain causal "
+            "language model: no experience bank, retriever, composer or latent tokens are needed to run it."
+        ),
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "model = AutoModelForCausalLM.from_pretrained(PATH)",
         "tokenizer = AutoTokenizer.from_pretrained(PATH)  # chat template included",
-        "```", "",
-        "## Evaluation (held-out tasks)", "",
-        "Success rate with its Wilson 95 % interval and mean reward (fraction of the task's checks passed).", "",
+        "```",
+        "",
+        "## Evaluation (held-out tasks)",
+        "",
+        "Success rate with its Wilson 95 % interval and mean reward (fraction of the task's checks passed).",
+        "",
         "| env | split | mode | student success | student reward | base success | base reward | n |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for env, split, mode, cell in eval_rows(student_eval):
         base = base_cells.get((env, split, mode))
         base_reward = f"{base['reward_mean']:.3f}" if base else "–"
-        lines.append(f"| {env} | {split} | {mode} | {_pct(cell)} | {cell['reward_mean']:.3f} | {_pct(base)} | "
-                     f"{base_reward} | {cell['n']} |")
+        lines.append(
+            f"| {env} | {split} | {mode} | {_pct(cell)} | {cell['reward_mean']:.3f} | {_pct(base)} | "
+            f"{base_reward} | {cell['n']} |"
+        )
     if not student_eval:
         lines.append("| – | – | – | not evaluated | | | | |")
     lines += ["", "## Lineage", "", "| what | value |", "|---|---|"]
@@ -102,9 +115,16 @@ def model_card(name: str, student_eval: dict | None, base_eval: dict | None, lin
     return "\n".join(lines)
 
 
-def export_checkpoint(source: str | Path, out_dir: str | Path, *, rollout: RolloutConfig,
-                      student_eval: dict | None = None, base_eval: dict | None = None,
-                      lineage: dict | None = None, name: str = "lopd-student") -> Path:
+def export_checkpoint(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    rollout: RolloutConfig,
+    student_eval: dict | None = None,
+    base_eval: dict | None = None,
+    lineage: dict | None = None,
+    name: str = "lopd-student",
+) -> Path:
     """Write the clean checkpoint of `source` to `out_dir`, replaced as a whole so that no stale file survives.
 
     `out_dir` must be missing, empty or a previous export (outputs.publish_folder): a folder of anything else is

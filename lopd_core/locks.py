@@ -17,9 +17,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 def lock_path(folder: str | Path) -> Path:
@@ -47,7 +47,7 @@ def folder_lock(folder: str | Path, what: str, *, wait_s: float = 0.0, log=None)
     folder = Path(folder)
     path = lock_path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")
+    handle = open(path, "a+")  # noqa: SIM115  held past this function: the lock lives as long as it
     try:
         deadline = time.monotonic() + wait_s
         said = False
@@ -59,17 +59,26 @@ def folder_lock(folder: str | Path, what: str, *, wait_s: float = 0.0, log=None)
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    raise FolderLocked(f"{what} {folder} is in use by {_holder(path)}: wait for it to finish, or "
-                                       f"give this run another folder") from None
+                    raise FolderLocked(
+                        f"{what} {folder} is in use by {_holder(path)}: wait for it to finish, or "
+                        f"give this run another folder"
+                    ) from None
                 if log and not said:
                     log(f"waiting for {what} {folder}, in use by {_holder(path)}")
                     said = True
                 time.sleep(0.05)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                 "command": " ".join(Path(a).name if i == 0 else a
-                                                     for i, a in enumerate(sys.argv))[:200]}))
+        handle.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.time(),
+                    "command": " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))[:200],
+                }
+            )
+        )
         handle.flush()
         yield path
     finally:

@@ -126,24 +126,27 @@ class MethodSpec:
 
 
 _LOPD = ComposerSetup(trainable=True)
-METHODS: dict[str, MethodSpec] = {s.name: s for s in [
-    MethodSpec("lopd", TeacherSetup("latent"), composer=_LOPD),
-    MethodSpec("grpo", TeacherSetup("none"), StudentSetup("grpo")),
-    MethodSpec("opsd", TeacherSetup("golden")),
-    MethodSpec("sdpo", TeacherSetup("sibling", weights="ema")),
-    MethodSpec("skill_sd", TeacherSetup("skill", weights="student"), StudentSetup("grpo+kl")),
-    MethodSpec("text_experience", TeacherSetup("text_experience")),
-    MethodSpec("lopd_frozen_composer", TeacherSetup("latent")),
-    MethodSpec("lopd_no_margin", TeacherSetup("latent"), composer=replace(_LOPD, margin=0.0)),
-    MethodSpec("lopd_no_anchor", TeacherSetup("latent"), composer=replace(_LOPD, anchor_weight=0.0)),
-    MethodSpec("sharpened_teacher", TeacherSetup("none", temperature=0.5)),
-    MethodSpec("lopd_random_retrieval", TeacherSetup("latent", retrieval="random"), composer=_LOPD),
-    MethodSpec("lopd_rl", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo"), _LOPD),
-    MethodSpec("lopd_then_grpo", TeacherSetup("latent"), composer=_LOPD, then="grpo"),
-    MethodSpec("lopd_gated_refresh", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
-    MethodSpec("lopd_forward_kl", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
-    MethodSpec("lopd_mixed_kl", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
-]}
+METHODS: dict[str, MethodSpec] = {
+    s.name: s
+    for s in [
+        MethodSpec("lopd", TeacherSetup("latent"), composer=_LOPD),
+        MethodSpec("grpo", TeacherSetup("none"), StudentSetup("grpo")),
+        MethodSpec("opsd", TeacherSetup("golden")),
+        MethodSpec("sdpo", TeacherSetup("sibling", weights="ema")),
+        MethodSpec("skill_sd", TeacherSetup("skill", weights="student"), StudentSetup("grpo+kl")),
+        MethodSpec("text_experience", TeacherSetup("text_experience")),
+        MethodSpec("lopd_frozen_composer", TeacherSetup("latent")),
+        MethodSpec("lopd_no_margin", TeacherSetup("latent"), composer=replace(_LOPD, margin=0.0)),
+        MethodSpec("lopd_no_anchor", TeacherSetup("latent"), composer=replace(_LOPD, anchor_weight=0.0)),
+        MethodSpec("sharpened_teacher", TeacherSetup("none", temperature=0.5)),
+        MethodSpec("lopd_random_retrieval", TeacherSetup("latent", retrieval="random"), composer=_LOPD),
+        MethodSpec("lopd_rl", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo"), _LOPD),
+        MethodSpec("lopd_then_grpo", TeacherSetup("latent"), composer=_LOPD, then="grpo"),
+        MethodSpec("lopd_gated_refresh", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
+        MethodSpec("lopd_forward_kl", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
+        MethodSpec("lopd_mixed_kl", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
+    ]
+}
 METHOD_NAMES = tuple(METHODS)  # the order is the order reports list them in
 # The families the configuration's cross-key rules name (lopd.importance_weight, lopd.kl_mix, lopd.student_loss)
 POLICY_GRADIENT_METHODS = tuple(n for n, s in METHODS.items() if not s.student.distills)
@@ -180,8 +183,11 @@ def resolve_method(lopd, baselines) -> MethodSpec:
     student = replace(spec.student, kl_mix=kl_mix_of(spec, lopd))  # the run's w: lopd.kl_mix where set
     own = None if isinstance(lopd.margin, str) else float(lopd.margin)  # a string is `auto` (the config checks)
     c = spec.composer
-    composer = replace(c, margin=own if c.margin is None else c.margin,
-                       anchor_weight=lopd.anchor_weight if c.anchor_weight is None else c.anchor_weight)
+    composer = replace(
+        c,
+        margin=own if c.margin is None else c.margin,
+        anchor_weight=lopd.anchor_weight if c.anchor_weight is None else c.anchor_weight,
+    )
     return replace(spec, student=student, composer=composer)
 
 
@@ -210,8 +216,10 @@ def method_phases(first: MethodSpec, lopd, baselines) -> tuple[MethodSpec, ...]:
     if first.then is None:
         return (first,)
     second = method_spec(first.then, baselines)
-    second = replace(second, composer=replace(second.composer, margin=first.composer.margin,
-                                              anchor_weight=first.composer.anchor_weight))
+    second = replace(
+        second,
+        composer=replace(second.composer, margin=first.composer.margin, anchor_weight=first.composer.anchor_weight),
+    )
     return first, second
 
 

@@ -12,19 +12,38 @@ Imports nothing.
 
 # lopd_core/bench/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
 BFCL_CATEGORIES = (
-    "simple", "multiple", "parallel", "parallel_multiple", "irrelevance",
-    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
+    "simple",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
     "live_relevance",
-    "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
 )
 
 # lopd_core/bench/acebench/data.py: GROUPS and CATEGORIES (the agent group is not supported)
 ACEBENCH_GROUPS = {
     "normal": (
-        "normal_single_turn_single_function", "normal_single_turn_parallel_function",
-        "normal_multi_turn_user_adjust", "normal_multi_turn_user_switch", "normal_similar_api",
-        "normal_preference", "normal_atom_bool", "normal_atom_enum", "normal_atom_number", "normal_atom_list",
-        "normal_atom_object_deep", "normal_atom_object_short",
+        "normal_single_turn_single_function",
+        "normal_single_turn_parallel_function",
+        "normal_multi_turn_user_adjust",
+        "normal_multi_turn_user_switch",
+        "normal_similar_api",
+        "normal_preference",
+        "normal_atom_bool",
+        "normal_atom_enum",
+        "normal_atom_number",
+        "normal_atom_list",
+        "normal_atom_object_deep",
+        "normal_atom_object_short",
     ),
     "special": ("special_incomplete", "special_error_param", "special_irrelevant"),
 }

@@ -76,8 +76,7 @@ def file_target(path: str | Path) -> Path:
     if str(path).endswith(os.sep) and mode is not None:
         raise OutputPathError(f"refusing to write {given}: the path ends with {os.sep!r} (name a file)")
     if mode is not None and not stat.S_ISREG(mode):
-        raise OutputPathError(f"refusing to write {given}: it is {_kind(mode)}, not a regular file "
-                              "(name a file path)")
+        raise OutputPathError(f"refusing to write {given}: it is {_kind(mode)}, not a regular file (name a file path)")
     return target
 
 
@@ -107,7 +106,7 @@ def atomic_write(path: str | Path, *, text: bool = False) -> Iterator[IO]:
     try:
         # a short temporary name: a target name at the file system's limit must still fit beside it
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".lopd-", suffix=".tmp")
-        with (os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb")) as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -142,8 +141,9 @@ def _umask() -> int:
     return mask
 
 
-def check_folder(path: str | Path, marker: str, what: str,
-                 legacy: Callable[[Path, set[str]], bool] | None = None) -> Path:
+def check_folder(
+    path: str | Path, marker: str, what: str, legacy: Callable[[Path, set[str]], bool] | None = None
+) -> Path:
     """`path` if a command may write into it: missing, empty, or one of ours — holding `marker`, or written before
     the marker existed as `legacy(folder, names)` recognises by content (a file name alone is not enough: a user's
     own Hugging Face folder has the same names as a base). Otherwise OutputPathError naming the folder."""
@@ -162,7 +162,8 @@ def check_folder(path: str | Path, marker: str, what: str,
         if names and marker not in names and not (legacy is not None and legacy(target, names)):
             raise OutputPathError(
                 f"refusing to write {what} into {folder}: it is not empty and not {what} written by lopd "
-                f"(no {marker} marker); name a new or empty folder")
+                f"(no {marker} marker); name a new or empty folder"
+            )
     return target
 
 
@@ -171,8 +172,13 @@ def mark_folder(folder: Path, marker: str) -> None:
     (folder / marker).write_text("written by lopd; a later run may replace this folder's contents\n")
 
 
-def publish_folder(path: str | Path, marker: str, what: str, fill: Callable[[Path], None],
-                   legacy: Callable[[Path, set[str]], bool] | None = None) -> Path:
+def publish_folder(
+    path: str | Path,
+    marker: str,
+    what: str,
+    fill: Callable[[Path], None],
+    legacy: Callable[[Path, set[str]], bool] | None = None,
+) -> Path:
     """Build a folder in a staging folder beside `path` with `fill(staging)`, then swap it in as `path`.
 
     Only a missing or empty folder, or one of ours, is replaced (check_folder); the previous one is removed only

@@ -114,15 +114,29 @@ def plot_delta_margin(data, path: Path) -> Path:
         line = ax.plot(frame["step"], frame["delta"], marker=".", label=f"δ̄ {run.label}")[0]
         m = margins(run, frame)
         if m.notna().any():  # per step: the margin in force (priced once under `lopd.margin: auto`)
-            ax.plot(frame["step"], m, linestyle="--", drawstyle="steps-post", color=line.get_color(), alpha=0.7,
-                    label=f"margin m = {_margin_label(m)}")
-        for part, style, what in (("delta_success", (0, (1, 1)), "successes"),
-                                  ("delta_failure", (0, (4, 2, 1, 2)), "failures")):
+            ax.plot(
+                frame["step"],
+                m,
+                linestyle="--",
+                drawstyle="steps-post",
+                color=line.get_color(),
+                alpha=0.7,
+                label=f"margin m = {_margin_label(m)}",
+            )
+        for part, style, what in (
+            ("delta_success", (0, (1, 1)), "successes"),
+            ("delta_failure", (0, (4, 2, 1, 2)), "failures"),
+        ):
             if part in frame and frame[part].notna().any():  # δ̄'s parts (NaN: no such trajectory that step)
-                ax.plot(frame["step"], frame[part], linestyle=style, color=line.get_color(), alpha=0.5,
-                        label=f"δ on {what} {run.label}")
-    ax.set(title="privileged margin δ̄ against the margin line m (β rises while δ̄ < m)", xlabel="step",
-           ylabel="δ̄")
+                ax.plot(
+                    frame["step"],
+                    frame[part],
+                    linestyle=style,
+                    color=line.get_color(),
+                    alpha=0.5,
+                    label=f"δ on {what} {run.label}",
+                )
+    ax.set(title="privileged margin δ̄ against the margin line m (β rises while δ̄ < m)", xlabel="step", ylabel="δ̄")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -175,8 +189,10 @@ def plot_eval(columns: list[EvalColumn], path: Path) -> Path:
 
 def _img(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>' \
-           f"{html.escape(alt)}</figcaption></figure>"
+    return (
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>'
+        f"{html.escape(alt)}</figcaption></figure>"
+    )
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -199,8 +215,12 @@ def eval_table(columns: list[EvalColumn]) -> tuple[list[str], list[list[str]]]:
         n = ""
         for cell in cells:
             c = cell.get(key)
-            row.append(f"{100 * c['success_rate']:.1f}% [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}]"
-                       f" / {c['reward_mean']:.3f}" if c else "–")
+            row.append(
+                f"{100 * c['success_rate']:.1f}% [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}]"
+                f" / {c['reward_mean']:.3f}"
+                if c
+                else "–"
+            )
             n = c["n"] if c else n
         rows.append(row + [str(n)])
     return header, rows
@@ -210,9 +230,18 @@ def _final_rows(data) -> list[list[str]]:
     rows = []
     for run, frame in data:
         last = frame.iloc[-1]
-        rows.append([run.label, str(int(last["step"])), str(int(last["rollouts"])), f"{last['reward_mean']:.3f}",
-                     f"{last['success_rate']:.3f}", f"{last['beta']:.4f}", f"{frame['delta'].mean():+.4f}",
-                     _margin_label(margins(run, frame))])
+        rows.append(
+            [
+                run.label,
+                str(int(last["step"])),
+                str(int(last["rollouts"])),
+                f"{last['reward_mean']:.3f}",
+                f"{last['success_rate']:.3f}",
+                f"{last['beta']:.4f}",
+                f"{frame['delta'].mean():+.4f}",
+                _margin_label(margins(run, frame)),
+            ]
+        )
     return rows
 
 
@@ -223,8 +252,14 @@ th{background:#f3f3f3}figure{margin:10px 0}img{max-width:100%}figcaption{font-si
 .note{color:#666;font-size:.85em}"""
 
 
-def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str | Path, *,
-                 title: str = "LOPD report", summary: list[tuple[str, str]] = ()) -> Path:
+def write_report(
+    runs: list[TrainingRun],
+    evals: list[EvalColumn],
+    out_dir: str | Path,
+    *,
+    title: str = "LOPD report",
+    summary: list[tuple[str, str]] = (),
+) -> Path:
     """Write out_dir/index.html and its PNGs; return the HTML path. Missing CSVs are skipped, not fatal.
 
     `out_dir` must be missing, empty or a report folder of ours (outputs.check_folder): `--out /` or a folder of
@@ -240,8 +275,12 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
     if summary:
         sections.append("<h2>Summary</h2>" + _table(["what", "value"], [list(r) for r in summary]))
     if data:
-        sections.append("<h2>Training runs (last step)</h2>" + _table(
-            ["run", "steps", "rollouts", "reward", "success", "final β", "mean δ̄", "margin m"], _final_rows(data)))
+        sections.append(
+            "<h2>Training runs (last step)</h2>"
+            + _table(
+                ["run", "steps", "rollouts", "reward", "success", "final β", "mean δ̄", "margin m"], _final_rows(data)
+            )
+        )
         figures = [
             (plot_reward_success(data, out / "reward_success.png"), "reward and success against rollouts"),
             (plot_delta_margin(data, out / "delta_margin.png"), "δ̄ against the margin line m"),
@@ -249,18 +288,32 @@ def write_report(runs: list[TrainingRun], evals: list[EvalColumn], out_dir: str 
             (plot_kl_entropy(data, out / "kl_entropy.png"), "KL terms and entropies"),
         ]
         sections.append("<h2>Training curves</h2>" + "".join(_img(p, alt) for p, alt in figures))
-        margin_rows = [pd.DataFrame({"run": run.label, "step": frame["step"], "rollouts": frame["rollouts"],
-                                     "delta": frame["delta"], "margin": margins(run, frame)})
-                       for run, frame in data]
+        margin_rows = [
+            pd.DataFrame(
+                {
+                    "run": run.label,
+                    "step": frame["step"],
+                    "rollouts": frame["rollouts"],
+                    "delta": frame["delta"],
+                    "margin": margins(run, frame),
+                }
+            )
+            for run, frame in data
+        ]
         pd.concat(margin_rows).to_csv(out / "delta_margin.csv", index=False)
     else:
         sections.append('<p class="note">No training curves yet (no distill CSV found).</p>')
     evals = [c for c in evals if c.results]
     if evals:
         header, rows = eval_table(evals)
-        sections.append("<h2>Held-out evaluation</h2>" + _table(header, rows)
-                        + _img(plot_eval(evals, out / "eval.png"), "held-out success per split"))
-    page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(sections)}"
-            f"<p class=\"note\">{_FOOTER}</p></body></html>")
+        sections.append(
+            "<h2>Held-out evaluation</h2>"
+            + _table(header, rows)
+            + _img(plot_eval(evals, out / "eval.png"), "held-out success per split")
+        )
+    page = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body>{''.join(sections)}"
+        f'<p class="note">{_FOOTER}</p></body></html>'
+    )
     return write_file(out / "index.html", page)

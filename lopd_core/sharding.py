@@ -162,8 +162,7 @@ def state_bytes(module, optimizer) -> dict[str, int]:
     """This rank's bytes of parameters, gradients and optimizer state (what sharding divides by N)."""
     params = list(module.parameters())
     opt = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    return {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-            "optimizer": local_bytes(opt)}
+    return {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params), "optimizer": local_bytes(opt)}
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

@@ -66,11 +66,13 @@ class BodyLimit:
                 sent = True
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
+
         return await self.app(scope, replay, send)
 
     async def _refuse(self, scope, receive, send):
-        response = error_response(413, f"request body over {self.limit} bytes (serve.max_body_bytes)",
-                                  "request_too_large")
+        response = error_response(
+            413, f"request body over {self.limit} bytes (serve.max_body_bytes)", "request_too_large"
+        )
         await response(scope, receive, send)
 
 
@@ -91,8 +93,12 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
             return
         given = request.headers.get("authorization", "")
         if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
-            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "invalid_api_key",
-                           kind="authentication_error")
+            raise ApiError(
+                401,
+                "missing or wrong API key (Authorization: Bearer KEY)",
+                "invalid_api_key",
+                kind="authentication_error",
+            )
 
     def room() -> None:
         try:
@@ -102,18 +108,42 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model_version": holder.current.version, "sessions": len(sessions.sessions),
-                "batches": batcher.batches, "batched_requests": batcher.rows,
-                "store": {"dir": str(store.dir), "bytes": store.total_bytes, "max_bytes": store.max_bytes}}
+        return {
+            "status": "ok",
+            "model_version": holder.current.version,
+            "sessions": len(sessions.sessions),
+            "batches": batcher.batches,
+            "batched_requests": batcher.rows,
+            "store": {"dir": str(store.dir), "bytes": store.total_bytes, "max_bytes": store.max_bytes},
+        }
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
         current = holder.current
-        return {"object": "list", "data": [{"id": current.name, "object": "model", "created": 0,
-                                            "owned_by": "lopd", "lopd_version": current.version}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": current.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "lopd",
+                    "lopd_version": current.version,
+                }
+            ],
+        }
 
-    add_chat(app, cfg, batcher=batcher, sessions=sessions, holder=holder, store=store, recorded=recorded,
-             authorized=authorized, room=room)
+    add_chat(
+        app,
+        cfg,
+        batcher=batcher,
+        sessions=sessions,
+        holder=holder,
+        store=store,
+        recorded=recorded,
+        authorized=authorized,
+        room=room,
+    )
     add_completions(app, cfg, batcher, holder, authorized)
 
     _add_feedback(app, sessions=sessions, store=store, recorded=recorded, authorized=authorized, room=room)
@@ -123,6 +153,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
 
 def _add_error_handlers(app) -> None:
     """Every error in OpenAI's shape: validation 400, unknown route 404, anything unexpected 500."""
+
     @app.exception_handler(ApiError)
     async def api_error(request, exc: ApiError):
         return exc.response()
@@ -132,8 +163,9 @@ def _add_error_handlers(app) -> None:
         errors = exc.errors()
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
-            return error_response(400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}",
-                                  "invalid_json")
+            return error_response(
+                400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", "invalid_json"
+            )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
 
@@ -153,19 +185,38 @@ def _add_feedback(app, *, sessions, store, recorded: dict, authorized, room) -> 
         if not math.isfinite(fb.reward) or not 0.0 <= fb.reward <= 1.0:
             raise ApiError(422, f"reward={fb.reward}: expected a number in [0, 1]", "invalid_reward", param="reward")
         if fb.success and fb.reward != 1.0:
-            raise ApiError(422, f"success with reward={fb.reward}: a success passes every check (reward 1)",
-                           "invalid_reward", param="success")
+            raise ApiError(
+                422,
+                f"success with reward={fb.reward}: a success passes every check (reward 1)",
+                "invalid_reward",
+                param="success",
+            )
         session = sessions.find(fb.session)
         trajectory_id = fb.trajectory_id or (session.trajectory_id if session else "")
         if not trajectory_id:
-            raise ApiError(404, f"session {fb.session!r}: no conversation recorded (or it was closed for "
-                           "idleness: name trajectory_id)", "unknown_session", param="session")
+            raise ApiError(
+                404,
+                f"session {fb.session!r}: no conversation recorded (or it was closed for idleness: name trajectory_id)",
+                "unknown_session",
+                param="session",
+            )
         if recorded.get(trajectory_id) != fb.session:  # a label must land on a conversation of that session
-            raise ApiError(404, f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} "
-                           "served by this process", "unknown_trajectory", param="trajectory_id")
+            raise ApiError(
+                404,
+                f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} served by this process",
+                "unknown_trajectory",
+                param="trajectory_id",
+            )
         room()
-        record = {"kind": "feedback", "session": fb.session, "trajectory_id": trajectory_id,
-                  "reward": fb.reward, "success": fb.success, "checks": fb.checks, "time": time.time()}
+        record = {
+            "kind": "feedback",
+            "session": fb.session,
+            "trajectory_id": trajectory_id,
+            "reward": fb.reward,
+            "success": fb.success,
+            "checks": fb.checks,
+            "time": time.time(),
+        }
         await asyncio.to_thread(store.append, record)
         return {"ok": True, "trajectory_id": trajectory_id}
 
@@ -176,13 +227,15 @@ def _add_reload(app, holder, authorized) -> None:
         try:
             version, changed = await asyncio.to_thread(holder.reload, body.model if body else None)
         except (FileNotFoundError, ValueError, OSError) as exc:
-            raise ApiError(400, f"reload failed, still serving {holder.current.version}: {exc}",
-                           "reload_failed") from None
+            raise ApiError(
+                400, f"reload failed, still serving {holder.current.version}: {exc}", "reload_failed"
+            ) from None
         return {"model_version": version, "changed": changed}
 
 
 def _lifespan(cfg: ServeConfig, batcher: Batcher, holder: ModelHolder):
     """Start the decoder thread (and the registry poller, serving the registry) with the app; stop them after."""
+
     async def poll_registry():
         while True:
             await asyncio.sleep(cfg.poll_s)

@@ -88,12 +88,32 @@ class Batcher:
         with self._seed_lock:
             return self._seeds.randrange(2**63)
 
-    async def generate(self, loaded, context: list[int], *, temperature: float, top_p: float, max_tokens: int,
-                       seed: int, top_logprobs: int = 0, on_token=None) -> Generated:
+    async def generate(
+        self,
+        loaded,
+        context: list[int],
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+        top_logprobs: int = 0,
+        on_token=None,
+    ) -> Generated:
         """Decode one turn; `on_token(id, logprob, top)` runs in the worker thread for each kept token."""
         loop = asyncio.get_running_loop()
-        job = Job(loaded, context, temperature, top_p, max_tokens, seed, loop, loop.create_future(),
-                  top_logprobs=top_logprobs, on_token=on_token)
+        job = Job(
+            loaded,
+            context,
+            temperature,
+            top_p,
+            max_tokens,
+            seed,
+            loop,
+            loop.create_future(),
+            top_logprobs=top_logprobs,
+            on_token=on_token,
+        )
         self._queue.put(job)
         return await job.future
 
@@ -145,22 +165,30 @@ class Batcher:
     def _decode(self, group: list[Job]) -> None:
         head = group[0]
         chat = head.loaded.chat
-        sampling = Sampling(temperature=head.temperature, top_p=head.top_p,
-                            max_new_tokens=max(j.max_tokens for j in group))
+        sampling = Sampling(
+            temperature=head.temperature, top_p=head.top_p, max_new_tokens=max(j.max_tokens for j in group)
+        )
         tops: list[list] = [[] for _ in group]
 
         def on_token(row: int, token_id: int, logprob: float, top: list) -> None:
             job = group[row]
             if len(tops[row]) >= job.max_tokens:  # decoded for a batch mate's longer max_tokens: not kept
                 return
-            tops[row].append(top[:job.top_logprobs])
+            tops[row].append(top[: job.top_logprobs])
             if job.on_token is not None:
                 job.on_token(token_id, logprob, tops[row][-1])
+
         try:
-            turns = generate_turn(head.loaded.model, [j.context for j in group], sampling=sampling,
-                                  stop_id=chat.im_end_id, pad_id=chat.pad_id,
-                                  generator=[torch.Generator().manual_seed(j.seed) for j in group],
-                                  on_token=on_token, top_logprobs=max(j.top_logprobs for j in group))
+            turns = generate_turn(
+                head.loaded.model,
+                [j.context for j in group],
+                sampling=sampling,
+                stop_id=chat.im_end_id,
+                pad_id=chat.pad_id,
+                generator=[torch.Generator().manual_seed(j.seed) for j in group],
+                on_token=on_token,
+                top_logprobs=max(j.top_logprobs for j in group),
+            )
         except Exception as exc:  # noqa: BLE001  handed to every waiting request, never kills the worker
             for job in group:
                 job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
@@ -168,7 +196,7 @@ class Batcher:
         self.batches += 1
         self.rows += len(group)
         for job, (ids, logprobs), top in zip(group, turns, tops):
-            ids, logprobs = ids[:job.max_tokens], logprobs[:job.max_tokens]
+            ids, logprobs = ids[: job.max_tokens], logprobs[: job.max_tokens]
             out = Generated(list(ids), [float(v) for v in logprobs], bool(ids) and ids[-1] == chat.im_end_id, top)
             job.loop.call_soon_threadsafe(_settle, job.future, out, None)
 

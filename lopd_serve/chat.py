@@ -54,17 +54,29 @@ def _max_tokens(req: ChatRequest, cfg) -> int:
     if req.n != 1:
         raise ApiError(400, "n: only 1 choice per request is supported", "unsupported", param="n")
     if req.stop:
-        raise ApiError(400, "stop: stop sequences are not supported (a turn ends at the model's end token)",
-                       "unsupported", param="stop")
+        raise ApiError(
+            400,
+            "stop: stop sequences are not supported (a turn ends at the model's end token)",
+            "unsupported",
+            param="stop",
+        )
     if req.response_format and req.response_format.get("type") not in (None, "text"):
         raise ApiError(400, "response_format: only text is supported", "unsupported", param="response_format")
     if req.top_logprobs is not None and req.top_logprobs > cfg.max_top_logprobs:
-        raise ApiError(400, f"top_logprobs={req.top_logprobs}: at most {cfg.max_top_logprobs} "
-                       "(serve.max_top_logprobs)", "too_many_logprobs", param="top_logprobs")
+        raise ApiError(
+            400,
+            f"top_logprobs={req.top_logprobs}: at most {cfg.max_top_logprobs} (serve.max_top_logprobs)",
+            "too_many_logprobs",
+            param="top_logprobs",
+        )
     max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
     if max_tokens > cfg.max_tokens_limit:
-        raise ApiError(400, f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
-                       "max_tokens_too_large", param="max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
+            "max_tokens_too_large",
+            param="max_tokens",
+        )
     return max_tokens
 
 
@@ -82,9 +94,13 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded: dict, auth
             tools_key = json.dumps(parsed.tools, sort_keys=True)
             plan = plan_turn(session, parsed, tools_key, loaded.chat, loaded.version)
             if len(plan.context) + max_tokens > cfg.max_context:
-                raise ApiError(400, f"the conversation is {len(plan.context)} tokens; with max_tokens={max_tokens} "
-                               f"it exceeds the context limit of {cfg.max_context} (serve.max_context)",
-                               "context_length_exceeded", param="messages")
+                raise ApiError(
+                    400,
+                    f"the conversation is {len(plan.context)} tokens; with max_tokens={max_tokens} "
+                    f"it exceeds the context limit of {cfg.max_context} (serve.max_context)",
+                    "context_length_exceeded",
+                    param="messages",
+                )
             seed = req.seed if req.seed is not None else batcher.draw_seed()
             turn = Turn(req, session, parsed, plan, loaded, tools_key, max_tokens, seed % 2**63)
             if req.stream:
@@ -103,9 +119,16 @@ def _top_k(req: ChatRequest) -> int:
 
 
 async def _generate(turn: Turn, batcher, on_token=None):
-    return await batcher.generate(turn.loaded, turn.plan.context, temperature=turn.req.temperature,
-                                  top_p=turn.req.top_p, max_tokens=turn.max_tokens, seed=turn.seed,
-                                  top_logprobs=_top_k(turn.req), on_token=on_token)
+    return await batcher.generate(
+        turn.loaded,
+        turn.plan.context,
+        temperature=turn.req.temperature,
+        top_p=turn.req.top_p,
+        max_tokens=turn.max_tokens,
+        seed=turn.seed,
+        top_logprobs=_top_k(turn.req),
+        on_token=on_token,
+    )
 
 
 async def _record(turn: Turn, out, store, recorded: dict) -> dict:
@@ -113,45 +136,74 @@ async def _record(turn: Turn, out, store, recorded: dict) -> dict:
     it), the session advanced; returns the response body."""
     req, plan, loaded, session = turn.req, turn.plan, turn.loaded, turn.session
     declared = {t["function"]["name"] for t in turn.parsed.tools}
-    message, finish, reply_key = reply(loaded.chat, out.token_ids, stopped=out.stopped, declared=declared,
-                                       tool_choice=req.tool_choice)
+    message, finish, reply_key = reply(
+        loaded.chat, out.token_ids, stopped=out.stopped, declared=declared, tool_choice=req.tool_choice
+    )
     segment = plan.segment
     prompt_length = len(segment) if plan.turn == 0 else 0
     segment.add_action(out.token_ids, out.logprobs)
     if not out.stopped:
         segment.add_forced([loaded.chat.im_end_id])  # closed by the server, as the engine closes a turn
     request_messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    record = {"kind": "turn", "trajectory_id": plan.trajectory_id, "turn": plan.turn,
-              "session": session.id, "origin": plan.origin if plan.turn == 0 else "extends",
-              "parent": plan.parent, "model_version": loaded.version, "prompt_length": prompt_length,
-              "token_ids": segment.token_ids, "action_mask": segment.action_mask,
-              "sample_logprobs": segment.sample_logprobs, "finish_reason": finish,
-              "messages": request_messages[-plan.new_messages:] + [message],
-              "sampling": {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": turn.max_tokens,
-                           "seed": turn.seed}, "time": time.time()}
+    record = {
+        "kind": "turn",
+        "trajectory_id": plan.trajectory_id,
+        "turn": plan.turn,
+        "session": session.id,
+        "origin": plan.origin if plan.turn == 0 else "extends",
+        "parent": plan.parent,
+        "model_version": loaded.version,
+        "prompt_length": prompt_length,
+        "token_ids": segment.token_ids,
+        "action_mask": segment.action_mask,
+        "sample_logprobs": segment.sample_logprobs,
+        "finish_reason": finish,
+        "messages": request_messages[-plan.new_messages :] + [message],
+        "sampling": {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "max_tokens": turn.max_tokens,
+            "seed": turn.seed,
+        },
+        "time": time.time(),
+    }
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
     await asyncio.to_thread(store.append, record)
     recorded[plan.trajectory_id] = session.id
-    session.advance(plan, segment, version=loaded.version, tools_key=turn.tools_key,
-                    keys=turn.parsed.keys + [reply_key])
+    session.advance(
+        plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
+    )
     choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
     if req.logprobs:
-        choice["logprobs"] = chat_logprobs(loaded.tokenizer, out.token_ids, out.logprobs, out.top,
-                                           req.return_tokens_as_token_ids)
-    body = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
-            "model": loaded.name, "system_fingerprint": loaded.version, "choices": [choice],
-            "usage": {"prompt_tokens": len(plan.context), "completion_tokens": len(out.token_ids),
-                      "total_tokens": len(plan.context) + len(out.token_ids)},
-            "lopd": {"session": session.id, "trajectory_id": plan.trajectory_id, "model_version": loaded.version}}
+        choice["logprobs"] = chat_logprobs(
+            loaded.tokenizer, out.token_ids, out.logprobs, out.top, req.return_tokens_as_token_ids
+        )
+    body = {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": loaded.name,
+        "system_fingerprint": loaded.version,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(plan.context),
+            "completion_tokens": len(out.token_ids),
+            "total_tokens": len(plan.context) + len(out.token_ids),
+        },
+        "lopd": {"session": session.id, "trajectory_id": plan.trajectory_id, "model_version": loaded.version},
+    }
     if req.return_token_ids:
         body["prompt_token_ids"], choice["token_ids"] = list(plan.context), list(out.token_ids)
     return body
 
 
 def _chunk(head: dict, delta: dict, finish=None, logprobs=None) -> str:
-    event = {**head, "object": "chat.completion.chunk",
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
+    event = {
+        **head,
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
+    }
     return f"data: {json.dumps(event)}\n\n"
 
 
@@ -160,15 +212,20 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
     module's docstring), then the closing events once the turn is recorded, then [DONE]."""
     req, loaded = turn.req, turn.loaded
     try:
-        head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": loaded.name,
-                "system_fingerprint": loaded.version,
-                "lopd": {"session": turn.session.id, "model_version": loaded.version}}
+        head = {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "created": int(time.time()),
+            "model": loaded.name,
+            "system_fingerprint": loaded.version,
+            "lopd": {"session": turn.session.id, "model_version": loaded.version},
+        }
         live = is_embedded_format(loaded.tokenizer) and not (turn.parsed.tools and req.tool_choice != "none")
         tokens: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def on_token(token_id: int, logprob: float, top: list) -> None:  # in the decoder's thread
             loop.call_soon_threadsafe(tokens.put_nowait, (token_id, logprob, top))
+
         job = asyncio.ensure_future(_generate(turn, batcher, on_token))
         yield _chunk(head, {"role": "assistant", "content": ""})
         text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
@@ -182,8 +239,9 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
             token_id, logprob, top = getter.result()
             piece = text.add(token_id)
             if req.logprobs:
-                pending += chat_logprobs(loaded.tokenizer, [token_id], [logprob], [top],
-                                         req.return_tokens_as_token_ids)["content"]
+                pending += chat_logprobs(
+                    loaded.tokenizer, [token_id], [logprob], [top], req.return_tokens_as_token_ids
+                )["content"]
             if live and piece:
                 yield _chunk(head, {"content": piece}, logprobs={"content": pending} if req.logprobs else None)
                 pending = []
@@ -196,10 +254,13 @@ async def _stream(turn: Turn, batcher, store, recorded: dict):
         else:
             content = message["content"]
             # what was streamed is a prefix of the message's text; anything else cannot be taken back
-            rest = (content[len(text.shown):] if content.startswith(text.shown) else "") if live else content
+            rest = (content[len(text.shown) :] if content.startswith(text.shown) else "") if live else content
             if rest or (live and pending):  # the tokens not sent yet (the end token's log-prob among them)
-                yield _chunk(head, {"content": rest}, logprobs=(None if not req.logprobs else {"content": pending}
-                                                                if live else choice["logprobs"]))
+                yield _chunk(
+                    head,
+                    {"content": rest},
+                    logprobs=(None if not req.logprobs else {"content": pending} if live else choice["logprobs"]),
+                )
         yield _chunk(head, {}, choice["finish_reason"])
         yield "data: [DONE]\n\n"
     finally:
@@ -222,5 +283,5 @@ class _Text:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
         if not text.startswith(self.shown) or len(text) <= len(self.shown) or text.endswith("\ufffd"):
             return ""
-        piece, self.shown = text[len(self.shown):], text
+        piece, self.shown = text[len(self.shown) :], text
         return piece

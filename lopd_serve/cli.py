@@ -19,9 +19,15 @@ def _config(params, args):
     """params.yaml's `serve` section (already loaded with --params and --set), the flags on top."""
     from lopd_serve.config import ServeConfig
 
-    return ServeConfig.from_params(params, model=getattr(args, "model", None), host=getattr(args, "host", None),
-                                   port=getattr(args, "port", None), store_dir=getattr(args, "store", None),
-                                   poll_s=getattr(args, "poll_s", None), device=getattr(args, "device", None))
+    return ServeConfig.from_params(
+        params,
+        model=getattr(args, "model", None),
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        store_dir=getattr(args, "store", None),
+        poll_s=getattr(args, "poll_s", None),
+        device=getattr(args, "device", None),
+    )
 
 
 def cmd_serve(params, args) -> int:
@@ -47,8 +53,15 @@ def cmd_client(params, args) -> int:
     worlds = WorldSplit.from_config(params.envs).for_split(args.split)
     tasks = make_tasks("toolworld", args.split, args.n, args.seed, worlds)
     url = args.url or f"http://127.0.0.1:{cfg.port}/v1"
-    summary = run_client(url, tasks, concurrency=args.concurrency, api_key=cfg.api_key() or "none",
-                         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    summary = run_client(
+        url,
+        tasks,
+        concurrency=args.concurrency,
+        api_key=cfg.api_key() or "none",
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
     episodes = summary.pop("episodes")
     print(json.dumps(summary, indent=2))
     if args.verbose:
@@ -73,16 +86,24 @@ def cmd_snapshot(params, args) -> int:
 
 
 def add_serve_parsers(sub, add_common) -> None:
-    serve = sub.add_parser("serve", help="serve the champion on an OpenAI-compatible endpoint, recording traces",
-                           description="Serve the registry's champion (or --model DIR) at /v1/chat/completions; "
-                           "every conversation is recorded in serve.store_dir. See docs/serving.md.")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the champion on an OpenAI-compatible endpoint, recording traces",
+        description="Serve the registry's champion (or --model DIR) at /v1/chat/completions; "
+        "every conversation is recorded in serve.store_dir. See docs/serving.md.",
+    )
     add_common(serve)
     serve.add_argument("--model", default=None, help="a checkpoint folder instead of the registry's champion")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs a key)")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--store", default=None, help="trace store folder (default serve.store_dir)")
-    serve.add_argument("--poll-s", dest="poll_s", type=float, default=None,
-                       help="seconds between checks of the registry alias (0: never)")
+    serve.add_argument(
+        "--poll-s",
+        dest="poll_s",
+        type=float,
+        default=None,
+        help="seconds between checks of the registry alias (0: never)",
+    )
     serve.add_argument("--device", default=None, help="auto (cuda when available), cpu, cuda, cuda:1, ...")
     serve.set_defaults(func=cmd_serve, resolve_envs=False)
     inner = serve.add_subparsers(dest="serve_command")
@@ -103,8 +124,14 @@ def add_serve_parsers(sub, add_common) -> None:
     add_common(snap)
     snap.add_argument("--out", required=True)
     snap.add_argument("--store", default=None)
-    snap.add_argument("--as-trajectories", action="store_true",
-                      help="write the rollout table's columns (labeled traces only) instead of the trace table")
-    snap.add_argument("--include-unlabeled", action="store_true",
-                      help="with --as-trajectories: unlabeled traces too, as reward 0, never successes")
+    snap.add_argument(
+        "--as-trajectories",
+        action="store_true",
+        help="write the rollout table's columns (labeled traces only) instead of the trace table",
+    )
+    snap.add_argument(
+        "--include-unlabeled",
+        action="store_true",
+        help="with --as-trajectories: unlabeled traces too, as reward 0, never successes",
+    )
     snap.set_defaults(func=cmd_snapshot, resolve_envs=False)

@@ -31,8 +31,18 @@ class Episode:
     error: str = ""
 
 
-def play(client, base_url: str, api_key: str, task: Task, *, model: str, temperature: float, max_tokens: int,
-         seed: int, session: str | None = None) -> Episode:
+def play(
+    client,
+    base_url: str,
+    api_key: str,
+    task: Task,
+    *,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+    session: str | None = None,
+) -> Episode:
     import openai
 
     session = session or f"client-{uuid.uuid4().hex[:12]}"
@@ -44,8 +54,14 @@ def play(client, base_url: str, api_key: str, task: Task, *, model: str, tempera
     while True:
         try:
             response = client.chat.completions.create(
-                model=model, messages=messages, tools=tools or openai.omit, temperature=temperature,
-                max_tokens=max_tokens, seed=seed + turns, extra_headers={"X-Session-Id": session})
+                model=model,
+                messages=messages,
+                tools=tools or openai.omit,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                seed=seed + turns,
+                extra_headers={"X-Session-Id": session},
+            )
         except openai.BadRequestError as exc:
             if getattr(exc, "code", None) != "context_length_exceeded":
                 raise
@@ -56,9 +72,19 @@ def play(client, base_url: str, api_key: str, task: Task, *, model: str, tempera
         if message.tool_calls:
             call = message.tool_calls[0]
             action = call_text(call.function.name, json.loads(call.function.arguments))
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.function.name, "arguments": call.function.arguments},
+                        }
+                    ],
+                }
+            )
         else:
             call, action = None, message.content or ""
             messages.append({"role": "assistant", "content": action})
@@ -69,15 +95,27 @@ def play(client, base_url: str, api_key: str, task: Task, *, model: str, tempera
     success = bool(result.info.get("success", False))
     reward = float(result.reward)
     success = success and reward == 1.0  # the trace table's rule: a success passed every check
-    posted = httpx.post(f"{base_url}/feedback", json={"session": session, "reward": reward, "success": success,
-                                                       "checks": result.info.get("checks")},
-                        headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+    posted = httpx.post(
+        f"{base_url}/feedback",
+        json={"session": session, "reward": reward, "success": success, "checks": result.info.get("checks")},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=30,
+    )
     posted.raise_for_status()
     return Episode(session, task.task_id, reward, success, turns)
 
 
-def run_client(base_url: str, tasks: list[Task], *, concurrency: int, api_key: str = "none", model: str = "",
-               temperature: float = 1.0, max_tokens: int = 64, seed: int = 0) -> dict:
+def run_client(
+    base_url: str,
+    tasks: list[Task],
+    *,
+    concurrency: int,
+    api_key: str = "none",
+    model: str = "",
+    temperature: float = 1.0,
+    max_tokens: int = 64,
+    seed: int = 0,
+) -> dict:
     """Play every task as its own session, `concurrency` at a time; return a summary with every episode."""
     import openai
 
@@ -87,17 +125,29 @@ def run_client(base_url: str, tasks: list[Task], *, concurrency: int, api_key: s
 
     def one(i: int) -> Episode:
         try:
-            return play(client, base_url, api_key, tasks[i], model=model, temperature=temperature,
-                        max_tokens=max_tokens, seed=seed + 1000 * i)
+            return play(
+                client,
+                base_url,
+                api_key,
+                tasks[i],
+                model=model,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                seed=seed + 1000 * i,
+            )
         except Exception as exc:  # noqa: BLE001  counted and reported: the summary says how many failed
             return Episode("", tasks[i].task_id, 0.0, False, 0, f"{type(exc).__name__}: {exc}")
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         episodes = list(pool.map(one, range(len(tasks))))
     done = [e for e in episodes if not e.error]
-    return {"sessions": len(episodes), "failed": len(episodes) - len(done),
-            "success_rate": sum(e.success for e in done) / max(len(done), 1),
-            "reward_mean": sum(e.reward for e in done) / max(len(done), 1),
-            "seconds": round(time.perf_counter() - started, 2), "model": model,
-            "errors": sorted({e.error for e in episodes if e.error})[:5],
-            "episodes": [e.__dict__ for e in episodes]}
+    return {
+        "sessions": len(episodes),
+        "failed": len(episodes) - len(done),
+        "success_rate": sum(e.success for e in done) / max(len(done), 1),
+        "reward_mean": sum(e.reward for e in done) / max(len(done), 1),
+        "seconds": round(time.perf_counter() - started, 2),
+        "model": model,
+        "errors": sorted({e.error for e in episodes if e.error})[:5],
+        "episodes": [e.__dict__ for e in episodes],
+    }

@@ -26,16 +26,21 @@ def _prompt_ids(req: CompletionRequest, loaded) -> list[int]:
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         if len(prompt) != 1:
-            raise ApiError(400, "prompt: one prompt per request (send several requests: they are batched)",
-                           "unsupported", param="prompt")
+            raise ApiError(
+                400,
+                "prompt: one prompt per request (send several requests: they are batched)",
+                "unsupported",
+                param="prompt",
+            )
         prompt = prompt[0]
     if isinstance(prompt, str):
         return loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     vocab = loaded.model.get_input_embeddings().weight.shape[0]
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
-        raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", "invalid_token_id",
-                       param="prompt")
+        raise ApiError(
+            400, f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", "invalid_token_id", param="prompt"
+        )
     return list(prompt)
 
 
@@ -44,26 +49,48 @@ def _check(req: CompletionRequest, cfg, loaded, ids: list[int]) -> int:
     for name in ("logprobs", "prompt_logprobs"):
         k = getattr(req, name)
         if k is not None and k > cfg.max_top_logprobs:
-            raise ApiError(400, f"{name}={k}: at most {cfg.max_top_logprobs} (serve.max_top_logprobs)",
-                           "too_many_logprobs", param=name)
+            raise ApiError(
+                400,
+                f"{name}={k}: at most {cfg.max_top_logprobs} (serve.max_top_logprobs)",
+                "too_many_logprobs",
+                param=name,
+            )
     if req.n != 1:
         raise ApiError(400, "n: only 1 choice per request is supported", "unsupported", param="n")
     if req.stop:
-        raise ApiError(400, "stop: stop strings are not supported (a turn ends at the model's end token)",
-                       "unsupported", param="stop")
+        raise ApiError(
+            400,
+            "stop: stop strings are not supported (a turn ends at the model's end token)",
+            "unsupported",
+            param="stop",
+        )
     if req.stream:
-        raise ApiError(400, "stream: not supported on /v1/completions (chat completions stream)", "unsupported",
-                       param="stream")
+        raise ApiError(
+            400, "stream: not supported on /v1/completions (chat completions stream)", "unsupported", param="stream"
+        )
     if req.stop_token_ids and req.stop_token_ids != [loaded.chat.im_end_id]:
-        raise ApiError(400, f"stop_token_ids: only [{loaded.chat.im_end_id}] (the end-of-turn token) is supported",
-                       "unsupported", param="stop_token_ids")
+        raise ApiError(
+            400,
+            f"stop_token_ids: only [{loaded.chat.im_end_id}] (the end-of-turn token) is supported",
+            "unsupported",
+            param="stop_token_ids",
+        )
     max_tokens = req.max_tokens or cfg.default_max_tokens
     if max_tokens > cfg.max_tokens_limit:
-        raise ApiError(400, f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
-                       "max_tokens_too_large", param="max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
+            "max_tokens_too_large",
+            param="max_tokens",
+        )
     if not ids or len(ids) + max_tokens > cfg.max_context:
-        raise ApiError(400, f"the prompt is {len(ids)} tokens; with max_tokens={max_tokens} it must be within "
-                       f"1..{cfg.max_context} (serve.max_context)", "context_length_exceeded", param="prompt")
+        raise ApiError(
+            400,
+            f"the prompt is {len(ids)} tokens; with max_tokens={max_tokens} it must be within "
+            f"1..{cfg.max_context} (serve.max_context)",
+            "context_length_exceeded",
+            param="prompt",
+        )
     return max_tokens
 
 
@@ -74,15 +101,27 @@ def add_completions(app, cfg, batcher, holder, authorized) -> None:
         ids = _prompt_ids(req, loaded)
         max_tokens = _check(req, cfg, loaded, ids)
         seed = req.seed if req.seed is not None else batcher.draw_seed()
-        out = await batcher.generate(loaded, ids, temperature=req.temperature, top_p=req.top_p,
-                                     max_tokens=max_tokens, seed=seed % 2**63, top_logprobs=req.logprobs or 0)
+        out = await batcher.generate(
+            loaded,
+            ids,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            max_tokens=max_tokens,
+            seed=seed % 2**63,
+            top_logprobs=req.logprobs or 0,
+        )
         scores = None
         if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
             scores = await batcher.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
         tok = loaded.tokenizer
         text = tok.decode(out.token_ids, skip_special_tokens=req.skip_special_tokens)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop" if out.stopped else "length",
-                  "stop_reason": None}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "stop" if out.stopped else "length",
+            "stop_reason": None,
+        }
         if req.logprobs is not None:
             shown, lps, top = list(out.token_ids), list(out.logprobs), list(out.top)
             if req.echo:  # the prompt's tokens first, scored; its first token has no log-prob
@@ -97,7 +136,16 @@ def add_completions(app, cfg, batcher, holder, authorized) -> None:
             choice["prompt_logprobs"] = prompt_logprobs(tok, ids, scores, req.prompt_logprobs)
         if req.return_token_ids:
             choice["prompt_token_ids"], choice["token_ids"] = ids, list(out.token_ids)
-        return {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-                "model": loaded.name, "system_fingerprint": loaded.version, "choices": [choice],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out.token_ids),
-                          "total_tokens": len(ids) + len(out.token_ids)}}
+        return {
+            "id": "cmpl-" + uuid.uuid4().hex,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": loaded.name,
+            "system_fingerprint": loaded.version,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out.token_ids),
+                "total_tokens": len(ids) + len(out.token_ids),
+            },
+        }

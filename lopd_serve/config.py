@@ -35,8 +35,12 @@ class ServeConfig(ServeSection):
         """`params.serve`, the registry of `params.tracking` and `params.seed`, then `overrides` (None values
         ignored: a flag not given); MLFLOW_TRACKING_URI overrides the tracking URI, as for every command."""
         raw = asdict(params.serve)
-        raw.update(tracking_uri=params.tracking.mlflow_uri, registered_model=params.tracking.registered_model,
-                   alias=params.tracking.champion_alias, seed=params.seed)
+        raw.update(
+            tracking_uri=params.tracking.mlflow_uri,
+            registered_model=params.tracking.registered_model,
+            alias=params.tracking.champion_alias,
+            seed=params.seed,
+        )
         raw.update({k: v for k, v in overrides.items() if v is not None})
         if os.environ.get("MLFLOW_TRACKING_URI"):
             raw["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
@@ -64,5 +68,7 @@ class ServeConfig(ServeSection):
         """Refuse to listen beyond loopback without a key: an open endpoint would let anyone spend the machine
         and write into the trace store."""
         if self.host not in LOOPBACK and not self.api_key():
-            raise ServeConfigError(f"serve.host={self.host!r} is not loopback: set an API key in the environment "
-                                   f"variable {self.api_key_env} (clients send `Authorization: Bearer KEY`)")
+            raise ServeConfigError(
+                f"serve.host={self.host!r} is not loopback: set an API key in the environment "
+                f"variable {self.api_key_env} (clients send `Authorization: Bearer KEY`)"
+            )

@@ -61,8 +61,12 @@ class Parsed:
 def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
     messages: list[Message] = req.messages
     if len(messages) > max_messages:
-        raise ApiError(400, f"{len(messages)} messages: at most {max_messages} per request (serve.max_messages)",
-                       "too_many_messages", param="messages")
+        raise ApiError(
+            400,
+            f"{len(messages)} messages: at most {max_messages} per request (serve.max_messages)",
+            "too_many_messages",
+            param="messages",
+        )
     tools = [t.model_dump() for t in req.tools or []]
     declared = {t["function"]["name"] for t in tools}
     if len(declared) != len(tools):
@@ -72,12 +76,17 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
     if messages[0].role in ("system", "developer"):
         system, i = messages[0].text(), 1
     if i >= len(messages) or messages[i].role != "user":
-        raise ApiError(400, "messages: expected [system] then a user message first", "invalid_messages",
-                       param="messages")
-    parsed = Parsed(system, messages[i].text(), tools,
-                    [message_key("system", system, None), message_key("user", messages[i].text(), None)])
+        raise ApiError(
+            400, "messages: expected [system] then a user message first", "invalid_messages", param="messages"
+        )
+    parsed = Parsed(
+        system,
+        messages[i].text(),
+        tools,
+        [message_key("system", system, None), message_key("user", messages[i].text(), None)],
+    )
     previous = "user"
-    for n, m in enumerate(messages[i + 1:], start=i + 1):
+    for n, m in enumerate(messages[i + 1 :], start=i + 1):
         call = None
         if m.role in ("system", "developer"):
             raise ApiError(400, f"messages[{n}]: a system message only comes first", "invalid_messages")
@@ -86,18 +95,23 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
                 raise ApiError(400, f"messages[{n}]: two assistant messages in a row", "invalid_messages")
             if m.tool_calls:
                 if len(m.tool_calls) > 1:
-                    raise ApiError(400, f"messages[{n}]: one tool call per assistant message is supported",
-                                   "invalid_tool_call")
+                    raise ApiError(
+                        400, f"messages[{n}]: one tool call per assistant message is supported", "invalid_tool_call"
+                    )
                 fn = m.tool_calls[0].function
                 if fn.name not in declared:
-                    raise ApiError(400, f"messages[{n}]: tool call to undeclared tool {fn.name!r} (declared: "
-                                   f"{sorted(declared)})", "undeclared_tool")
+                    raise ApiError(
+                        400,
+                        f"messages[{n}]: tool call to undeclared tool {fn.name!r} (declared: {sorted(declared)})",
+                        "undeclared_tool",
+                    )
                 call = (fn.name, _arguments(fn.arguments, f"messages[{n}].tool_calls[0]"))
         elif m.role == "tool":
             if previous != "assistant":  # after a plain reply too: the rollout engine renders every
                 # observation as a tool turn, and a client replaying an environment must be able to send it
-                raise ApiError(400, f"messages[{n}]: a tool message must follow an assistant message",
-                               "invalid_messages")
+                raise ApiError(
+                    400, f"messages[{n}]: a tool message must follow an assistant message", "invalid_messages"
+                )
         elif previous == "user":
             raise ApiError(400, f"messages[{n}]: two user messages in a row", "invalid_messages")
         previous = m.role if m.role != "tool" else "user"  # a tool result, like a user turn, awaits a reply
@@ -115,7 +129,7 @@ def followup_ids(chat, role: str, text: str) -> list[int]:
     if hasattr(chat, "_render"):  # a model's own template: rendered as `observation_ids` renders a tool turn
         conversation = chat._probe_messages() + [chat._probe_assistant, {"role": "user", "content": text}]
         ids = chat._render(conversation, generation=True)
-        return ids[chat._end_after(ids, len(chat._probe_prompt)) + 1:]
+        return ids[chat._end_after(ids, len(chat._probe_prompt)) + 1 :]
     return chat.encode(f"\n{IM_START}user\n{text}{IM_END}\n{IM_START}assistant\n")
 
 
@@ -141,8 +155,13 @@ def reply(chat, sampled: list[int], *, stopped: bool, declared: set[str], tool_c
     kind, name, arguments = parse_action(text)
     if kind == "call" and name in declared and tool_choice != "none":
         call_id = "call_" + uuid.uuid4().hex[:24]
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            ],
+        }
         return message, "tool_calls", message_key("assistant", "", (name, arguments))
     finish = "stop" if stopped else "length"
     return {"role": "assistant", "content": text}, finish, message_key("assistant", text, None)

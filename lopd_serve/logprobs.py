@@ -22,8 +22,9 @@ def token_label(tokenizer, token_id: int, as_ids: bool) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def chat_logprobs(tokenizer, ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]],
-                  as_ids: bool) -> dict:
+def chat_logprobs(
+    tokenizer, ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]], as_ids: bool
+) -> dict:
     def entry(token_id: int, logprob: float) -> dict:
         label = token_label(tokenizer, token_id, as_ids)
         return {"token": label, "logprob": logprob, "bytes": list(label.encode("utf-8"))}
@@ -36,15 +37,18 @@ def chat_logprobs(tokenizer, ids: list[int], logprobs: list[float], top: list[li
     return {"content": content}
 
 
-def completion_logprobs(tokenizer, ids: list[int], logprobs: list[float | None],
-                        top: list[list[tuple[int, float]]], as_ids: bool) -> dict:
+def completion_logprobs(
+    tokenizer, ids: list[int], logprobs: list[float | None], top: list[list[tuple[int, float]]], as_ids: bool
+) -> dict:
     tokens = [token_label(tokenizer, t, as_ids) for t in ids]
     offsets, at = [], 0
     for label in tokens:
         offsets.append(at)
         at += 0 if as_ids else len(label)
-    top_maps = [None if lp is None else {token_label(tokenizer, t, as_ids): v for t, v in (top[n] or [])}
-                for n, lp in enumerate(logprobs)]
+    top_maps = [
+        None if lp is None else {token_label(tokenizer, t, as_ids): v for t, v in (top[n] or [])}
+        for n, lp in enumerate(logprobs)
+    ]
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top_maps, "text_offset": offsets}
 
 
@@ -53,8 +57,13 @@ def prompt_logprobs(tokenizer, ids: list[int], scores: SequenceScores, k: int) -
     for pos in range(1, len(ids)):
         token_id, chosen = ids[pos], scores.token_logprobs[pos - 1]
         ranked = list(zip(scores.topk_ids[pos - 1][:k], scores.topk_logprobs[pos - 1][:k]))
-        entries = {str(token_id): {"logprob": chosen, "rank": scores.token_ranks[pos - 1],
-                                   "decoded_token": token_label(tokenizer, token_id, False)}}
+        entries = {
+            str(token_id): {
+                "logprob": chosen,
+                "rank": scores.token_ranks[pos - 1],
+                "decoded_token": token_label(tokenizer, token_id, False),
+            }
+        }
         for r, (t, v) in enumerate(ranked):
             entries.setdefault(str(t), {"logprob": v, "rank": r + 1, "decoded_token": token_label(tokenizer, t, False)})
         out.append(entries)

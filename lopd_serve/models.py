@@ -46,8 +46,9 @@ def _folder_with(root: Path, filename: str) -> Path:
     return found[0].parent
 
 
-def load_checkpoint(folder: str | Path, *, version: str | None = None, name: str | None = None,
-                    device: str = "auto") -> LoadedModel:
+def load_checkpoint(
+    folder: str | Path, *, version: str | None = None, name: str | None = None, device: str = "auto"
+) -> LoadedModel:
     """A checkpoint in eval mode with the chat format its tokenizer speaks (probed as `load_policy` does)."""
     root = Path(folder)
     if not root.is_dir():
@@ -92,8 +93,7 @@ class Registry:
             # the version's storage location, asked of this client: a `models:/` URI would be resolved against
             # the process-wide registry URI instead of this one
             source = self.client.get_model_version_download_uri(self.registered_model, number)
-            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out),
-                                                tracking_uri=self.tracking_uri)
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out), tracking_uri=self.tracking_uri)
             (out / ".complete").write_text(number)
         return out
 
@@ -118,8 +118,12 @@ class ModelHolder:
                 label = self.registry.version_label(number)
                 if label == self.current.version:
                     return label, False
-                loaded = load_checkpoint(self.registry.download(number), version=label,
-                                         name=self.registry.registered_model, device=self.device)
+                loaded = load_checkpoint(
+                    self.registry.download(number),
+                    version=label,
+                    name=self.registry.registered_model,
+                    device=self.device,
+                )
             else:
                 raise ValueError("this server serves a folder: name the model folder to reload from")
             changed = loaded.version != self.current.version
@@ -133,5 +137,6 @@ def initial_model(model_path: str, registry: Registry | None, device: str) -> Lo
     if registry is None:
         raise ValueError("no model: give a folder (serve.model / --model) or a registry")
     number = registry.champion()
-    return load_checkpoint(registry.download(number), version=registry.version_label(number),
-                           name=registry.registered_model, device=device)
+    return load_checkpoint(
+        registry.download(number), version=registry.version_label(number), name=registry.registered_model, device=device
+    )

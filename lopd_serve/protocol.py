@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None):
+    def __init__(
+        self, status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
 
@@ -23,10 +24,10 @@ class ApiError(Exception):
         return error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
 
 
-def error_response(status: int, message: str, code: str, *, kind: str = "invalid_request_error",
-                   param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}},
-                        status_code=status)
+def error_response(
+    status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status_code=status)
 
 
 class FunctionCall(BaseModel):

@@ -10,8 +10,7 @@ from lopd_serve.models import ModelHolder, Registry, initial_model
 
 def build_app(cfg: ServeConfig):
     cfg.check_exposure()
-    registry = None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias,
-                                               cfg.model_cache_dir)
+    registry = None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias, cfg.model_cache_dir)
     holder = ModelHolder(initial_model(cfg.model, registry, cfg.device), registry=registry, device=cfg.device)
     store = TraceStore(cfg.store_dir, segment_bytes=cfg.store_segment_bytes, max_bytes=cfg.store_max_bytes)
     return create_app(cfg, holder, store)
@@ -21,6 +20,8 @@ def run(cfg: ServeConfig, log=print) -> None:
     import uvicorn
 
     app = build_app(cfg)
-    log(f"serving {app.state.holder.current.version} on http://{cfg.host}:{cfg.port}/v1 "
-        f"(traces in {cfg.store_dir}; API key {'required' if cfg.api_key() else 'off: loopback only'})")
+    log(
+        f"serving {app.state.holder.current.version} on http://{cfg.host}:{cfg.port}/v1 "
+        f"(traces in {cfg.store_dir}; API key {'required' if cfg.api_key() else 'off: loopback only'})"
+    )
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)

@@ -73,9 +73,13 @@ class SessionTable:
                     if now - s.last_used > self.idle_s and not s.lock.locked():
                         del self.sessions[sid]
             if len(self.sessions) >= self.max_sessions:
-                raise ApiError(429, f"{len(self.sessions)} sessions are open (serve.max_sessions); none has been "
-                               f"idle for {self.idle_s:g}s: retry later", "too_many_sessions",
-                               kind="rate_limit_error")
+                raise ApiError(
+                    429,
+                    f"{len(self.sessions)} sessions are open (serve.max_sessions); none has been "
+                    f"idle for {self.idle_s:g}s: retry later",
+                    "too_many_sessions",
+                    kind="rate_limit_error",
+                )
             session = self.sessions[session_id] = Session(id=session_id)
         session.last_used = time.monotonic()
         return session
@@ -88,12 +92,19 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
     """Extend the session's trajectory when the request repeats it exactly (same model version, same tools,
     every earlier message and reply) and only adds tool or user messages; else start a new trajectory."""
     known = session.keys
-    repeats = (session.trajectory_id and len(parsed.keys) > len(known) and parsed.keys[:len(known)] == known)
+    repeats = session.trajectory_id and len(parsed.keys) > len(known) and parsed.keys[: len(known)] == known
     if repeats and session.version == version and session.tools_key == tools_key:
         start = len(known) - 2  # index into parsed.rest (keys hold system and first user before rest)
         segment = render(chat, parsed, start)
-        return Plan(session.trajectory_id, session.num_turns, "extends", "", segment,
-                    session.ids.token_ids + segment.token_ids, len(parsed.rest) - start)
+        return Plan(
+            session.trajectory_id,
+            session.num_turns,
+            "extends",
+            "",
+            segment,
+            session.ids.token_ids + segment.token_ids,
+            len(parsed.rest) - start,
+        )
     if not session.trajectory_id:
         origin = "new"
     elif session.version != version:
@@ -103,5 +114,12 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
         differs_at_reply = first_diff is not None and parsed.keys[first_diff].startswith('["assistant"')
         origin = "assistant_differs" if differs_at_reply else "context_differs"
     segment = render(chat, parsed)
-    return Plan("traj-" + uuid.uuid4().hex, 0, origin, session.trajectory_id if origin != "new" else "", segment,
-                list(segment.token_ids), len(parsed.rest) + 2)
+    return Plan(
+        "traj-" + uuid.uuid4().hex,
+        0,
+        origin,
+        session.trajectory_id if origin != "new" else "",
+        segment,
+        list(segment.token_ids),
+        len(parsed.rest) + 2,
+    )

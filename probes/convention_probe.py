@@ -38,13 +38,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.envs import WORLDS, make_tasks
-from lopd_core.envs.toolworld.worlds import WorldSplit
-from lopd_core.evaluation import EVAL_SEED_OFFSET
 from lopd_core.distill.composer import ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.models import TeacherView
 from lopd_core.distill.teacher import Framing, embed_row, splice_position
 from lopd_core.distill.trainer import load_composer
+from lopd_core.envs import WORLDS, make_tasks
+from lopd_core.envs.toolworld.worlds import WorldSplit
+from lopd_core.evaluation import EVAL_SEED_OFFSET
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import Demo, ExperiencePool, encode_demo, play
 
@@ -70,10 +70,12 @@ class LatentReader:
     def __init__(self, model, tokenizer, composer_path: str, params_file: str):
         params = load_params(params_file)
         self.framing = Framing.from_tokenizer(tokenizer)
-        self.composer = load_composer(composer_path, model.config.hidden_size, params.composer,
-                                      mean_embedding_norm(model)).eval()
-        self.encoder = ExperienceEncoder(TeacherView(model), tokenizer,
-                                         max_tokens=params.composer.max_experience_tokens)
+        self.composer = load_composer(
+            composer_path, model.config.hidden_size, params.composer, mean_embedding_norm(model)
+        ).eval()
+        self.encoder = ExperienceEncoder(
+            TeacherView(model), tokenizer, max_tokens=params.composer.max_experience_tokens
+        )
 
     def __call__(self, experiences: tuple[str, ...]):
         with torch.no_grad():
@@ -96,8 +98,14 @@ def decisions(task, seq, codec, experiences: tuple[str, ...] = ()):
             yield world, j, other.token_ids
 
 
-def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
-                       rng: random.Random | None = None, reader: LatentReader | None = None) -> dict:
+def convention_choices(
+    model,
+    codec,
+    tasks,
+    pool: ExperiencePool | None = None,
+    rng: random.Random | None = None,
+    reader: LatentReader | None = None,
+) -> dict:
     """p_right / p_other per world; with `pool`, both continuations read the same three same-world successes
     (same template first), which show the task's own conventions — as text, or with `reader` as latents."""
     stats: dict = collections.defaultdict(lambda: [0.0, 0.0, 0])
@@ -112,8 +120,10 @@ def convention_choices(model, codec, tasks, pool: ExperiencePool | None = None,
             row[0] += math.exp(lp[j - 1, seq.token_ids[j]])
             row[1] += math.exp(lp[j - 1, other[j]])
             row[2] += 1
-    return {w: {"p_right": round(r / n, 3), "p_other": round(o / n, 3), "decisions": n}
-            for w, (r, o, n) in sorted(stats.items())}
+    return {
+        w: {"p_right": round(r / n, 3), "p_other": round(o / n, 3), "decisions": n}
+        for w, (r, o, n) in sorted(stats.items())
+    }
 
 
 def _choice_margin(model, prefix: list[int], own: int, other: int) -> float:
@@ -132,18 +142,31 @@ def tag_swap(model, codec, tasks) -> dict:
         demo, _, _ = play(task)
         seq = encode_demo(demo, codec)
         for world, j, other in decisions(task, seq, codec):
-            retagged = encode_demo(Demo(demo.system, demo.user.replace(f"[{task.world}]", f"[{world}]"), (),
-                                        demo.actions, demo.observations, world), codec)
+            retagged = encode_demo(
+                Demo(
+                    demo.system,
+                    demo.user.replace(f"[{task.world}]", f"[{world}]"),
+                    (),
+                    demo.actions,
+                    demo.observations,
+                    world,
+                ),
+                codec,
+            )
             k = j + len(retagged) - len(seq)  # the same decision in the retagged ids
             real += _choice_margin(model, seq.token_ids[:j], seq.token_ids[j], other[j])
             swapped += _choice_margin(model, retagged.token_ids[:k], seq.token_ids[j], other[j])
             n += 1
-    return {"margin_own_tag": round(real / max(n, 1), 3), "margin_other_tag": round(swapped / max(n, 1), 3),
-            "decisions": n}
+    return {
+        "margin_own_tag": round(real / max(n, 1), 3),
+        "margin_other_tag": round(swapped / max(n, 1), 3),
+        "decisions": n,
+    }
 
 
-def oracle_likelihood(model, codec, tasks, pool: ExperiencePool | None, rng: random.Random,
-                      reader: LatentReader | None = None) -> dict:
+def oracle_likelihood(
+    model, codec, tasks, pool: ExperiencePool | None, rng: random.Random, reader: LatentReader | None = None
+) -> dict:
     ll_sum = p_sum = exact = 0.0
     for task in tasks:
         demo, _, _ = play(task)
@@ -172,8 +195,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--split", default="test_id")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--composer", default="", help="a cold-start composer (phi0.pt): also measure the base "
-                                                   "reading the experiences as its latents")
+    ap.add_argument(
+        "--composer",
+        default="",
+        help="a cold-start composer (phi0.pt): also measure the base reading the experiences as its latents",
+    )
     ap.add_argument("--params", default="params.yaml", help="the run's worlds, and the composer's shape")
     args = ap.parse_args()
 
@@ -183,10 +209,13 @@ def main() -> None:
     # the run's worlds: test_id / test_ood in the deployment worlds, pretrain_test in the pretraining worlds
     worlds = WorldSplit.from_config(load_params(args.params).envs).for_split(args.split)
     tasks = make_tasks("toolworld", args.split, args.tasks, args.seed + EVAL_SEED_OFFSET, worlds)
-    pool = ExperiencePool(make_tasks("toolworld", "train", max(400, 40 * len(worlds)),
-                                     args.seed + 2 * EVAL_SEED_OFFSET, worlds))
+    pool = ExperiencePool(
+        make_tasks("toolworld", "train", max(400, 40 * len(worlds)), args.seed + 2 * EVAL_SEED_OFFSET, worlds)
+    )
     out = {
-        "model": args.model, "split": args.split, "tasks": len(tasks),
+        "model": args.model,
+        "split": args.split,
+        "tasks": len(tasks),
         "conventions": convention_choices(model, codec, tasks),
         "conventions_with_experience": convention_choices(model, codec, tasks, pool, random.Random(args.seed)),
         "tag_swap": tag_swap(model, codec, tasks),
@@ -198,10 +227,12 @@ def main() -> None:
     if args.composer:  # the same experiences (same rng stream), read as the composer's latents
         reader = LatentReader(model, tokenizer, args.composer, args.params)
         out["composer"] = args.composer
-        out["conventions_with_latents"] = convention_choices(model, codec, tasks, pool, random.Random(args.seed),
-                                                             reader)
-        out["oracle_actions"]["with_latents"] = oracle_likelihood(model, codec, tasks, pool,
-                                                                  random.Random(args.seed), reader)
+        out["conventions_with_latents"] = convention_choices(
+            model, codec, tasks, pool, random.Random(args.seed), reader
+        )
+        out["oracle_actions"]["with_latents"] = oracle_likelihood(
+            model, codec, tasks, pool, random.Random(args.seed), reader
+        )
     print(json.dumps(out, indent=2))
 
 

@@ -93,8 +93,13 @@ def probe(model, tokenizer, tasks, examples_per_kind: int = 3) -> dict:
         kind = classify(tokenizer, ids, wrong[0], conventions)
         first[kind] += 1
         if len(examples[kind]) < examples_per_kind:
-            examples[kind].append({"template": task.template, "want": tokenizer.decode([ids[wrong[0]]]),
-                                   "got": tokenizer.decode([int(predicted[wrong[0] - 1])])})
+            examples[kind].append(
+                {
+                    "template": task.template,
+                    "want": tokenizer.decode([ids[wrong[0]]]),
+                    "got": tokenizer.decode([int(predicted[wrong[0] - 1])]),
+                }
+            )
     n = len(tasks)
     return {
         "tasks": n,
@@ -118,8 +123,12 @@ def drill_kind(drill: tuple[str, str, str]) -> str:
 def drill_exact_share(model, tokenizer, n: int = 300, seed: int = 99) -> dict[str, float]:
     """Share of fresh drills whose every answer token is the argmax (teacher-forced), by kind."""
     codec = ChatCodec(tokenizer)
-    texts = [d.text() for d in build_demos(n=300, experience_fraction=0.0, max_experiences=1,
-                                            convention_noise=0.0, slip=0.0, seed=seed)]
+    texts = [
+        d.text()
+        for d in build_demos(
+            n=300, experience_fraction=0.0, max_experiences=1, convention_noise=0.0, slip=0.0, seed=seed
+        )
+    ]
     hits: dict[str, list[int]] = {}
     for drill in build_drills(texts, n, seed):
         row = hits.setdefault(drill_kind(drill), [0, 0])
@@ -138,8 +147,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     tasks = make_tasks("toolworld", args.split, args.tasks, args.seed + EVAL_SEED_OFFSET)
-    out = {"model": args.model, "split": args.split, **probe(model, tokenizer, tasks),
-           "drills_exact": drill_exact_share(model, tokenizer)}
+    out = {
+        "model": args.model,
+        "split": args.split,
+        **probe(model, tokenizer, tasks),
+        "drills_exact": drill_exact_share(model, tokenizer),
+    }
     print(json.dumps(out, indent=2))
 
 

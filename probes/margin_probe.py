@@ -40,12 +40,12 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.envs.mix import mixed_tasks
 from lopd_core.distill import losses as L
 from lopd_core.distill.composer import mean_embedding_norm
-from lopd_core.methods import METHOD_NAMES, method_spec
-from lopd_core.drivers.distill import method_retriever, new_composer, open_bank
 from lopd_core.distill.trainer import Distiller, load_composer
+from lopd_core.drivers.distill import method_retriever, new_composer, open_bank
+from lopd_core.envs.mix import mixed_tasks
+from lopd_core.methods import METHOD_NAMES, method_spec
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.loading import load_policy, model_path
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
@@ -75,7 +75,7 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], l
                 group["lr"] = 0.0
         g, kl, per = [], [], p.lopd.tasks_per_step
         for s in range(0, len(tasks), per):
-            out = d.update(tasks[s:s + per], trajs[s * p.lopd.samples_per_task:(s + per) * p.lopd.samples_per_task])
+            out = d.update(tasks[s : s + per], trajs[s * p.lopd.samples_per_task : (s + per) * p.lopd.samples_per_task])
             g += out.trajectory_gaps
             kl += out["trajectory_kl"]
     finally:
@@ -102,8 +102,9 @@ def summarize(gaps: list[float], trajs, samples: int, boot: int, seed: int) -> d
         point = delta_bar(g, n, adv[k])
         draws = []
         for _ in range(boot):  # resample tasks (a task's samples stay together, as `group` needs)
-            pick = torch.tensor([t * samples + j for t in (rng.randrange(n_tasks) for _ in range(n_tasks))
-                                 for j in range(samples)])
+            pick = torch.tensor(
+                [t * samples + j for t in (rng.randrange(n_tasks) for _ in range(n_tasks)) for j in range(samples)]
+            )
             draws.append(delta_bar(g[pick], n[pick], adv[k][pick]))
         draws.sort()
         out[f"delta_{k}"] = round(point, 4)
@@ -131,8 +132,10 @@ def main() -> None:
     params.lopd = replace(params.lopd, samples_per_task=args.samples)
     for method in args.methods:
         if method_spec(method, params.baselines).needs_composer and not Path(params.coldstart.out).exists():
-            raise SystemExit(f"no cold-start composer at {params.coldstart.out}: run `lopd bank` and "
-                             "`lopd coldstart` first")
+            raise SystemExit(
+                f"no cold-start composer at {params.coldstart.out}: run `lopd bank` and `lopd coldstart` first"
+            )
+
     def log(message: str) -> None:
         print(message, file=sys.stderr)
 
@@ -140,31 +143,46 @@ def main() -> None:
     model, tokenizer = load_policy(params.model)
     tasks = mixed_tasks(params.envs.mix, "train", args.tasks, params.seed + PROBE_SEED_OFFSET)
     ro = params.rollout
-    sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context)
+    sampling = Sampling(
+        temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens, max_context=ro.max_context
+    )
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(args.samples)]
-    trajs = rollout(model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
-                    seed=params.seed)
+    trajs = rollout(
+        model, ChatCodec(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size, seed=params.seed
+    )
     del model
-    log(f"margin probe: {len(trajs)} rollouts, {sum(t.success for t in trajs)} successes "
-        f"({time.perf_counter() - started:.0f}s)")
+    log(
+        f"margin probe: {len(trajs)} rollouts, {sum(t.success for t in trajs)} successes "
+        f"({time.perf_counter() - started:.0f}s)"
+    )
     teachers = {}
     for method in args.methods:
         t = time.perf_counter()
         gaps, kls = teacher_gaps(params, method, tasks, trajs, log=lambda m: None)
         teachers[method] = summarize(gaps, trajs, args.samples, args.bootstrap, params.seed)
-        teachers[method]["centred"] = summarize([g + k for g, k in zip(gaps, kls)], trajs, args.samples,
-                                                args.bootstrap, params.seed)
+        teachers[method]["centred"] = summarize(
+            [g + k for g, k in zip(gaps, kls)], trajs, args.samples, args.bootstrap, params.seed
+        )
         log(f"margin probe: {method}: {teachers[method]} ({time.perf_counter() - t:.0f}s)")
     rewards = [t.reward for t in trajs]
-    print(json.dumps({
-        "model": str(model_path(params.model)), "composer": params.coldstart.out, "margin_m": params.lopd.margin,
-        "tasks": args.tasks, "samples": args.samples, "rollouts": len(trajs),
-        "success_rate": round(sum(t.success for t in trajs) / len(trajs), 4),
-        "share_positive_continuous_advantage": round(sum(r > 0.5 for r in rewards) / len(rewards), 4),
-        "reward_mean": round(sum(rewards) / len(rewards), 4),
-        "teachers": teachers, "seconds": round(time.perf_counter() - started, 1),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": str(model_path(params.model)),
+                "composer": params.coldstart.out,
+                "margin_m": params.lopd.margin,
+                "tasks": args.tasks,
+                "samples": args.samples,
+                "rollouts": len(trajs),
+                "success_rate": round(sum(t.success for t in trajs) / len(trajs), 4),
+                "share_positive_continuous_advantage": round(sum(r > 0.5 for r in rewards) / len(rewards), 4),
+                "reward_mean": round(sum(rewards) / len(rewards), 4),
+                "teachers": teachers,
+                "seconds": round(time.perf_counter() - started, 1),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,17 +28,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
-from probes.convention_probe import convention_choices, oracle_likelihood
 from lopd_core.config import load_params
+from lopd_core.distill.composer import mean_embedding_norm
+from lopd_core.distill.trainer import Distiller, load_composer
+from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs import make_tasks
 from lopd_core.envs.mix import mixed_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET
-from lopd_core.distill.composer import mean_embedding_norm
-from lopd_core.drivers.distill import make_retriever, open_bank
-from lopd_core.distill.trainer import Distiller, load_composer
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import encode_demo, play
 from lopd_core.model.loading import load_policy
+from probes.convention_probe import convention_choices, oracle_likelihood
 
 
 def held_out(model, codec, tasks) -> dict:
@@ -46,8 +46,11 @@ def held_out(model, codec, tasks) -> dict:
     model.eval()
     per_world = convention_choices(model, codec, tasks)
     n = sum(w["decisions"] for w in per_world.values())
-    out = {"p_right": round(sum(w["p_right"] * w["decisions"] for w in per_world.values()) / max(n, 1), 3),
-           "decisions": n, **oracle_likelihood(model, codec, tasks, None, random.Random(0))}
+    out = {
+        "p_right": round(sum(w["p_right"] * w["decisions"] for w in per_world.values()) / max(n, 1), 3),
+        "decisions": n,
+        **oracle_likelihood(model, codec, tasks, None, random.Random(0)),
+    }
     model.train()
     return out
 
@@ -57,8 +60,9 @@ def oracle_trajectories(tasks, codec) -> list:
     out = []
     for task in tasks:
         ids = encode_demo(play(task)[0], codec)
-        out.append(types.SimpleNamespace(token_ids=ids.token_ids, action_mask=ids.action_mask, reward=1.0,
-                                         success=True))
+        out.append(
+            types.SimpleNamespace(token_ids=ids.token_ids, action_mask=ids.action_mask, reward=1.0, success=True)
+        )
     return out
 
 
@@ -80,21 +84,34 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     evaluation = make_tasks("toolworld", "test_id", args.eval_tasks, params.seed + EVAL_SEED_OFFSET)
     before = held_out(model, codec, evaluation)
-    composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
-                             mean_embedding_norm(model))
+    composer = load_composer(
+        params.coldstart.out, model.config.hidden_size, params.composer, mean_embedding_norm(model)
+    )
     retriever = make_retriever(open_bank(params), params.bank.retrieval)
     distiller = Distiller(params, model, tokenizer, retriever, composer=composer, log=lambda *_: None)
     train = mixed_tasks(params.envs.mix, "train", args.steps * args.tasks_per_step, params.seed + 99)
     curve = []
     for s in range(args.steps):
-        batch = train[s * args.tasks_per_step:(s + 1) * args.tasks_per_step]
+        batch = train[s * args.tasks_per_step : (s + 1) * args.tasks_per_step]
         row = asdict(distiller.update(batch, oracle_trajectories(batch, codec)).row)
         curve.append({k: round(row[k], 4) for k in ("step", "distill_loss", "delta", "beta")})
         print(json.dumps(curve[-1]), file=sys.stderr, flush=True)
     after = held_out(distiller.student, codec, evaluation)
-    print(json.dumps({"steps": args.steps, "oracle_trajectories": args.steps * args.tasks_per_step,
-                      "lr_student": params.lopd.lr_student, "lr_composer": params.lopd.lr_composer,
-                      "before": before, "after": after, "first": curve[0], "last": curve[-1]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "oracle_trajectories": args.steps * args.tasks_per_step,
+                "lr_student": params.lopd.lr_student,
+                "lr_composer": params.lopd.lr_composer,
+                "before": before,
+                "after": after,
+                "first": curve[0],
+                "last": curve[-1],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
+from lopd_core.distill.composer import mean_embedding_norm
+from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
+from lopd_core.distill.trainer import load_composer
+from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize
 from lopd_core.jsonio import write_json
-from lopd_core.distill.composer import mean_embedding_norm
-from lopd_core.drivers.distill import make_retriever, open_bank
-from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
-from lopd_core.distill.trainer import load_composer
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.loading import load_policy
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
@@ -69,10 +69,16 @@ def main() -> None:
     for name, path in composers.items():
         if not Path(path).exists():
             raise FileNotFoundError(f"{name}: no composer at {path}")
-    latents = {name: task_latents(model, tokenizer, load_composer(path, model.config.hidden_size, params.composer,
-                                                                  norm), texts,
-                                  max_tokens=params.composer.max_experience_tokens)
-               for name, path in composers.items()}
+    latents = {
+        name: task_latents(
+            model,
+            tokenizer,
+            load_composer(path, model.config.hidden_size, params.composer, norm),
+            texts,
+            max_tokens=params.composer.max_experience_tokens,
+        )
+        for name, path in composers.items()
+    }
     ro, ev = params.rollout, params.eval
     plain = [RolloutRequest(t) for t in tasks]
     with_text = [RolloutRequest(t, experiences=tuple(x)) for t, x in zip(tasks, texts)]
@@ -82,28 +88,46 @@ def main() -> None:
             return rollout(model, codec, plain, sampling=sampling, batch_size=ro.batch_size, seed=params.seed)
         if condition == "text":
             return rollout(model, codec, with_text, sampling=sampling, batch_size=ro.batch_size, seed=params.seed)
-        return latent_rollout(model, tokenizer, plain, latents[condition], sampling=sampling,
-                              batch_size=ro.batch_size, seed=params.seed)
+        return latent_rollout(
+            model, tokenizer, plain, latents[condition], sampling=sampling, batch_size=ro.batch_size, seed=params.seed
+        )
 
     results: dict = {}
     for mode in args.modes:
-        sampling = Sampling(temperature=0.0 if mode == "greedy" else ev.temperature, top_p=ro.top_p,
-                            max_new_tokens=ro.max_new_tokens, max_context=ro.max_context)
+        sampling = Sampling(
+            temperature=0.0 if mode == "greedy" else ev.temperature,
+            top_p=ro.top_p,
+            max_new_tokens=ro.max_new_tokens,
+            max_context=ro.max_context,
+        )
         for condition in ["base", "text", *latents]:
             started = time.perf_counter()
             summary = summarize(play(condition, sampling))
             summary["seconds"] = round(time.perf_counter() - started, 1)
             results.setdefault(condition, {})[mode] = summary
-            print(f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
-                  f"reward {summary['reward_mean']:.3f}", file=sys.stderr, flush=True)
-    report = {"envs": params.envs.mix, "deploy_worlds": params.envs.deploy_worlds, "split": "test_id", "n": args.n,
-              "top_j": params.bank.top_j, "model": params.model.name_or_path, "composers": composers,
-              "results": results}
+            print(
+                f"{condition}/{mode}: success {summary['success_rate']:.3f} {summary['ci95']} "
+                f"reward {summary['reward_mean']:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
+    report = {
+        "envs": params.envs.mix,
+        "deploy_worlds": params.envs.deploy_worlds,
+        "split": "test_id",
+        "n": args.n,
+        "top_j": params.bank.top_j,
+        "model": params.model.name_or_path,
+        "composers": composers,
+        "results": results,
+    }
     print("| condition | " + " | ".join(f"{m} success [95 % CI]" for m in args.modes) + " |")
     print("|---|" + "---|" * len(args.modes))
     for name, cells in results.items():
-        row = " | ".join(f"{c['success_rate'] * 100:.1f} % [{c['ci95'][0] * 100:.1f}, {c['ci95'][1] * 100:.1f}]"
-                         for c in (cells[m] for m in args.modes))
+        row = " | ".join(
+            f"{c['success_rate'] * 100:.1f} % [{c['ci95'][0] * 100:.1f}, {c['ci95'][1] * 100:.1f}]"
+            for c in (cells[m] for m in args.modes)
+        )
         print(f"| {name} | {row} |")
     print(json.dumps(report, indent=2))
     if args.out:

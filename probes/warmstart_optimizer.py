@@ -38,12 +38,18 @@ from lopd_core.model.warmstart import collate, first_action, make_optimizers, pa
 
 def warm_start_data(params, n_demos: int, seed: int):
     ws = params.model.warmstart
-    demos = build_demos(n=n_demos, experience_fraction=ws.experience_fraction, max_experiences=ws.max_experiences,
-                        convention_noise=ws.convention_noise, slip=ws.slip, seed=seed)
+    demos = build_demos(
+        n=n_demos,
+        experience_fraction=ws.experience_fraction,
+        max_experiences=ws.max_experiences,
+        convention_noise=ws.convention_noise,
+        slip=ws.slip,
+        seed=seed,
+    )
     tokenizer = train_tokenizer((d.text() for d in demos), params.model.tiny.vocab_size)
     codec = ChatCodec(tokenizer)
     seqs = [encode_demo(d, codec) for d in demos]
-    held_out, seqs = seqs[-n_demos // 10:], seqs[: -n_demos // 10]
+    held_out, seqs = seqs[-n_demos // 10 :], seqs[: -n_demos // 10]
     train = seqs + [encode_drill(d, codec) for d in build_drills((d.text() for d in demos), n_demos, seed)]
     train += [first_action(s) for s in seqs]
     return tokenizer, codec, train, held_out
@@ -56,8 +62,12 @@ def optimizers_for(model, ws: WarmStartConfig, kind: str):
     if kind == "stacked_muon":
         return [adamw, stacked]
     # torch_muon: the same split, torch's one-matrix-at-a-time Muon for the matrices
-    muon = torch.optim.Muon([p for g in stacked.param_groups for p in g["params"]], lr=ws.muon_lr,
-                            weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    muon = torch.optim.Muon(
+        [p for g in stacked.param_groups for p in g["params"]],
+        lr=ws.muon_lr,
+        weight_decay=0.01,
+        adjust_lr_fn="match_rms_adamw",
+    )
     for group in muon.param_groups:
         group["initial_lr"] = ws.muon_lr
     return [adamw, muon]
@@ -118,13 +128,23 @@ def main() -> None:
         nll[kind] = round(held_out_nll(model, held_out, codec), 4)
         print(f"{kind}: held-out action NLL {nll[kind]} after {args.steps} steps", flush=True)
 
-    print(json.dumps({
-        "step_ms": step_ms,
-        "step_time_ratio": {"torch_muon/adamw": round(step_ms["torch_muon"] / step_ms["adamw"], 2),
-                            "stacked_muon/adamw": round(step_ms["stacked_muon"] / step_ms["adamw"], 2),
-                            "stacked_muon/torch_muon": round(step_ms["stacked_muon"] / step_ms["torch_muon"], 2)},
-        "held_out_action_nll": nll, "steps": args.steps, "demos": args.demos, "seed": args.seed,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "step_ms": step_ms,
+                "step_time_ratio": {
+                    "torch_muon/adamw": round(step_ms["torch_muon"] / step_ms["adamw"], 2),
+                    "stacked_muon/adamw": round(step_ms["stacked_muon"] / step_ms["adamw"], 2),
+                    "stacked_muon/torch_muon": round(step_ms["stacked_muon"] / step_ms["torch_muon"], 2),
+                },
+                "held_out_action_nll": nll,
+                "steps": args.steps,
+                "demos": args.demos,
+                "seed": args.seed,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

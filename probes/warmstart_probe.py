@@ -60,18 +60,34 @@ def main() -> None:
     kinds: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for target, right, in_instruction, in_context in records:
         text = tokenizer.decode([target])
-        kind = ("structural" if target in common else "tool_name" if text.startswith(tool_prefixes)
-                else "copy_instruction" if in_instruction else "copy_context" if in_context else "other")
+        kind = (
+            "structural"
+            if target in common
+            else "tool_name"
+            if text.startswith(tool_prefixes)
+            else "copy_instruction"
+            if in_instruction
+            else "copy_context"
+            if in_context
+            else "other"
+        )
         kinds[kind][0] += right
         kinds[kind][1] += 1
     total_right = sum(k[0] for k in kinds.values())
     total = sum(k[1] for k in kinds.values())
-    print(json.dumps({
-        "model": args.model, "split": args.split, "tasks": len(tasks),
-        "action_token_accuracy": round(total_right / total, 4),
-        "exact_demonstrations": exact,
-        "by_kind": {k: {"accuracy": round(r / n, 4), "n": n} for k, (r, n) in sorted(kinds.items())},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "split": args.split,
+                "tasks": len(tasks),
+                "action_token_accuracy": round(total_right / total, 4),
+                "exact_demonstrations": exact,
+                "by_kind": {k: {"accuracy": round(r / n, 4), "n": n} for k, (r, n) in sorted(kinds.items())},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

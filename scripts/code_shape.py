@@ -20,8 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve")
 # The training path: what one LOPD step runs through, from the stream of tasks to the optimizer step.
-TRAINING_PATH = ("lopd_core/distill", "lopd_core/distill", "lopd_core/rollout", "lopd_core/config.py",
-                 "lopd_core/settings")
+TRAINING_PATH = (
+    "lopd_core/distill",
+    "lopd_core/distill",
+    "lopd_core/rollout",
+    "lopd_core/config.py",
+    "lopd_core/settings",
+)
 FILE_LIMIT, FUNCTION_LIMIT = 400, 60
 
 
@@ -66,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n:5d}  {name}")
     over_files = [(n, r) for n, r in files if in_training_path(r) and n > FILE_LIMIT]
     over_funcs = [(n, r) for n, r in funcs if in_training_path(r.split(":")[0]) and n > FUNCTION_LIMIT]
-    print(f"\ntraining path: {len(over_files)} files over {FILE_LIMIT} lines, "
-          f"{len(over_funcs)} functions over {FUNCTION_LIMIT} lines")
+    print(
+        f"\ntraining path: {len(over_files)} files over {FILE_LIMIT} lines, "
+        f"{len(over_funcs)} functions over {FUNCTION_LIMIT} lines"
+    )
     for n, r in over_files + over_funcs:
         print(f"  {n:5d}  {r}")
     return 1 if args.check and (over_files or over_funcs) else 0

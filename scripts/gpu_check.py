@@ -70,18 +70,28 @@ def _peak_mb(device: str, before: int) -> float | None:
 
 def first_action(traj) -> list[int]:
     """The ids of a trajectory's first action (its sampled run after the prompt)."""
-    mask = traj.action_mask[traj.prompt_length:]
+    mask = traj.action_mask[traj.prompt_length :]
     end = mask.index(0) if 0 in mask else len(mask)
-    return traj.token_ids[traj.prompt_length:traj.prompt_length + end]
+    return traj.token_ids[traj.prompt_length : traj.prompt_length + end]
 
 
 def check_env(device: str) -> dict:
-    out = {"ok": True, "torch": torch.__version__, "python": platform.python_version(), "device": device,
-           "cuda_available": torch.cuda.is_available()}
+    out = {
+        "ok": True,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "cuda_available": torch.cuda.is_available(),
+    }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        out.update(cuda=torch.version.cuda, name=props.name, capability=f"{props.major}.{props.minor}",
-                   memory_gb=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported())
+        out.update(
+            cuda=torch.version.cuda,
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            memory_gb=round(props.total_memory / 2**30, 1),
+            bf16_supported=torch.cuda.is_bf16_supported(),
+        )
     return out
 
 
@@ -106,8 +116,14 @@ def check_rollout_bf16(model, codec, tasks, device: str, group: int) -> dict:
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(group)]
     _sync(device)
     started = time.perf_counter()
-    trajs = rollout(half, codec, requests, sampling=Sampling(temperature=1.0, max_new_tokens=48, max_context=1024),
-                    batch_size=len(requests), seeds=list(range(len(requests))))
+    trajs = rollout(
+        half,
+        codec,
+        requests,
+        sampling=Sampling(temperature=1.0, max_new_tokens=48, max_context=1024),
+        batch_size=len(requests),
+        seeds=list(range(len(requests))),
+    )
     _sync(device)
     seconds = time.perf_counter() - started
     lps = [lp for t in trajs for lp, m in zip(t.sample_logprobs, t.action_mask) if m]
@@ -117,10 +133,17 @@ def check_rollout_bf16(model, codec, tasks, device: str, group: int) -> dict:
     exact = hidden.double() @ half.lm_head.weight.double().T
     head_err = (head_logits(half, hidden).double() - exact).abs().max().item()
     bf16_head_err = (half.lm_head(hidden).double() - exact).abs().max().item()
-    return {"ok": finite and bool(lps), "greedy_first_action_same_as_float32": f"{agree}/{len(first)}",
-            "sampled_trajectories": len(trajs), "action_tokens": len(lps), "seconds": round(seconds, 3),
-            "tokens_per_s": round(len(lps) / seconds, 1), "logprobs_finite_and_nonpositive": finite,
-            "float32_head_max_abs_error": head_err, "bf16_head_max_abs_error": bf16_head_err}
+    return {
+        "ok": finite and bool(lps),
+        "greedy_first_action_same_as_float32": f"{agree}/{len(first)}",
+        "sampled_trajectories": len(trajs),
+        "action_tokens": len(lps),
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(len(lps) / seconds, 1),
+        "logprobs_finite_and_nonpositive": finite,
+        "float32_head_max_abs_error": head_err,
+        "bf16_head_max_abs_error": bf16_head_err,
+    }
 
 
 def check_lopd_step(model, tokenizer, batch, params, device: str, mode: str, dtype: torch.dtype) -> dict:
@@ -141,12 +164,19 @@ def check_lopd_step(model, tokenizer, batch, params, device: str, mode: str, dty
     moved_phi = sum(not torch.equal(p.detach(), composer[n]) for n, p in d.composer.named_parameters() if n in composer)
     losses = {k: getattr(second.row, k) for k in ("distill_loss", "kl_phi", "delta", "beta")}
     finite = all(math.isfinite(float(v)) for v in list(losses.values()) + [first.row.distill_loss])
-    return {"ok": finite and moved == len(trainable) and moved_phi == len(composer),
-            "mode": mode, "dtype": str(dtype).removeprefix("torch."), "trajectories": len(trajs),
-            "action_tokens": sum(t.num_action_tokens for t in trajs), "seconds_second_update": round(seconds, 3),
-            "phases_s": {k: round(v, 4) for k, v in second.diagnostics.items() if k.endswith("_s")},
-            "peak_cuda_mb_above_model": peak, "trainable_tensors_moved": f"{moved}/{len(trainable)}",
-            "composer_tensors_moved": f"{moved_phi}/{len(composer)}", "losses": losses}
+    return {
+        "ok": finite and moved == len(trainable) and moved_phi == len(composer),
+        "mode": mode,
+        "dtype": str(dtype).removeprefix("torch."),
+        "trajectories": len(trajs),
+        "action_tokens": sum(t.num_action_tokens for t in trajs),
+        "seconds_second_update": round(seconds, 3),
+        "phases_s": {k: round(v, 4) for k, v in second.diagnostics.items() if k.endswith("_s")},
+        "peak_cuda_mb_above_model": peak,
+        "trainable_tensors_moved": f"{moved}/{len(trainable)}",
+        "composer_tensors_moved": f"{moved_phi}/{len(composer)}",
+        "losses": losses,
+    }
 
 
 def run(name: str, results: dict, fn, *args) -> None:
@@ -154,8 +184,11 @@ def run(name: str, results: dict, fn, *args) -> None:
     try:
         results[name] = fn(*args)
     except Exception as exc:  # noqa: BLE001  one failing check is recorded, the others still run
-        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                         "traceback": traceback.format_exc(limit=8)}
+        results[name] = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=8),
+        }
     results[name]["check_seconds"] = round(time.perf_counter() - started, 2)
     print(f"gpu_check: {name}: {'ok' if results[name].get('ok', True) else 'FAILED'}", file=sys.stderr)
 
@@ -172,8 +205,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if device == "cuda" and not torch.cuda.is_available():
         (out / "checks.json").write_text(json.dumps({"ok": False, "error": "no CUDA device"}, indent=2))
-        print(f"gpu_check.py: torch {torch.__version__} sees no CUDA device (use --cpu for a dry run)",
-              file=sys.stderr)
+        print(f"gpu_check.py: torch {torch.__version__} sees no CUDA device (use --cpu for a dry run)", file=sys.stderr)
         return 2
     n = args.tasks or (2 if args.cpu else 8)
     group = 2 if args.cpu else 4
@@ -192,8 +224,9 @@ def main() -> int:
         name = f"lopd_step_{mode}" + ("_bf16" if dtype == torch.bfloat16 else "")
         run(name, results, check_lopd_step, model, tokenizer, batch, params, device, mode, dtype)
     if device == "cuda":
-        results["peak_cuda_mb_whole_process"] = round(max(PROCESS_PEAK_MB[0],
-                                                          torch.cuda.max_memory_allocated() / 2**20), 1)
+        results["peak_cuda_mb_whole_process"] = round(
+            max(PROCESS_PEAK_MB[0], torch.cuda.max_memory_allocated() / 2**20), 1
+        )
     results["ok"] = all(v.get("ok", True) for v in results.values() if isinstance(v, dict))
     (out / "checks.json").write_text(json.dumps(results, indent=2))
     print(json.dumps({k: (v.get("ok") if isinstance(v, dict) else v) for k, v in results.items()}))

@@ -35,8 +35,7 @@ LOPD = str(Path(sys.executable).parent / "lopd")  # the console script of this e
 
 def lopd(params: str | None, command: str, sets: list[str], *args: str) -> None:
     """Run `lopd COMMAND [--params FILE] ARGS --set S ...` from the project root."""
-    cmd = [LOPD, command, *(["--params", params] if params else []), *args,
-           *[a for s in sets for a in ("--set", s)]]
+    cmd = [LOPD, command, *(["--params", params] if params else []), *args, *[a for s in sets for a in ("--set", s)]]
     print("+ lopd", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
 
@@ -48,8 +47,10 @@ def evaluate(params: str | None, model_dir: str | None, out: Path, n: int) -> di
             sets.append(f"model.name_or_path={model_dir}")
         lopd(params, "evaluate", sets, "--out", str(out.relative_to(ROOT)))
     cell = json.loads(out.read_text())["toolworld"]["test_id"]
-    return {mode: {"success": c["success_rate"], "ci95": c["ci95"], "reward": round(c["reward_mean"], 3)}
-            for mode, c in cell.items()}
+    return {
+        mode: {"success": c["success_rate"], "ci95": c["ci95"], "reward": round(c["reward_mean"], 3)}
+        for mode, c in cell.items()
+    }
 
 
 def curve_summary(path: Path) -> dict:
@@ -57,10 +58,16 @@ def curve_summary(path: Path) -> dict:
     delta = [float(r["delta"]) for r in rows]
     beta = [float(r["beta"]) for r in rows]
     loss = [float(r["distill_loss"]) for r in rows]
-    half = delta[len(delta) // 2:]
-    return {"steps": len(rows), "rollouts": int(rows[-1]["rollouts"]),
-            "delta_mean": round(statistics.fmean(delta), 4), "delta_last_half": round(statistics.fmean(half), 4),
-            "beta_final": round(beta[-1], 2), "beta_max": round(max(beta), 2), "loss_max": round(max(loss), 3)}
+    half = delta[len(delta) // 2 :]
+    return {
+        "steps": len(rows),
+        "rollouts": int(rows[-1]["rollouts"]),
+        "delta_mean": round(statistics.fmean(delta), 4),
+        "delta_last_half": round(statistics.fmean(half), 4),
+        "beta_final": round(beta[-1], 2),
+        "beta_max": round(max(beta), 2),
+        "loss_max": round(max(loss), 3),
+    }
 
 
 def main() -> None:
@@ -71,8 +78,14 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["lopd", "lopd_no_margin", "sharpened_teacher"])
     parser.add_argument("--n", type=int, default=200, help="test_id tasks per evaluation")
     parser.add_argument("--tag", default="", help="suffix of the run names (to keep variants apart)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="passed to `lopd distill` (e.g. lopd.advantage=group)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="passed to `lopd distill` (e.g. lopd.advantage=group)",
+    )
     args = parser.parse_args()
     exp = ROOT / "data" / "exp"
     # The base's evaluation is cached under its content hash: a rebuilt base is evaluated again.
@@ -85,13 +98,23 @@ def main() -> None:
             out_dir, curve = exp / name, ROOT / f"plots/exp/distill_{name}.csv"
             evaluation = ROOT / f"metrics/exp/{name}_eval.json"
             if not evaluation.exists():
-                sets = [f"seed={seed}", f"lopd.method={method}", f"lopd.steps={args.steps}",
-                        f"lopd.checkpoint_every={args.steps}", f"lopd.out_dir={out_dir.relative_to(ROOT)}",
-                        f"lopd.csv={curve.relative_to(ROOT)}", *args.overrides]
+                sets = [
+                    f"seed={seed}",
+                    f"lopd.method={method}",
+                    f"lopd.steps={args.steps}",
+                    f"lopd.checkpoint_every={args.steps}",
+                    f"lopd.out_dir={out_dir.relative_to(ROOT)}",
+                    f"lopd.csv={curve.relative_to(ROOT)}",
+                    *args.overrides,
+                ]
                 lopd(args.params, "distill", sets, "--fresh")
-            results.append({"run": name, "test_id": evaluate(args.params, str(out_dir.relative_to(ROOT) / "student"),
-                                                             evaluation, args.n),
-                            **curve_summary(curve)})
+            results.append(
+                {
+                    "run": name,
+                    "test_id": evaluate(args.params, str(out_dir.relative_to(ROOT) / "student"), evaluation, args.n),
+                    **curve_summary(curve),
+                }
+            )
     for r in results:
         print(json.dumps(r))
     print("\n| run | greedy | sampled | reward (greedy) | rollouts | δ̄ | δ̄ last half | β end / max | loss max |")
@@ -100,8 +123,13 @@ def main() -> None:
         g, s = r["test_id"]["greedy"], r["test_id"]["sampled"]
         cells = [f"{100 * g['success']:.1f} %", f"{100 * s['success']:.1f} %", f"{g['reward']:.3f}"]
         if "steps" in r:
-            cells += [str(r["rollouts"]), f"{r['delta_mean']:+.4f}", f"{r['delta_last_half']:+.4f}",
-                      f"{r['beta_final']:.2f} / {r['beta_max']:.2f}", f"{r['loss_max']:.3f}"]
+            cells += [
+                str(r["rollouts"]),
+                f"{r['delta_mean']:+.4f}",
+                f"{r['delta_last_half']:+.4f}",
+                f"{r['beta_final']:.2f} / {r['beta_max']:.2f}",
+                f"{r['loss_max']:.3f}",
+            ]
         else:
             cells += ["—"] * 5
         print(f"| {r['run']} | " + " | ".join(cells) + " |")

@@ -23,8 +23,9 @@ def main(dirs: list[str]) -> None:
         recorded = json.loads((Path(d) / "compare.json").read_text())
         settings = list(recorded["settings"].items())
         title = f"lopd compare ({recorded['settings'].get('preset', '?')})"
-        paths = write_compare_report(recorded["runs"], d, title=title, settings=settings,
-                                     tuning=recorded.get("tuning") or None)
+        paths = write_compare_report(
+            recorded["runs"], d, title=title, settings=settings, tuning=recorded.get("tuning") or None
+        )
         print(f"{d}: rewrote {', '.join(str(p) for p in paths.values())}")
 
 

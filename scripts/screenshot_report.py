@@ -28,9 +28,19 @@ def screenshot(page: Path, out: Path, *, width: int = 1200, height: int = 3000, 
         raise FileNotFoundError("no Chromium found (apt-get install chromium)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>", f"--user-data-dir={profile}",
-               f"--window-size={width},{height}", f"--screenshot={out.resolve()}", page.resolve().as_uri()]
+        cmd = [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            f"--screenshot={out.resolve()}",
+            page.resolve().as_uri(),
+        ]
         subprocess.run(cmd, check=True, capture_output=True, timeout=timeout)
     return out
 

@@ -78,16 +78,19 @@ def plugin_fingerprint(envs) -> dict[str, dict[str, list[str]]]:
     `envs.task_files` let an edited task file or tool reuse a stale bank, student and evaluation."""
     from lopd_core.envs.registry import plugin_files
 
-    return {name: {kind: [content_hash(path) for path in paths] for kind, paths in files.items()}
-            for name, files in plugin_files(envs).items()}
+    return {
+        name: {kind: [content_hash(path) for path in paths] for kind, paths in files.items()}
+        for name, files in plugin_files(envs).items()
+    }
 
 
 def _plain(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) else value
 
 
-def key_payload(stage: str, sections: dict[str, Any], inputs: dict[str, str | Path | None],
-                code: tuple[str, ...] | None = None) -> dict:
+def key_payload(
+    stage: str, sections: dict[str, Any], inputs: dict[str, str | Path | None], code: tuple[str, ...] | None = None
+) -> dict:
     """What a stage's cache key is made of: its name, params sections, inputs' content, the content of the code it
     runs (`code`; None: the table's `code` of `stage`). Kept beside the stage's outputs (KEY_FILE) so a
     surprising recomputation can be explained by a diff."""

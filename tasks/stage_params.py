@@ -1,16 +1,16 @@
 """What each pipeline stage reads: params.yaml keys, input artifacts and the source code it runs, in one table.
 
 Why one table: the stage's Prefect cache key (flows/stage_flows.py, tasks/caching.py) is derived from it, and
-dvc.yaml's `params:` and `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out by hand in three places,
-the copies disagreed and a changed setting silently reused a cached result. Adding a setting a stage reads is
-one line here (and the same line in dvc.yaml, which the test then asks for).
+dvc.yaml's `params:` and `deps:` lists are checked against it (tests/pipeline/test_stage_params.py). Written out
+by hand in three places, the copies disagreed and a changed setting silently reused a cached result. Adding a
+setting a stage reads is one line here (and the same line in dvc.yaml, which the test then asks for).
 
 A params entry is a dotted key of params.yaml; a section (`bank`) or sub-section (`model.warmstart`) stands for
 every key under it. Keys in PATH_FIELDS name where things are, not what is computed: they stay out of the cache
 key (the cycle hashes the content found there instead) but DVC still tracks them. Keys in REACTION_FIELDS say
 how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well.
-`cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input artifact's name, as the
-flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
+`cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input
+artifact's name, as the flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
 
 `code` lists the source folders and files (relative to the repository root) the stage runs: its driver's module
 (lopd_core/drivers/, lopd_core/drivers/distill.py) and everything that module imports, by import-graph walk
@@ -33,9 +33,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Where things are (or run), not what is computed: a plugin's tools give the same results in a sandboxed child.
-PATH_FIELDS = frozenset({"model.name_or_path", "model.base_dir", "model.device", "bank.dir", "bank.index_dir",
-                         "bank.chroma_url", "coldstart.out", "lopd.out_dir", "lopd.csv", "eval.out",
-                         "envs.isolate_tools"})
+PATH_FIELDS = frozenset(
+    {
+        "model.name_or_path",
+        "model.base_dir",
+        "model.device",
+        "bank.dir",
+        "bank.index_dir",
+        "bank.chroma_url",
+        "coldstart.out",
+        "lopd.out_dir",
+        "lopd.csv",
+        "eval.out",
+        "envs.isolate_tools",
+    }
+)
 # How a stage reacts to a checkpoint made under other settings, or to a plugin step that outlives its timeout (it
 # fails): the outputs of a run that goes on are the same.
 REACTION_FIELDS = frozenset({"lopd.resume_mismatch", "lopd.max_skipped_share", "envs.step_timeout_s"})
@@ -43,9 +55,19 @@ PLUGIN_FINGERPRINT = "data/plugins.json"  # `lopd envs fingerprint`: the plugin 
 UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS
 
 
-UNSHAPING_CODE = frozenset({"lopd_core/__init__.py", "lopd_core/config.py", "lopd_core/settings", "lopd_core/names.py",
-                            "lopd_core/errors.py", "lopd_core/offline.py", "lopd_core/outputs.py",
-                            "lopd_core/locks.py", "lopd_core/drivers/__init__.py"})
+UNSHAPING_CODE = frozenset(
+    {
+        "lopd_core/__init__.py",
+        "lopd_core/config.py",
+        "lopd_core/settings",
+        "lopd_core/names.py",
+        "lopd_core/errors.py",
+        "lopd_core/offline.py",
+        "lopd_core/outputs.py",
+        "lopd_core/locks.py",
+        "lopd_core/drivers/__init__.py",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -65,48 +87,95 @@ _PLAY = "lopd_core/envs", "lopd_core/model", "lopd_core/experience.py"
 _ROLLOUT = *_PLAY, "lopd_core/rollout"
 
 STAGES: dict[str, StageReads] = {
-    "base": StageReads(("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS),
-                       code=("lopd_core/drivers/base.py", *_PLAY)),
+    "base": StageReads(
+        ("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS), code=("lopd_core/drivers/base.py", *_PLAY)
+    ),
     # `traces`: the served traces at lopd.traces when lopd.bank_source (lopd.trajectories for distill) names them,
     # keyed by content; an optional path, so the cycle hashes it and DVC lists only the key (`lopd.traces`). The
     # path stays in the key too: a distill checkpoint records it (a resume must read the same trace stream).
-    "bank": StageReads(("seed", *_POLICY, "bank", "rollout", "envs", "lopd.bank_source", "lopd.traces"),
-                       {"policy": ("data/base",), "parent_bank": (), "traces": ()},
-                       code=("lopd_core/drivers/bank.py", "lopd_core/bank", "lopd_core/traces", *_ROLLOUT)),
+    "bank": StageReads(
+        ("seed", *_POLICY, "bank", "rollout", "envs", "lopd.bank_source", "lopd.traces"),
+        {"policy": ("data/base",), "parent_bank": (), "traces": ()},
+        code=("lopd_core/drivers/bank.py", "lopd_core/bank", "lopd_core/traces", *_ROLLOUT),
+    ),
     # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
-    "coldstart": StageReads(("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search",
-                             "bank.min_reward"),
-                            {"policy": ("data/base",)},
-                            code=("lopd_core/drivers/coldstart.py", "lopd_core/distill/__init__.py",
-                                  "lopd_core/distill/coldstart.py", "lopd_core/distill/coldstart_data.py",
-                                  "lopd_core/distill/composer.py", "lopd_core/distill/losses.py", "lopd_core/distill/pg_losses.py",
-                                  "lopd_core/distill/models.py", "lopd_core/distill/teacher.py",
-                                  "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", *_ROLLOUT)),
-    "distill": StageReads(("seed", *_POLICY, "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
-                           "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
-                           "bank.min_reward"),
-                          {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",),
-                           "phi0": ("data/composer",), "traces": ()},
-                          cycle_params=("cycle.refresh_teacher",),
-                          # the bank's and the cold start's drivers: open_bank, and the re-exported names
-                          code=("lopd_core/drivers/distill.py", "lopd_core/distill", "lopd_core/methods.py",
-                                "lopd_core/drivers/bank.py", "lopd_core/drivers/coldstart.py",
-                                "lopd_core/distributed.py", "lopd_core/sharding.py", "lopd_core/bank", "lopd_core/traces",
-                                *_ROLLOUT)),
-    "evaluate": StageReads(("seed", *_POLICY, "eval", "bench", "rollout", "envs"),
-                           {"model": ("data/base", "data/lopd")},
-                           # export.py: eval_rows, the eval.json cells (summary_table)
-                           code=("lopd_core/drivers/evaluate.py", "lopd_core/evaluation.py", "lopd_core/export.py",
-                                 "lopd_core/bench", *_ROLLOUT)),
-    "export": StageReads(("rollout.max_new_tokens", "rollout.temperature", "rollout.top_p",
-                          "tracking.registered_model"),
-                         {"student": ("data/lopd",), "student_eval": ("metrics/eval.json",),
-                          "base_eval": ("metrics/eval_base.json",)},
-                         code=("lopd_core/drivers/export.py", "lopd_core/export.py")),
-    "report": StageReads(("lopd.margin", "lopd.method", "baselines"),
-                         {"curves": ("plots/distill.csv",), "student_eval": ("metrics/eval.json",),
-                          "base_eval": ("metrics/eval_base.json",)},
-                         code=("lopd_core/drivers/report.py", "lopd_core/run_report.py", "lopd_core/export.py")),
+    "coldstart": StageReads(
+        ("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search", "bank.min_reward"),
+        {"policy": ("data/base",)},
+        code=(
+            "lopd_core/drivers/coldstart.py",
+            "lopd_core/distill/__init__.py",
+            "lopd_core/distill/coldstart.py",
+            "lopd_core/distill/coldstart_data.py",
+            "lopd_core/distill/composer.py",
+            "lopd_core/distill/losses.py",
+            "lopd_core/distill/pg_losses.py",
+            "lopd_core/distill/models.py",
+            "lopd_core/distill/teacher.py",
+            "lopd_core/distributed.py",
+            "lopd_core/sharding.py",
+            "lopd_core/bank",
+            *_ROLLOUT,
+        ),
+    ),
+    "distill": StageReads(
+        (
+            "seed",
+            *_POLICY,
+            "lopd",
+            "baselines",
+            "rollout",
+            "composer",
+            "envs",
+            "bank.top_j",
+            "bank.allow_self_retrieval",
+            "bank.same_world",
+            "bank.ef_search",
+            "bank.refresh_every",
+            "bank.min_reward",
+        ),
+        {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",), "phi0": ("data/composer",), "traces": ()},
+        cycle_params=("cycle.refresh_teacher",),
+        # the bank's and the cold start's drivers: open_bank, and the re-exported names
+        code=(
+            "lopd_core/drivers/distill.py",
+            "lopd_core/distill",
+            "lopd_core/methods.py",
+            "lopd_core/drivers/bank.py",
+            "lopd_core/drivers/coldstart.py",
+            "lopd_core/distributed.py",
+            "lopd_core/sharding.py",
+            "lopd_core/bank",
+            "lopd_core/traces",
+            *_ROLLOUT,
+        ),
+    ),
+    "evaluate": StageReads(
+        ("seed", *_POLICY, "eval", "bench", "rollout", "envs"),
+        {"model": ("data/base", "data/lopd")},
+        # export.py: eval_rows, the eval.json cells (summary_table)
+        code=(
+            "lopd_core/drivers/evaluate.py",
+            "lopd_core/evaluation.py",
+            "lopd_core/export.py",
+            "lopd_core/bench",
+            *_ROLLOUT,
+        ),
+    ),
+    "export": StageReads(
+        ("rollout.max_new_tokens", "rollout.temperature", "rollout.top_p", "tracking.registered_model"),
+        {"student": ("data/lopd",), "student_eval": ("metrics/eval.json",), "base_eval": ("metrics/eval_base.json",)},
+        code=("lopd_core/drivers/export.py", "lopd_core/export.py"),
+    ),
+    "report": StageReads(
+        ("lopd.margin", "lopd.method", "baselines"),
+        {
+            "curves": ("plots/distill.csv",),
+            "student_eval": ("metrics/eval.json",),
+            "base_eval": ("metrics/eval_base.json",),
+        },
+        code=("lopd_core/drivers/report.py", "lopd_core/run_report.py", "lopd_core/export.py"),
+    ),
     # DVC only: writes PLUGIN_FINGERPRINT (the cycle hashes the same files into each stage's key itself).
     "plugins": StageReads(("envs.mix", "envs.plugins", "envs.task_files")),
 }
@@ -130,8 +199,11 @@ def stage_sections(params, stage: str) -> dict[str, Any]:
     """The params part of `stage`'s cache key: each key the table lists, unkeyed fields left out."""
     reads = STAGES[stage]
     tree = dataclasses.asdict(params)
-    return {dotted: without_paths(_lookup(tree, dotted), dotted)
-            for dotted in (*reads.params, *reads.cycle_params) if dotted not in UNKEYED_FIELDS}
+    return {
+        dotted: without_paths(_lookup(tree, dotted), dotted)
+        for dotted in (*reads.params, *reads.cycle_params)
+        if dotted not in UNKEYED_FIELDS
+    }
 
 
 def dvc_params(stage: str) -> list[str]:
@@ -145,8 +217,11 @@ def reads_plugins(stage: str) -> bool:
 
 
 # What a `lopd compare` run executes: the distill stage's driver, then the evaluate stage's, through its own module.
-COMPARE_CODE = tuple(sorted({*STAGES["distill"].code, *STAGES["evaluate"].code, "lopd_core/compare/__init__.py",
-                             "lopd_core/compare/run.py"}))
+COMPARE_CODE = tuple(
+    sorted(
+        {*STAGES["distill"].code, *STAGES["evaluate"].code, "lopd_core/compare/__init__.py", "lopd_core/compare/run.py"}
+    )
+)
 
 
 def dvc_code_deps(stage: str) -> list[str]:

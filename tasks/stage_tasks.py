@@ -4,9 +4,9 @@ Expensive deterministic stages (base, bank refresh, cold start, distillation, ev
 runs by `tasks.caching.by_stage_key`: the calling flow computes the key from the content of the stage's inputs
 and its params sections, and passes the key's work folder; the stage writes only there and marks it complete
 last. Export and report are never cached; nothing here retries, for a deterministic local step that failed
-fails the same way again (the retries sit on the MLflow registry calls, tasks/tracking.py). Long stages get a timeout from
-`cycle.stage_timeout_s` (applied by the flow with `with_options`). No task passes a model or a tensor: models
-are loaded inside the task from the folder it was given and dropped when it returns.
+fails the same way again (the retries sit on the MLflow registry calls, tasks/tracking.py). Long stages get a
+timeout from `cycle.stage_timeout_s` (applied by the flow with `with_options`). No task passes a model or a
+tensor: models are loaded inside the task from the folder it was given and dropped when it returns.
 
 Each task is one call of its stage's driver (lopd_core/drivers/, lopd_core/drivers/distill.py run_lopd), the function
 `lopd <stage>` and `lopd compare` call too, with the paths redirected into the task's work folder.
@@ -56,21 +56,29 @@ def build_base_task(stage: str, key: str, work: str, params: Params) -> dict:
 
     out = _fresh(work)
     report = run_base(params, out, log=log)
-    return mark_complete(out, {"model": str(out), "parameters": report.parameters, "steps": report.steps,
-                               "final_loss": report.final_loss, "seconds": report.seconds_total})
+    return mark_complete(
+        out,
+        {
+            "model": str(out),
+            "parameters": report.parameters,
+            "steps": report.steps,
+            "final_loss": report.final_loss,
+            "seconds": report.seconds_total,
+        },
+    )
 
 
 @task(name="bank-refresh", **CACHED)
-def refresh_bank_task(stage: str, key: str, work: str, params: Params, policy: str, parent_bank: str | None,
-                      generation: int) -> dict:
+def refresh_bank_task(
+    stage: str, key: str, work: str, params: Params, policy: str, parent_bank: str | None, generation: int
+) -> dict:
     """The champion's bank plus the successes of the champion's rollouts on training tasks, in a bank folder of
     its own (`work/bank`) started as a copy of the champion's (drivers/bank.py `restart`)."""
     from lopd_core.drivers.bank import run_bank
 
     out = _fresh(work)
     bank_dir, index_dir = out / "bank", out / "bank_index"
-    p = with_paths(params, bank__dir=str(bank_dir), bank__index_dir=str(index_dir),
-                   model__name_or_path=policy)
+    p = with_paths(params, bank__dir=str(bank_dir), bank__index_dir=str(index_dir), model__name_or_path=policy)
     summary = run_bank(p, restart_from=parent_bank, restart=True, cycle=generation, log=log)
     return mark_complete(out, {**summary, "bank_dir": str(bank_dir), "index_dir": str(index_dir)})
 
@@ -81,27 +89,49 @@ def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str)
     from lopd_core.drivers.coldstart import run_coldstart
 
     out = _fresh(work)
-    p = with_paths(params, model__name_or_path=policy,
-                   coldstart__out=str(out / "phi0.pt"), lopd__csv=str(out / "distill.csv"))
+    p = with_paths(
+        params, model__name_or_path=policy, coldstart__out=str(out / "phi0.pt"), lopd__csv=str(out / "distill.csv")
+    )
     summary = run_coldstart(p, log=log)
     return mark_complete(out, {**summary, "phi0": str(out / "phi0.pt"), "csv": str(out / "coldstart.csv")})
 
 
 @task(name="distill", **CACHED)
-def distill_task(stage: str, key: str, work: str, params: Params, policy: str, bank_dir: str,
-                 index_dir: str, phi0: str, teacher: str | None = None, generation: int = 0) -> dict:
+def distill_task(
+    stage: str,
+    key: str,
+    work: str,
+    params: Params,
+    policy: str,
+    bank_dir: str,
+    index_dir: str,
+    phi0: str,
+    teacher: str | None = None,
+    generation: int = 0,
+) -> dict:
     """LOPD training of a student from `policy`, taught by `teacher`'s frozen weights (None: the policy's own);
     resumes from the folder's checkpoint after an interruption."""
     from lopd_core.drivers.distill import run_lopd
 
     out = _fresh(work)
-    p = with_paths(params, bank__dir=bank_dir, bank__index_dir=index_dir, model__name_or_path=policy,
-                   coldstart__out=phi0, lopd__out_dir=str(out), lopd__csv=str(out / "distill.csv"))
+    p = with_paths(
+        params,
+        bank__dir=bank_dir,
+        bank__index_dir=index_dir,
+        model__name_or_path=policy,
+        coldstart__out=phi0,
+        lopd__out_dir=str(out),
+        lopd__csv=str(out / "distill.csv"),
+    )
     summary = run_lopd(p, resume=True, teacher=teacher, cycle=generation, log=log)
-    grown = {"bank_dir": summary["bank_dir"], "index_dir": str(Path(summary["bank_dir"]).parent / "bank_index")} \
-        if summary.get("bank_dir") else {}
-    return mark_complete(out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt"),
-                               "grown_bank": grown})
+    grown = (
+        {"bank_dir": summary["bank_dir"], "index_dir": str(Path(summary["bank_dir"]).parent / "bank_index")}
+        if summary.get("bank_dir")
+        else {}
+    )
+    return mark_complete(
+        out, {**summary, "csv": str(out / "distill.csv"), "composer": str(out / "composer.pt"), "grown_bank": grown}
+    )
 
 
 @task(name="evaluate", **CACHED)
@@ -117,18 +147,17 @@ def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -
 
 
 @task(name="export")
-def export_task(model: str, out: str, params: Params, student_eval: str | None, base_eval: str | None,
-                lineage: dict) -> str:
+def export_task(
+    model: str, out: str, params: Params, student_eval: str | None, base_eval: str | None, lineage: dict
+) -> str:
     """The clean Hugging Face checkpoint with its model card (LoRA merged)."""
     from lopd_core.drivers.export import run_export
 
-    return str(run_export(params, model, out, student_eval=student_eval, base_eval=base_eval, lineage=lineage,
-                          log=log))
+    return str(run_export(params, model, out, student_eval=student_eval, base_eval=base_eval, lineage=lineage, log=log))
 
 
 @task(name="report")
-def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str,
-                summary: list[tuple[str, str]]) -> str:
+def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str, summary: list[tuple[str, str]]) -> str:
     """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}."""
     from lopd_core.drivers.report import run_report
 

@@ -59,10 +59,17 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
 def git_commit(root: str | Path = ".") -> str:
     """HEAD's commit, suffixed `-dirty` when tracked files differ from it; `unknown` outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, check=False,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -127,8 +134,7 @@ REGISTRY_ATTEMPTS = 3
 _T = TypeVar("_T")
 
 
-def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY_ATTEMPTS,
-                  delay_s: float = 2.0) -> _T:
+def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY_ATTEMPTS, delay_s: float = 2.0) -> _T:
     """`call()`, tried up to `attempts` times while it fails with a transient error (an OSError, or an
     MlflowException whose code is in TRANSIENT_CODES); any other error, or the last attempt's, goes on at once.
     Why here and not on the Prefect tasks: the registry is the part of a stage that talks to a shared service;
@@ -142,8 +148,11 @@ def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY
             transient = isinstance(exc, OSError) or getattr(exc, "error_code", None) in TRANSIENT_CODES
             if not transient or attempt == attempts:
                 raise
-            print(f"MLflow registry: {what} failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                  f"attempt {attempt + 1} of {attempts} in {delay_s:g}s", flush=True)
+            print(
+                f"MLflow registry: {what} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"attempt {attempt + 1} of {attempts} in {delay_s:g}s",
+                flush=True,
+            )
             time.sleep(delay_s)
     raise AssertionError("unreachable")
 
@@ -258,15 +267,15 @@ class Tracker(_Runs):
         are left alone. Returns the ids it closed."""
         host = socket.gethostname()
         closed = []
-        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'",
-                                           max_results=1000):
+        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
             tags = run.data.tags
             if tags.get(OWNER_HOST_TAG) != host or not tags.get(OWNER_PID_TAG, "").isdigit():
                 continue
             if _alive(int(tags[OWNER_PID_TAG])):
                 continue
-            self.client.set_tag(run.info.run_id, "lopd.closed_reason",
-                                f"its process {tags[OWNER_PID_TAG]} ended without closing it")
+            self.client.set_tag(
+                run.info.run_id, "lopd.closed_reason", f"its process {tags[OWNER_PID_TAG]} ended without closing it"
+            )
             self.client.set_terminated(run.info.run_id, status="FAILED")
             closed.append(run.info.run_id)
         if closed:
@@ -285,7 +294,7 @@ class Tracker(_Runs):
 
         items = [Param(k, v) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):  # MLflow's batch limit for params
-            self.client.log_batch(run_id, params=items[i:i + 100])
+            self.client.log_batch(run_id, params=items[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
@@ -293,7 +302,7 @@ class Tracker(_Runs):
         now = int(time.time() * 1000)
         items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), 1000):
-            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
 
     def log_step_metrics(self, run_id: str, csv_path: str | Path) -> int:
         """Every row of a distill CSV as step metrics named by its columns; returns the number of steps."""
@@ -301,10 +310,14 @@ class Tracker(_Runs):
 
         frame = pd.read_csv(csv_path)
         now = int(time.time() * 1000)
-        items = [Metric(col, float(row[col]), now, int(row["step"]))
-                 for _, row in frame.iterrows() for col in frame.columns if col != "step" and pd.notna(row[col])]
+        items = [
+            Metric(col, float(row[col]), now, int(row["step"]))
+            for _, row in frame.iterrows()
+            for col in frame.columns
+            if col != "step" and pd.notna(row[col])
+        ]
         for i in range(0, len(items), 1000):
-            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
         return len(frame)
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
@@ -333,14 +346,19 @@ class Tracker(_Runs):
         def log_and_register():
             with mlflow.start_run(run_id=run_id):
                 return mlflow.transformers.log_model(
-                    transformers_model={"model": model, "tokenizer": tokenizer}, name="student",
-                    task="text-generation", pip_requirements=requirements,
-                    registered_model_name=self.cfg.registered_model)
+                    transformers_model={"model": model, "tokenizer": tokenizer},
+                    name="student",
+                    task="text-generation",
+                    pip_requirements=requirements,
+                    registered_model_name=self.cfg.registered_model,
+                )
 
         version = str(registry_call(log_and_register, "registering the student").registered_model_version)
         for key, value in (tags or {}).items():
-            registry_call(lambda k=key, v=value: self.client.set_model_version_tag(
-                self.cfg.registered_model, version, k, str(v)), "tagging the version")
+            registry_call(
+                lambda k=key, v=value: self.client.set_model_version_tag(self.cfg.registered_model, version, k, str(v)),
+                "tagging the version",
+            )
         return version
 
     def find_version(self, tag: str, value: str) -> str | None:
@@ -348,8 +366,10 @@ class Tracker(_Runs):
         from mlflow.exceptions import MlflowException
 
         try:
-            versions = registry_call(lambda: self.client.search_model_versions(
-                f"name='{self.cfg.registered_model}'"), "searching the versions")
+            versions = registry_call(
+                lambda: self.client.search_model_versions(f"name='{self.cfg.registered_model}'"),
+                "searching the versions",
+            )
         except MlflowException:
             return None
         for v in versions:
@@ -361,15 +381,21 @@ class Tracker(_Runs):
         from mlflow.exceptions import MlflowException
 
         try:
-            return str(registry_call(lambda: self.client.get_model_version_by_alias(
-                self.cfg.registered_model, self.cfg.champion_alias), "reading the champion alias").version)
+            return str(
+                registry_call(
+                    lambda: self.client.get_model_version_by_alias(self.cfg.registered_model, self.cfg.champion_alias),
+                    "reading the champion alias",
+                ).version
+            )
         except MlflowException:
             return None
 
     def promote(self, version: str) -> None:
         """Move the champion alias to `version` (call only when the promotion gate passed)."""
-        registry_call(lambda: self.client.set_registered_model_alias(
-            self.cfg.registered_model, self.cfg.champion_alias, version), "moving the champion alias")
+        registry_call(
+            lambda: self.client.set_registered_model_alias(self.cfg.registered_model, self.cfg.champion_alias, version),
+            "moving the champion alias",
+        )
 
 
 NO_MLFLOW_HINT = "or run with --no-mlflow"

@@ -16,8 +16,13 @@ def six_trajectories(model, tokenizer):
     """(tasks, trajectories) with rewards 1, 0, .5, 1, 0, .25 (successes 0 and 3): the advantage takes both signs."""
     tasks = make_tasks("toolworld", "train", 3, seed=11)
     reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
-    trajs = rollout(model, ChatCodec(tokenizer), reqs,
-                    sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640), seed=3)
+    trajs = rollout(
+        model,
+        ChatCodec(tokenizer),
+        reqs,
+        sampling=Sampling(temperature=1.0, max_new_tokens=24, max_context=640),
+        seed=3,
+    )
     for i, t in enumerate(trajs):
         t.reward, t.success = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25][i], i in (0, 3)
     return tasks, trajs
@@ -40,7 +45,19 @@ def step_params(tmp_path, **lopd) -> Params:
     p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
     # the paper's LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m: what these tests
     # exercise (the default prices it: auto)
-    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 3, "samples_per_task": 2, "steps": 1,
-                                "out_dir": str(tmp_path / "lopd"), "csv": str(tmp_path / "plots" / "distill.csv"),
-                                "checkpoint_every": 1, "beta_init": 0.5, "margin": 0.05, **lopd})
+    p.lopd = replace(
+        p.lopd,
+        **{
+            "method": "lopd",
+            "tasks_per_step": 3,
+            "samples_per_task": 2,
+            "steps": 1,
+            "out_dir": str(tmp_path / "lopd"),
+            "csv": str(tmp_path / "plots" / "distill.csv"),
+            "checkpoint_every": 1,
+            "beta_init": 0.5,
+            "margin": 0.05,
+            **lopd,
+        },
+    )
     return p

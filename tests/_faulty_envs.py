@@ -21,8 +21,19 @@ class FloodEnv:
 
     @classmethod
     def make_tasks(cls, split, n, seed):
-        return [Task(task_id=f"{cls.name}/{split}/{seed}/{i}", env=cls.name, split=split, template="t",
-                     world=cls.name, instruction=cls.instruction, spec={}, max_turns=4) for i in range(n)]
+        return [
+            Task(
+                task_id=f"{cls.name}/{split}/{seed}/{i}",
+                env=cls.name,
+                split=split,
+                template="t",
+                world=cls.name,
+                instruction=cls.instruction,
+                spec={},
+                max_turns=4,
+            )
+            for i in range(n)
+        ]
 
     def reset(self, task: Task) -> FirstObservation:
         self._task = task
@@ -31,12 +42,13 @@ class FloodEnv:
     def step(self, action: str) -> StepResult:
         self._turns += 1
         done = self._turns >= self._task.max_turns or not action
-        observation = "" if done else ("lorem ipsum dolor " * (self.size // 18 + 1))[:self.size]
+        observation = "" if done else ("lorem ipsum dolor " * (self.size // 18 + 1))[: self.size]
         self._episode.append({"action": action, "call": None, "observation": observation, "error": None})
         info = {"error": None, "call": None}
         if done:
-            info.update(success=False, stop_reason="answer" if not action else "turn_limit", checks_passed=0,
-                        checks_total=1)
+            info.update(
+                success=False, stop_reason="answer" if not action else "turn_limit", checks_passed=0, checks_total=1
+            )
         return StepResult(observation, self.reward if done else 0.0, done, info)
 
     @property

@@ -8,6 +8,7 @@ when a server fails to come up. `startup_s` is the measured time from spawn to t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -31,9 +32,17 @@ def free_port() -> int:
 def offline_env(**extra: str) -> dict[str, str]:
     """The child environment: ours, telemetry and hub access off, plus `extra`."""
     env = dict(os.environ)
-    env.update({"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true",
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "ANONYMIZED_TELEMETRY": "False",
-                "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "DO_NOT_TRACK": "true",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "ANONYMIZED_TELEMETRY": "False",
+            "DVC_NO_ANALYTICS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -46,8 +55,17 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 class Server:
     """One server process: `with Server(...) as s:` starts it and waits for `ready_url`; leaving stops it."""
 
-    def __init__(self, name: str, argv: list[str], ready_url: str, *, log_dir: Path, env: dict | None = None,
-                 cwd: Path | None = None, start_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        ready_url: str,
+        *,
+        log_dir: Path,
+        env: dict | None = None,
+        cwd: Path | None = None,
+        start_timeout_s: float = 120.0,
+    ):
         self.name, self.argv, self.ready_url = name, argv, ready_url
         self.env, self.cwd, self.start_timeout_s = env or offline_env(), cwd, start_timeout_s
         self.log_path = Path(log_dir) / f"{name}.log"
@@ -58,8 +76,15 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         started = time.perf_counter()
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         deadline = started + self.start_timeout_s
         while time.perf_counter() < deadline:
@@ -111,10 +136,8 @@ def stop_group(proc: subprocess.Popen | None, grace_s: float = 10.0) -> None:
             continue
         if not _group_alive(pgid):
             break
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)  # stragglers of a group whose leader exited first
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

@@ -79,9 +79,12 @@ def test_every_part_has_a_layer():
 
 
 def test_imports_point_down_the_layers():
-    upward = [f"{where}: {here} (layer {LAYER[here]}) imports {there} (layer {LAYER[there]})"
-              for here, edges in part_graph().items() for there, where in edges.items()
-              if LAYER.get(there, -1) > LAYER.get(here, -1)]
+    upward = [
+        f"{where}: {here} (layer {LAYER[here]}) imports {there} (layer {LAYER[there]})"
+        for here, edges in part_graph().items()
+        for there, where in edges.items()
+        if LAYER.get(there, -1) > LAYER.get(here, -1)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -104,8 +107,10 @@ def test_no_two_parts_import_each_other():
 def test_the_library_never_imports_the_orchestration():
     """lopd_core is usable without Prefect, MLflow or the HTTP server: the arrows point down only."""
     heavy = ("prefect", "mlflow", "fastapi", "uvicorn")
-    found = [f"{path.relative_to(ROOT)}: {name}"
-             for path in sorted((ROOT / "lopd_core").rglob("*.py"))
-             for name in imports(path, "lopd_core")
-             if name.split(".")[0] in heavy]
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "lopd_core").rglob("*.py"))
+        for name in imports(path, "lopd_core")
+        if name.split(".")[0] in heavy
+    ]
     assert not found, "\n".join(found)

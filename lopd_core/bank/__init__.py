@@ -137,11 +137,13 @@ class ExperienceBank:
     def content_hash(self) -> str:
         return bank_content_hash(self.frame())
 
-    def refresh(self, trajectories: pd.DataFrame, *, min_reward: float, policy_version: str, cycle: int,
-                created_at=None) -> RefreshReport:
+    def refresh(
+        self, trajectories: pd.DataFrame, *, min_reward: float, policy_version: str, cycle: int, created_at=None
+    ) -> RefreshReport:
         """Append the successes (reward >= min_reward) of a trajectory table; all-or-nothing; see store.py."""
-        report = self.store.refresh(trajectories, min_reward=min_reward, policy_version=policy_version,
-                                    cycle=cycle, created_at=created_at)
+        report = self.store.refresh(
+            trajectories, min_reward=min_reward, policy_version=policy_version, cycle=cycle, created_at=created_at
+        )
         self._frame = None
         return report
 
@@ -159,8 +161,12 @@ class ExperienceBank:
         except ChromaError as exc:
             if self.client_spec.kind != "persistent":
                 raise
-            warnings.warn(f"bank index {self.index_dir}: Chroma cannot read it ({exc}); it is derived from "
-                          f"{self.path}, so it is deleted and rebuilt", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"bank index {self.index_dir}: Chroma cannot read it ({exc}); it is derived from "
+                f"{self.path}, so it is deleted and rebuilt",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._discard_index()
             return self._sync_index()
 
@@ -185,8 +191,9 @@ class ExperienceBank:
         self._synced = (sig, digest)
         return rebuilt
 
-    def retrieve(self, tasks: Sequence[Task], j: int, allow_self_retrieval: bool = True,
-                 same_world: bool = False) -> list[list[BankHit]]:
+    def retrieve(
+        self, tasks: Sequence[Task], j: int, allow_self_retrieval: bool = True, same_world: bool = False
+    ) -> list[list[BankHit]]:
         """Top-j bank rows per task by cosine similarity of task texts, best first.
 
         allow_self_retrieval=False drops rows of the same task instance (same task_id) as the query;
@@ -214,9 +221,14 @@ class ExperienceBank:
             for i, hits in zip(idx, found):
                 keep = [h for h in hits if allow_self_retrieval or h.metadata.get("task_id") != tasks[i].task_id]
                 results[i] = [
-                    BankHit(task_id=h.metadata.get("task_id", ""), world=h.metadata.get("world", ""),
-                            template=h.metadata.get("template", ""), experience_text=h.document,
-                            similarity=h.similarity, row_id=h.row_id)
+                    BankHit(
+                        task_id=h.metadata.get("task_id", ""),
+                        world=h.metadata.get("world", ""),
+                        template=h.metadata.get("template", ""),
+                        experience_text=h.document,
+                        similarity=h.similarity,
+                        row_id=h.row_id,
+                    )
                     for h in keep[:j]
                 ]
         return results

@@ -52,8 +52,10 @@ class Embedder:
         with self._lock:
             if self._model is None:
                 self._model = _package().load_model(device=self.device)
-                get_dim = getattr(self._model, "get_embedding_dimension", None) or \
-                    self._model.get_sentence_embedding_dimension
+                get_dim = (
+                    getattr(self._model, "get_embedding_dimension", None)
+                    or self._model.get_sentence_embedding_dimension
+                )
                 self.dim = int(get_dim())
         return self._model
 

@@ -125,8 +125,13 @@ class BankIndex:
         self._collection = None
 
     @classmethod
-    def open(cls, index_dir: str | Path | None = None, chroma_url: str | None = None,
-             collection: str = DEFAULT_COLLECTION, hnsw: dict | None = None) -> BankIndex:
+    def open(
+        cls,
+        index_dir: str | Path | None = None,
+        chroma_url: str | None = None,
+        collection: str = DEFAULT_COLLECTION,
+        hnsw: dict | None = None,
+    ) -> BankIndex:
         return cls(make_client(client_spec(index_dir, chroma_url)), collection=collection, hnsw=hnsw)
 
     def close(self) -> None:
@@ -182,16 +187,20 @@ class BankIndex:
             for rid, meta, vec in zip(got["ids"], got["metadatas"], embeddings)
         }
 
-    def rebuild(self, frame: pd.DataFrame, content_hash: str, model_id: str,
-                encode: Callable[[Sequence[str]], np.ndarray]) -> int:
+    def rebuild(
+        self, frame: pd.DataFrame, content_hash: str, model_id: str, encode: Callable[[Sequence[str]], np.ndarray]
+    ) -> int:
         """Drop and rewrite the collection from bank rows. Returns how many distinct texts were embedded."""
         text_hashes = [text_hash(t) for t in frame["task_text"]]
         reuse = self._reusable_vectors(model_id)
         vectors = [reuse.get((rid, th)) for rid, th in zip(frame["row_id"], text_hashes)]
         todo = sorted({t for t, v in zip(frame["task_text"], vectors) if v is None})
         fresh = dict(zip(todo, encode(todo))) if todo else {}
-        matrix = np.stack([v if v is not None else fresh[t] for v, t in zip(vectors, frame["task_text"])]) \
-            if len(frame) else np.zeros((0, 1), dtype=np.float32)
+        matrix = (
+            np.stack([v if v is not None else fresh[t] for v, t in zip(vectors, frame["task_text"])])
+            if len(frame)
+            else np.zeros((0, 1), dtype=np.float32)
+        )
 
         from chromadb.errors import NotFoundError
 
@@ -208,8 +217,12 @@ class BankIndex:
         )
         if len(frame):
             metadatas = [
-                {**{c: str(v) for c, v in zip(METADATA_COLUMNS, values)}, "reward": float(r), "cycle": int(cy),
-                 TEXT_HASH_KEY: th}
+                {
+                    **{c: str(v) for c, v in zip(METADATA_COLUMNS, values)},
+                    "reward": float(r),
+                    "cycle": int(cy),
+                    TEXT_HASH_KEY: th,
+                }
                 for values, r, cy, th in zip(
                     zip(*(frame[c] for c in METADATA_COLUMNS)), frame["reward"], frame["cycle"], text_hashes
                 )
@@ -219,8 +232,9 @@ class BankIndex:
             for lo in range(0, len(ids), step):
                 hi = lo + step
                 col.add(ids=ids[lo:hi], embeddings=matrix[lo:hi], documents=docs[lo:hi], metadatas=metadatas[lo:hi])
-        col.modify(metadata={HASH_KEY: content_hash, MODEL_KEY: model_id, ROWS_KEY: len(frame),
-                             HNSW_KEY: self.hnsw_record()})
+        col.modify(
+            metadata={HASH_KEY: content_hash, MODEL_KEY: model_id, ROWS_KEY: len(frame), HNSW_KEY: self.hnsw_record()}
+        )
         self._collection = col
         return len(todo)
 
@@ -235,12 +249,18 @@ class BankIndex:
             return [[] for _ in range(len(vectors))]
         # A few more than asked, then (similarity, row id) order: rows tied at the cut are kept by id, not by
         # where the graph search happened to meet them first.
-        res = col.query(query_embeddings=vectors, n_results=min(size, n + TIE_MARGIN), where=where,
-                        include=["distances", "metadatas", "documents"])
+        res = col.query(
+            query_embeddings=vectors,
+            n_results=min(size, n + TIE_MARGIN),
+            where=where,
+            include=["distances", "metadatas", "documents"],
+        )
         out = []
         for ids, dists, metas, docs in zip(res["ids"], res["distances"], res["metadatas"], res["documents"]):
-            hits = [IndexHit(row_id=i, similarity=1.0 - float(d), metadata=dict(m or {}), document=doc or "")
-                    for i, d, m, doc in zip(ids, dists, metas, docs)]
+            hits = [
+                IndexHit(row_id=i, similarity=1.0 - float(d), metadata=dict(m or {}), document=doc or "")
+                for i, d, m, doc in zip(ids, dists, metas, docs)
+            ]
             hits.sort(key=lambda h: (-round(h.similarity, 6), h.row_id))
             out.append(hits[:n])
         return out

@@ -89,9 +89,11 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
         detail = " ".join(str(exc).split())[:160]
-        raise BankFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {detail}); it is the "
-                            "bank's source of truth and was left as it is: restore it (e.g. `dvc checkout`) or "
-                            "move it aside to start an empty bank") from None
+        raise BankFileError(
+            f"{path}: not a readable parquet file ({type(exc).__name__}: {detail}); it is the "
+            "bank's source of truth and was left as it is: restore it (e.g. `dvc checkout`) or "
+            "move it aside to start an empty bank"
+        ) from None
 
 
 def read_bank(path: str | Path) -> pd.DataFrame:
@@ -129,8 +131,9 @@ def trajectories_to_rows(
     missing = [c for c in TRAJECTORY_COLUMNS if c not in trajectories.columns]
     if missing:
         raise BankValidationError(
-            failure_frame([{"index": None, "column": c, "check": "column_in_dataframe", "failure_case": c}
-                           for c in missing]),
+            failure_frame(
+                [{"index": None, "column": c, "check": "column_in_dataframe", "failure_case": c} for c in missing]
+            ),
             what="trajectory columns",
         )
     stamp = _as_utc(created_at) if created_at is not None else _utc_now()
@@ -145,8 +148,14 @@ def trajectories_to_rows(
         try:
             task = Task.from_json(traj["task"])
         except (TypeError, ValueError, KeyError) as exc:
-            errors.append({"index": label, "column": "task", "check": "Task JSON parses",
-                           "failure_case": f"{type(exc).__name__}: {exc}"})
+            errors.append(
+                {
+                    "index": label,
+                    "column": "task",
+                    "check": "Task JSON parses",
+                    "failure_case": f"{type(exc).__name__}: {exc}",
+                }
+            )
             continue
         try:
             episode = json.loads(traj["episode"])
@@ -154,14 +163,26 @@ def trajectories_to_rows(
                 raise ValueError("not a JSON list of per-turn objects")
             text = experience_text(task, episode)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            errors.append({"index": label, "column": "episode", "check": "episode JSON formats as an experience",
-                           "failure_case": f"{type(exc).__name__}: {exc}"})
+            errors.append(
+                {
+                    "index": label,
+                    "column": "episode",
+                    "check": "episode JSON formats as an experience",
+                    "failure_case": f"{type(exc).__name__}: {exc}",
+                }
+            )
             continue
         if task.task_id != traj["task_id"]:
-            errors.append({"index": label, "column": "task", "check": "task JSON has the row's task_id",
-                           "failure_case": task.task_id})
+            errors.append(
+                {
+                    "index": label,
+                    "column": "task",
+                    "check": "task JSON has the row's task_id",
+                    "failure_case": task.task_id,
+                }
+            )
         prefix = task.instruction + "\n"
-        chain = text[len(prefix):] if text.startswith(prefix) else ""
+        chain = text[len(prefix) :] if text.startswith(prefix) else ""
         rows.append(
             {
                 "row_id": row_key(str(traj["task_id"]), chain),
@@ -225,11 +246,13 @@ class BankStore:
         """Append the successes of `trajectories`; see the module docstring. All-or-nothing. The read, merge
         and write hold the bank's lock, so concurrent refreshes queue and none loses another's rows."""
         with folder_lock(self.path.parent, "the experience bank", wait_s=BANK_LOCK_WAIT_S, log=print):
-            return self._refresh_locked(trajectories, min_reward=min_reward, policy_version=policy_version,
-                                        cycle=cycle, created_at=created_at)
+            return self._refresh_locked(
+                trajectories, min_reward=min_reward, policy_version=policy_version, cycle=cycle, created_at=created_at
+            )
 
-    def _refresh_locked(self, trajectories: pd.DataFrame, *, min_reward: float, policy_version: str, cycle: int,
-                        created_at=None) -> RefreshReport:
+    def _refresh_locked(
+        self, trajectories: pd.DataFrame, *, min_reward: float, policy_version: str, cycle: int, created_at=None
+    ) -> RefreshReport:
         existing = self.load()
         new, below = trajectories_to_rows(
             trajectories, min_reward=min_reward, policy_version=policy_version, cycle=cycle, created_at=created_at

@@ -19,8 +19,10 @@ import torch
 
 from lopd_core.rollout.engine import Sampling, generate_turn
 
-_PROBE_TOOL = {"type": "function", "function": {"name": "lopd_probe_tool", "description": "probe",
-                                                "parameters": {"type": "object", "properties": {}}}}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "lopd_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
 
 
@@ -37,16 +39,18 @@ class ChatGenerator:
 
     def _template_renders_tools(self) -> bool:
         try:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL],
-                                                      add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False
+            )
         except Exception:  # noqa: BLE001 — a template that rejects `tools` has no tool support
             return False
         return "lopd_probe_tool" in text
 
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of the conversation up to the assistant's next turn."""
-        text = self.tokenizer.apply_chat_template(messages, tools=tools if self.native_tools else None,
-                                                  add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools if self.native_tools else None, add_generation_prompt=True, tokenize=False
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def fits(self, prompt: list[int]) -> bool:
@@ -70,9 +74,15 @@ class ChatGenerator:
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(self.seed)
         for start in range(0, len(runnable), self.batch_size):
-            batch = runnable[start:start + self.batch_size]
-            results = generate_turn(self.model, [prompts[i] for i in batch], sampling=sampling,
-                                    stop_id=self.stop_id, pad_id=self.pad_id, generator=generator)
+            batch = runnable[start : start + self.batch_size]
+            results = generate_turn(
+                self.model,
+                [prompts[i] for i in batch],
+                sampling=sampling,
+                stop_id=self.stop_id,
+                pad_id=self.pad_id,
+                generator=generator,
+            )
             for i, (ids, _) in zip(batch, results):
                 outputs[i] = self._decode(ids)
         return outputs

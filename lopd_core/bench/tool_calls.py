@@ -45,8 +45,15 @@ class ToolCall:
 
 # ---- Python call syntax --------------------------------------------------------------------------------------
 
-_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _MAX_EXPONENT = 64  # keeps `10**10**10` from tying up the process
 
 
@@ -209,4 +216,3 @@ def calls_or_none(text: str) -> list[ToolCall]:
         return parse_calls(text)
     except CallParseError:
         return []
-

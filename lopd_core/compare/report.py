@@ -39,7 +39,8 @@ def mean_curve(runs: list[dict], mode: str) -> pd.DataFrame:
     frames = [pd.DataFrame(r["curve"]) for r in runs]
     frame = pd.concat(frames).groupby("step", as_index=False).mean(numeric_only=True)
     return frame.rename(columns={f"{mode}_success": "success", f"{mode}_reward": "reward"})[
-        ["step", "rollouts", "success", "reward"]]
+        ["step", "rollouts", "success", "reward"]
+    ]
 
 
 def reach(runs_by_method: dict[str, list[dict]], method: str, mode: str) -> str:
@@ -93,20 +94,32 @@ def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
     if controls:
         diffs = [difference_interval(by_method["lopd"], by_method[c], s, m) for c in controls for s, m in CELLS[:2]]
         if all(d > half for d, half in diffs):
-            lines.append(f"- On test_id (both modes) LOPD beats both controls ({', '.join(controls)}) by more than "
-                         "the noise: a gain there can be credited to experience.")
+            lines.append(
+                f"- On test_id (both modes) LOPD beats both controls ({', '.join(controls)}) by more than "
+                "the noise: a gain there can be credited to experience."
+            )
         elif all(d > 0 for d, _ in diffs):
-            lines.append(f"- On test_id (both modes) LOPD is ahead of both controls ({', '.join(controls)}), but "
-                         "within the 95 % interval of the difference: no evidence that experience, rather than "
-                         "sharpening or chance, helps.")
+            lines.append(
+                f"- On test_id (both modes) LOPD is ahead of both controls ({', '.join(controls)}), but "
+                "within the 95 % interval of the difference: no evidence that experience, rather than "
+                "sharpening or chance, helps."
+            )
         else:
-            lines.append(f"- On test_id (both modes) LOPD does not beat both controls ({', '.join(controls)}): "
-                         "what it gains is not shown to come from experience rather than sharpening.")
+            lines.append(
+                f"- On test_id (both modes) LOPD does not beat both controls ({', '.join(controls)}): "
+                "what it gains is not shown to come from experience rather than sharpening."
+            )
     return lines
 
 
-def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, settings: list[tuple[str, str]],
-                         tuning: list[dict] | None = None) -> dict[str, Path]:
+def write_compare_report(
+    runs: list[dict],
+    out_dir: str | Path,
+    *,
+    title: str,
+    settings: list[tuple[str, str]],
+    tuning: list[dict] | None = None,
+) -> dict[str, Path]:
     """`runs`: run_method summaries (final runs only). Writes compare.md, compare.png and compare.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,15 +127,31 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)
 
-    header = ["method", "lr", *[f"{s} {m} %" for s, m in CELLS], "test_id reward (greedy)", "rollouts",
-              "steps", "wall s / run"]
+    header = [
+        "method",
+        "lr",
+        *[f"{s} {m} %" for s, m in CELLS],
+        "test_id reward (greedy)",
+        "rollouts",
+        "steps",
+        "wall s / run",
+    ]
     rows = []
     for method, rs in by_method.items():
         cells = [_pct([r["final"][s][m]["success_rate"] for r in rs]) for s, m in CELLS]
         reward_m, reward_s = _mean_std([r["final"]["test_id"]["greedy"]["reward_mean"] for r in rs])
         wall = statistics.fmean(r["train_seconds"] + r["eval_seconds"] for r in rs)
-        rows.append([method, f"{rs[0]['lr']:g}", *cells, f"{reward_m:.3f} ± {reward_s:.3f}",
-                     f"{statistics.fmean(r['rollouts'] for r in rs):.0f}", str(rs[0]["steps"]), f"{wall:.0f}"])
+        rows.append(
+            [
+                method,
+                f"{rs[0]['lr']:g}",
+                *cells,
+                f"{reward_m:.3f} ± {reward_s:.3f}",
+                f"{statistics.fmean(r['rollouts'] for r in rs):.0f}",
+                str(rs[0]["steps"]),
+                f"{wall:.0f}",
+            ]
+        )
 
     lines = [f"# {title}", ""]
     lines += [f"- **{k}**: {v}" for k, v in settings]
@@ -136,42 +165,56 @@ def write_compare_report(runs: list[dict], out_dir: str | Path, *, title: str, s
         lines += ["", "## Held-out success per environment (mean ± std over replicates)", ""]
         lines += _env_table(by_method, envs)
     lines += ["", "## Rollouts to reach GRPO's final test_id success (curves on the same tasks)", ""]
-    lines += _md_table(["method", "greedy", "sampled"],
-                       [[m, reach(by_method, m, "greedy"), reach(by_method, m, "sampled")]
-                        for m in by_method if m != "grpo"])
-    lines += ["", ("## test_id success by tool domain (greedy; tasks pooled over replicates, a cross-domain task "
-                   "in each of its domains)"), ""]
+    lines += _md_table(
+        ["method", "greedy", "sampled"],
+        [[m, reach(by_method, m, "greedy"), reach(by_method, m, "sampled")] for m in by_method if m != "grpo"],
+    )
+    lines += [
+        "",
+        (
+            "## test_id success by tool domain (greedy; tasks pooled over replicates, a cross-domain task "
+            "in each of its domains)"
+        ),
+        "",
+    ]
     lines += _domain_table(by_method)
     verdict = _verdict(by_method)
     if verdict:
         lines += ["", "## Differences (arithmetic on the table above)", "", *verdict]
     if tuning:
-        lines += ["", "## Learning-rate tuning (validation: train-split tasks; mean reward of greedy and sampled)",
-                  ""]
+        lines += ["", "## Learning-rate tuning (validation: train-split tasks; mean reward of greedy and sampled)", ""]
         grid = sorted({t["lr"] for t in tuning})
         table = {}
         for t in tuning:
             table.setdefault(t["method"], {})[t["lr"]] = t["score"]
-        lines += _md_table(["method", *[f"lr {g:g}" for g in grid]],
-                           [[m, *[f"{v[g]:.3f}" if g in v else "" for g in grid]] for m, v in table.items()])
+        lines += _md_table(
+            ["method", *[f"lr {g:g}" for g in grid]],
+            [[m, *[f"{v[g]:.3f}" if g in v else "" for g in grid]] for m, v in table.items()],
+        )
     lines += ["", "![success against rollouts; δ and β of the LOPD variants](compare.png)", ""]
     md = out / "compare.md"
     md.write_text("\n".join(lines))
     png = plot_compare(by_method, out / "compare.png")
     js = out / "compare.json"
-    js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2,
-                             default=str))
+    js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2, default=str))
     return {"md": md, "png": png, "json": js}
 
 
 def _env_table(by_method: dict[str, list[dict]], envs: list[str]) -> list[str]:
     """One row per (method, environment): success per split and mode from the runs' `by_env`."""
-    def rates(rs, env, split, mode):
-        return [r["by_env"][env][split][mode]["success_rate"] for r in rs
-                if mode in r.get("by_env", {}).get(env, {}).get(split, {})]
 
-    rows = [[method, env, *[_pct(rates(rs, env, s, m)) for s, m in CELLS]]
-            for method, rs in by_method.items() for env in envs]
+    def rates(rs, env, split, mode):
+        return [
+            r["by_env"][env][split][mode]["success_rate"]
+            for r in rs
+            if mode in r.get("by_env", {}).get(env, {}).get(split, {})
+        ]
+
+    rows = [
+        [method, env, *[_pct(rates(rs, env, s, m)) for s, m in CELLS]]
+        for method, rs in by_method.items()
+        for env in envs
+    ]
     return _md_table(["method", "environment", *[f"{s} {m} %" for s, m in CELLS]], rows)
 
 
@@ -186,14 +229,21 @@ def _domain_table(by_method: dict[str, list[dict]], split: str = "test_id", mode
     domains = sorted({d for cells in pooled.values() for d in cells})
     if not domains:
         return ["(no per-domain figures in these runs)"]
-    rows = [[m, *[f"{100 * pooled[m][d][0] / pooled[m][d][1]:.1f} (n={pooled[m][d][1]})" if d in pooled.get(m, {})
-                  else "" for d in domains]] for m in by_method]
+    rows = [
+        [
+            m,
+            *[
+                f"{100 * pooled[m][d][0] / pooled[m][d][1]:.1f} (n={pooled[m][d][1]})" if d in pooled.get(m, {}) else ""
+                for d in domains
+            ],
+        ]
+        for m in by_method
+    ]
     return _md_table(["method", *domains], rows)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(r) + " |" for r in rows]]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *["| " + " | ".join(r) + " |" for r in rows]]
 
 
 def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
@@ -206,8 +256,13 @@ def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
     for ax, mode in zip(axes[0], ("greedy", "sampled")):
         for method, rs in by_method.items():
             c = mean_curve(rs, mode)
-            ax.plot(c["rollouts"], 100 * c["success"], marker="o", label=method,
-                    linestyle="-" if method in ("lopd", "grpo") else "--")
+            ax.plot(
+                c["rollouts"],
+                100 * c["success"],
+                marker="o",
+                label=method,
+                linestyle="-" if method in ("lopd", "grpo") else "--",
+            )
         ax.set(title=f"test_id success ({mode})", xlabel="rollouts (sampled trajectories)", ylabel="success %")
     axes[0][0].legend(fontsize=7)
     for ax, column in zip(axes[1], ("delta", "beta")):

@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 from lopd_core.config import Params
+from lopd_core.drivers.distill import run_lopd
 from lopd_core.drivers.evaluate import run_evaluate
 from lopd_core.evaluation import evaluate, wilson_interval, write_metrics
 from lopd_core.methods import method_spec
-from lopd_core.drivers.distill import run_lopd
 from lopd_core.model.loading import load_policy
 
 REPORT_SPLITS = ("test_id", "test_ood")
@@ -47,18 +47,26 @@ def plan_steps(params: Params, method: str, budget: int, bank_rollouts: int) -> 
     per_step = params.lopd.tasks_per_step * params.lopd.samples_per_task
     steps = (budget - spent) // per_step
     if steps < 1:
-        raise ValueError(f"compare budget {budget} leaves no training step for {method} (bank rollouts {spent}, "
-                         f"{per_step} per step): raise the budget or shrink the bank")
+        raise ValueError(
+            f"compare budget {budget} leaves no training step for {method} (bank rollouts {spent}, "
+            f"{per_step} per step): raise the budget or shrink the bank"
+        )
     return steps, spent
 
 
-def _with_eval(params: Params, splits, n: int, modes=REPORT_MODES, *, experience: bool = False,
-               benchmarks: bool = False) -> Params:
+def _with_eval(
+    params: Params, splits, n: int, modes=REPORT_MODES, *, experience: bool = False, benchmarks: bool = False
+) -> Params:
     """A copy of params with the `eval` section narrowed to these splits, modes and tasks per split."""
     p = copy.deepcopy(params)
-    p.eval = dataclasses.replace(p.eval, splits=list(splits), n_per_split=n, modes=list(modes),
-                                 with_experience=experience,
-                                 benchmarks=list(params.eval.benchmarks) if benchmarks else [])
+    p.eval = dataclasses.replace(
+        p.eval,
+        splits=list(splits),
+        n_per_split=n,
+        modes=list(modes),
+        with_experience=experience,
+        benchmarks=list(params.eval.benchmarks) if benchmarks else [],
+    )
     return p
 
 
@@ -66,9 +74,14 @@ def final_eval_params(params: Params, eval_n: int) -> Params:
     """The cycle's evaluation (`eval` as configured, benchmarks included) with `eval_n` tasks per split and the
     report's splits and modes added where missing."""
     ev = params.eval
-    return _with_eval(params, [*ev.splits, *[s for s in REPORT_SPLITS if s not in ev.splits]], eval_n,
-                      [*ev.modes, *[m for m in REPORT_MODES if m not in ev.modes]],
-                      experience=ev.with_experience, benchmarks=True)
+    return _with_eval(
+        params,
+        [*ev.splits, *[s for s in REPORT_SPLITS if s not in ev.splits]],
+        eval_n,
+        [*ev.modes, *[m for m in REPORT_MODES if m not in ev.modes]],
+        experience=ev.with_experience,
+        benchmarks=True,
+    )
 
 
 class CurveProbe:
@@ -88,18 +101,29 @@ class CurveProbe:
         started = time.perf_counter()
         results = evaluate(model, tokenizer, self.params, log=self.log)
         self.seconds += time.perf_counter() - started
-        self.points[step] = {"step": step, "rollouts": rollouts,
-                             **_cells(pool_envs(results, self.params.envs.mix))}
+        self.points[step] = {"step": step, "rollouts": rollouts, **_cells(pool_envs(results, self.params.envs.mix))}
         self.path.write_text(json.dumps(self.curve(), indent=2))
 
     def curve(self) -> list[dict]:
         return [self.points[s] for s in sorted(self.points)]
 
 
-def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int, bank_rollouts: int,
-               bank_dir: str | None = None, index_dir: str | None = None, phi0: str | None = None,
-               curve_points: int = 4, curve_n: int = 32, eval_n: int = 100, validation_n: int = 0,
-               log=print) -> dict:
+def run_method(
+    params: Params,
+    method: str,
+    out_dir: str | Path,
+    *,
+    budget: int,
+    bank_rollouts: int,
+    bank_dir: str | None = None,
+    index_dir: str | None = None,
+    phi0: str | None = None,
+    curve_points: int = 4,
+    curve_n: int = 32,
+    eval_n: int = 100,
+    validation_n: int = 0,
+    log=print,
+) -> dict:
     """Train `method` from params.model to `budget` through the cycle's distill stage function; returns (and
     writes to out_dir/summary.json) the run's numbers. `validation_n` > 0: a tuning run, evaluated at the end on
     that many train-split tasks only."""
@@ -138,13 +162,28 @@ def run_method(params: Params, method: str, out_dir: str | Path, *, budget: int,
     eval_s += time.perf_counter() - started
     envs = [e for e in p.envs.mix if e in results]
     summary = {
-        "method": method, "world": p.envs.deploy_worlds[0], "seed": p.seed, "lr": p.lopd.lr_student,
-        "budget": budget, "steps": steps, "bank_rollouts": spent, "rollouts": trained["rollouts"],
-        "train_seconds": round(train_s, 2), "eval_seconds": round(eval_s, 2), "final_beta": trained["beta"],
-        "margin": trained["margin"], "csv": str(out / "distill.csv"), "eval": str(out / "eval.json"),
-        "student": trained["student"], "envs": envs,
-        "bank": {"rows": trained["bank_rows"], "added": trained["bank_added"],
-                 "refreshes": trained["bank_refreshes"], "dir": trained["bank_dir"]},
+        "method": method,
+        "world": p.envs.deploy_worlds[0],
+        "seed": p.seed,
+        "lr": p.lopd.lr_student,
+        "budget": budget,
+        "steps": steps,
+        "bank_rollouts": spent,
+        "rollouts": trained["rollouts"],
+        "train_seconds": round(train_s, 2),
+        "eval_seconds": round(eval_s, 2),
+        "final_beta": trained["beta"],
+        "margin": trained["margin"],
+        "csv": str(out / "distill.csv"),
+        "eval": str(out / "eval.json"),
+        "student": trained["student"],
+        "envs": envs,
+        "bank": {
+            "rows": trained["bank_rows"],
+            "added": trained["bank_added"],
+            "refreshes": trained["bank_refreshes"],
+            "dir": trained["bank_dir"],
+        },
         "curve": probe.curve(),
         # the mix's environments pooled (one environment: its own cells); per environment under by_env
         "final": _final(pool_envs(results, envs)),
@@ -177,20 +216,35 @@ def _pool(cells: list[dict]) -> dict:
             acc = domains.setdefault(domain, [0.0, 0])
             acc[0] += d["success_rate"] * d["n"]
             acc[1] += d["n"]
-    return {"success_rate": round(wins / n, 4) if n else 0.0,
-            "reward_mean": round(sum(c["reward_mean"] * c["n"] for c in cells) / n, 4) if n else 0.0,
-            "n": n, "ci95": wilson_interval(wins, n),
-            "by_domain": {d: {"success_rate": round(w / k, 4), "n": k} for d, (w, k) in sorted(domains.items())}}
+    return {
+        "success_rate": round(wins / n, 4) if n else 0.0,
+        "reward_mean": round(sum(c["reward_mean"] * c["n"] for c in cells) / n, 4) if n else 0.0,
+        "n": n,
+        "ci95": wilson_interval(wins, n),
+        "by_domain": {d: {"success_rate": round(w / k, 4), "n": k} for d, (w, k) in sorted(domains.items())},
+    }
 
 
 def _final(section: dict) -> dict:
-    return {split: {mode: {"success_rate": cell["success_rate"], "reward_mean": cell["reward_mean"],
-                           "n": cell["n"], "by_domain": cell.get("by_domain", {})}
-                    for mode, cell in modes.items()} for split, modes in section.items()}
+    return {
+        split: {
+            mode: {
+                "success_rate": cell["success_rate"],
+                "reward_mean": cell["reward_mean"],
+                "n": cell["n"],
+                "by_domain": cell.get("by_domain", {}),
+            }
+            for mode, cell in modes.items()
+        }
+        for split, modes in section.items()
+    }
 
 
 def _cells(pooled: dict) -> dict:
     """test_id success and reward per mode, flat: {"greedy_success": .., "sampled_reward": ..}."""
     cells = pooled["test_id"]
-    return {f"{mode}_{k}": cells[mode][f"{k}_rate" if k == "success" else f"{k}_mean"]
-            for mode in REPORT_MODES for k in ("success", "reward")}
+    return {
+        f"{mode}_{k}": cells[mode][f"{k}_rate" if k == "success" else f"{k}_mean"]
+        for mode in REPORT_MODES
+        for k in ("success", "reward")
+    }

@@ -43,8 +43,7 @@ def sibling_texts(trajs: list, group_size: int) -> list[str | None]:
         group = range(g * group_size, min((g + 1) * group_size, len(trajs)))
         wins = [j for j in group if trajs[j].success]
         pick = next((j for j in wins if j != i), wins[0] if wins else None)
-        out.append(None if pick is None else format_experience(trajs[pick].task.instruction,
-                                                               trajs[pick].episode))
+        out.append(None if pick is None else format_experience(trajs[pick].task.instruction, trajs[pick].episode))
     return out
 
 
@@ -71,8 +70,9 @@ CONTEXT_BUILDERS: dict[str, ContextBuilder] = {
 }
 
 
-def text_contexts(spec: MethodSpec, tasks: list[Task], trajs: list, per_task: list[list[str]],
-                  group_size: int) -> list[str | None] | None:
+def text_contexts(
+    spec: MethodSpec, tasks: list[Task], trajs: list, per_task: list[list[str]], group_size: int
+) -> list[str | None] | None:
     """What the teacher reads as text, per trajectory (None: no signal for that trajectory); None for the
     methods whose teacher reads latents or nothing."""
     build = CONTEXT_BUILDERS.get(spec.teacher.context)

@@ -19,8 +19,8 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.config import Params
-from lopd_core.errors import StateError
 from lopd_core.distill import sharded_checkpoint as SC
+from lopd_core.errors import StateError
 from lopd_core.outputs import OutputPathError
 from lopd_core.outputs import _reason as output_reason
 
@@ -32,12 +32,37 @@ if TYPE_CHECKING:
 # continues a shorter one; a checkpoint past it is refused apart), where outputs go, how often checkpoints are
 # written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself; where a
 # plugin's tools run and how long a step may take (the same episodes either way).
-RESUME_SETTINGS = ("seed", "model.dtype", "lopd", "baselines", "rollout", "composer", "envs", "bank.top_j",
-                   "bank.allow_self_retrieval", "bank.same_world", "bank.ef_search", "bank.refresh_every",
-                   "bank.min_reward")
-RESUME_FREE = frozenset({"lopd.steps", "lopd.out_dir", "lopd.csv", "lopd.checkpoint_every", "lopd.resume_mismatch",
-                         "lopd.max_skipped_share", "lopd.low_memory", "lopd.teacher_micro_batch",
-                         "lopd.share_prompt", "lopd.sharding", "envs.isolate_tools", "envs.step_timeout_s"})
+RESUME_SETTINGS = (
+    "seed",
+    "model.dtype",
+    "lopd",
+    "baselines",
+    "rollout",
+    "composer",
+    "envs",
+    "bank.top_j",
+    "bank.allow_self_retrieval",
+    "bank.same_world",
+    "bank.ef_search",
+    "bank.refresh_every",
+    "bank.min_reward",
+)
+RESUME_FREE = frozenset(
+    {
+        "lopd.steps",
+        "lopd.out_dir",
+        "lopd.csv",
+        "lopd.checkpoint_every",
+        "lopd.resume_mismatch",
+        "lopd.max_skipped_share",
+        "lopd.low_memory",
+        "lopd.teacher_micro_batch",
+        "lopd.share_prompt",
+        "lopd.sharding",
+        "envs.isolate_tools",
+        "envs.step_timeout_s",
+    }
+)
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
 NOT_RECORDED = "(not recorded)"
@@ -87,8 +112,11 @@ def _flatten_settings(value, dotted: str, out: dict[str, Any]) -> None:
 def settings_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """One `key: old → new` line per setting that differs between a checkpoint and this run."""
     keys = sorted(set(recorded) | set(current))
-    return [f"{k}: {recorded.get(k, NOT_RECORDED)!r} → {current.get(k, NOT_RECORDED)!r}" for k in keys
-            if recorded.get(k, NOT_RECORDED) != current.get(k, NOT_RECORDED)]
+    return [
+        f"{k}: {recorded.get(k, NOT_RECORDED)!r} → {current.get(k, NOT_RECORDED)!r}"
+        for k in keys
+        if recorded.get(k, NOT_RECORDED) != current.get(k, NOT_RECORDED)
+    ]
 
 
 def plain_data(value, where: str = "checkpoint"):
@@ -103,8 +131,10 @@ def plain_data(value, where: str = "checkpoint"):
         return {k: plain_data(v, f"{where}[{k!r}]") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(plain_data(v, f"{where}[{i}]") for i, v in enumerate(value))
-    raise TypeError(f"{where}: a {type(value).__name__} cannot go into a checkpoint read with weights_only=True; "
-                    "store it as tensors or plain data (dict, list, str, int, float, bool, None)")
+    raise TypeError(
+        f"{where}: a {type(value).__name__} cannot go into a checkpoint read with weights_only=True; "
+        "store it as tensors or plain data (dict, list, str, int, float, bool, None)"
+    )
 
 
 def load_failure(exc: Exception) -> str:
@@ -135,19 +165,21 @@ def checkpoint_payload(d: Distiller, theta_dir: str | None = None) -> dict:
     """Everything a resume restores, as plain data (`plain_data` refuses anything else). `theta_dir`: θ and its
     optimizer state are in that sharded folder (sharded_checkpoint.py), not in the payload."""
     sharded = theta_dir is not None
-    return plain_data({
-        "state": asdict(d.state),
-        "settings": resume_settings(d.params),  # what a resume must agree with (`load_checkpoint`)
-        "trainable": None if sharded else {k: v for k, v in d.trainable.state_dict().items()},
-        "theta_dir": theta_dir,
-        "composer": d.composer.state_dict(),
-        "opt_theta": None if sharded else d.opt_theta.state_dict(),
-        "opt_phi": d.opt_phi.state_dict(),
-        "rng_torch": torch.get_rng_state(),
-        "data_position": d.state.step * d.cfg.tasks_per_step,
-        "ema": d.ema_lm.state_dict() if d.ema_lm is not None else None,  # SDPO's EMA teacher
-        "teacher": refreshed_teacher_weights(d),  # lopd_gated_refresh: a separate θ̄ once refreshed
-    })
+    return plain_data(
+        {
+            "state": asdict(d.state),
+            "settings": resume_settings(d.params),  # what a resume must agree with (`load_checkpoint`)
+            "trainable": None if sharded else {k: v for k, v in d.trainable.state_dict().items()},
+            "theta_dir": theta_dir,
+            "composer": d.composer.state_dict(),
+            "opt_theta": None if sharded else d.opt_theta.state_dict(),
+            "opt_phi": d.opt_phi.state_dict(),
+            "rng_torch": torch.get_rng_state(),
+            "data_position": d.state.step * d.cfg.tasks_per_step,
+            "ema": d.ema_lm.state_dict() if d.ema_lm is not None else None,  # SDPO's EMA teacher
+            "teacher": refreshed_teacher_weights(d),  # lopd_gated_refresh: a separate θ̄ once refreshed
+        }
+    )
 
 
 def save_checkpoint(d: Distiller, path: Path) -> Path:
@@ -169,8 +201,10 @@ def save_checkpoint(d: Distiller, path: Path) -> Path:
         tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
     except OSError as exc:
         tmp.unlink(missing_ok=True)  # what was half-written goes; the previous checkpoint stays
-        raise OutputPathError(f"cannot write the checkpoint {path}: {output_reason(exc)}; the previous "
-                              "checkpoint (if any) is intact: free space and rerun to resume") from None
+        raise OutputPathError(
+            f"cannot write the checkpoint {path}: {output_reason(exc)}; the previous "
+            "checkpoint (if any) is intact: free space and rerun to resume"
+        ) from None
     if theta_dir is not None:
         SC.prune(path.parent, theta_dir)
     D.barrier()
@@ -185,18 +219,23 @@ def load_checkpoint(d: Distiller, path: Path) -> bool:
     payload = read_checkpoint(path)
     recorded = payload.get("settings")
     if recorded is None:
-        refuse_or_warn(d, f"{path}: the checkpoint records no settings (written before checkpoints recorded "
-                          "them), so a resume under other ones cannot be ruled out")
+        refuse_or_warn(
+            d,
+            f"{path}: the checkpoint records no settings (written before checkpoints recorded "
+            "them), so a resume under other ones cannot be ruled out",
+        )
     else:
         differences = settings_differences(recorded, resume_settings(d.params))
         if differences:
-            refuse_or_warn(d, f"{path}: the checkpoint was made under other settings (checkpoint → this run):",
-                           differences)
+            refuse_or_warn(
+                d, f"{path}: the checkpoint was made under other settings (checkpoint → this run):", differences
+            )
     try:
         restore(d, payload, path.parent)
     except (KeyError, RuntimeError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: the checkpoint does not fit this run's models ({load_failure(exc)}); "
-                              f"{START_OVER}") from None
+        raise CheckpointError(
+            f"{path}: the checkpoint does not fit this run's models ({load_failure(exc)}); {START_OVER}"
+        ) from None
     return True
 
 
@@ -232,9 +271,12 @@ def refreshed_teacher_weights(d: Distiller) -> dict | None:
 def check_steps(d: Distiller, total: int) -> None:
     """A resumed checkpoint past the `total` steps asked for would pass its student off as a shorter run's."""
     if d.state.step > total:
-        refuse_or_warn(d, f"{d.checkpoint_path()}: the checkpoint is at step {d.state.step}, past the "
-                          f"{total} steps asked for (lopd.steps)",
-                       fix=f"set lopd.steps to {d.state.step} or more to keep it")
+        refuse_or_warn(
+            d,
+            f"{d.checkpoint_path()}: the checkpoint is at step {d.state.step}, past the "
+            f"{total} steps asked for (lopd.steps)",
+            fix=f"set lopd.steps to {d.state.step} or more to keep it",
+        )
 
 
 def refuse_or_warn(d: Distiller, message: str, details: list[str] = (), fix: str = "") -> None:

@@ -58,9 +58,23 @@ class ColdstartRun:
     skipped_updates: int = 0
 
 
-def train_coldstart(base, tokenizer, composer: Composer, successes: list, retriever, *, steps: int,
-                    batch_size: int, lr: float, kl_weight: float, seed: int, csv_path: str | Path | None = None,
-                    max_experience_tokens: int = 256, sharding: str = "none", log=print) -> ColdstartRun:
+def train_coldstart(
+    base,
+    tokenizer,
+    composer: Composer,
+    successes: list,
+    retriever,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    kl_weight: float,
+    seed: int,
+    csv_path: str | Path | None = None,
+    max_experience_tokens: int = 256,
+    sharding: str = "none",
+    log=print,
+) -> ColdstartRun:
     """`successes`: oracle trajectories (token_ids, action_mask, task) of the pretraining worlds; `retriever(tasks)`
     gives experience texts per task, excluding the task itself. Trains `composer` in place. `sharding: fsdp2`
     shards the frozen base between steps (lopd_core/sharding.py; the composer stays replicated)."""
@@ -68,13 +82,19 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
         raise ValueError("cold start needs at least one successful trajectory of the pretraining worlds' oracle")
     D.setup()
     if D.world_size() > min(batch_size, len(successes)):
-        raise ValueError(f"coldstart.batch_size: got {batch_size} ({len(successes)} successes), expected at "
-                         f"least the number of processes ({D.world_size()})")
+        raise ValueError(
+            f"coldstart.batch_size: got {batch_size} ({len(successes)} successes), expected at "
+            f"least the number of processes ({D.world_size()})"
+        )
     log = log if D.is_main() else (lambda *_a, **_k: None)
     freeze(base)
-    reader = _Reader(base, tokenizer, Framing.from_tokenizer(tokenizer),
-                     ExperienceEncoder(TeacherView(base), tokenizer, max_tokens=max_experience_tokens),
-                     mean_embedding_norm(base))
+    reader = _Reader(
+        base,
+        tokenizer,
+        Framing.from_tokenizer(tokenizer),
+        ExperienceEncoder(TeacherView(base), tokenizer, max_tokens=max_experience_tokens),
+        mean_embedding_norm(base),
+    )
     if sharding == "fsdp2":
         SH.setup()
         shards = SH.Sharding([], SH.shard_lm(base))  # frozen: read like a teacher, never stepped
@@ -90,16 +110,20 @@ def train_coldstart(base, tokenizer, composer: Composer, successes: list, retrie
         batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
         mine = D.shard_range(len(batch))
         with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
-            row, applied = _coldstart_step(reader, composer, opt, batch[mine.start:mine.stop], retriever, kl_weight)
+            row, applied = _coldstart_step(reader, composer, opt, batch[mine.start : mine.stop], retriever, kl_weight)
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
         run.rows.append(row)
         if not applied:
             run.skipped_updates += 1
-            log(f"coldstart: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
-                f"{row['grad_norm']}), update skipped ({run.skipped_updates} so far)")
+            log(
+                f"coldstart: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
+                f"{row['grad_norm']}), update skipped ({run.skipped_updates} so far)"
+            )
         if step % 10 == 0 or step == steps or step == 1:
-            log(f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
-                f"latent/embedding norm {row['latent_norm_ratio']:.2f}")
+            log(
+                f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
+                f"latent/embedding norm {row['latent_norm_ratio']:.2f}"
+            )
     if run.skipped_updates:
         log(f"coldstart: {run.skipped_updates} of {steps} updates skipped as non-finite")
     if csv_path is not None and D.is_main():
@@ -118,8 +142,9 @@ class _Reader:
     embedding_norm: float
 
 
-def _coldstart_step(reader: _Reader, composer: Composer, opt, batch: list, retriever, kl_weight: float
-                    ) -> tuple[dict, bool]:
+def _coldstart_step(
+    reader: _Reader, composer: Composer, opt, batch: list, retriever, kl_weight: float
+) -> tuple[dict, bool]:
     """One update on this rank's share of a batch; returns the row's figures and whether the step was applied."""
     base = reader.base
     ids, masks = [t.token_ids for t in batch], [t.action_mask for t in batch]
@@ -131,8 +156,9 @@ def _coldstart_step(reader: _Reader, composer: Composer, opt, batch: list, retri
     nll = torch.nn.functional.cross_entropy(lat_logits, lat_batch.action_ids, reduction="sum") / n_tokens
     if kl_weight > 0:
         with torch.no_grad():
-            txt_batch = build_batch(base, ids, masks, text_block_embeddings(base, reader.tokenizer, experiences),
-                                    reader.framing)
+            txt_batch = build_batch(
+                base, ids, masks, text_block_embeddings(base, reader.tokenizer, experiences), reader.framing
+            )
             txt_logits = action_logits(base, txt_batch)
         kl = L.forward_kl_full(lat_logits, txt_logits).sum() / n_tokens  # KL(p_text ‖ p_latent), into φ
     else:

@@ -44,9 +44,20 @@ def oracle_trajectory(codec: ChatCodec, task: Task) -> Trajectory:
     demo, success, episode = play_codegen(task) if task.env == "codegen" else play(task)
     ids = encode_demo(demo, codec)
     prompt_length = ids.action_mask.index(1)
-    return Trajectory(task, ORACLE_SAMPLE_INDEX, (), ids.token_ids, ids.action_mask, ids.sample_logprobs,
-                      prompt_length, reward=1.0 if success else 0.0, success=success,
-                      stop_reason="answer", num_turns=len(demo.actions), episode=episode)
+    return Trajectory(
+        task,
+        ORACLE_SAMPLE_INDEX,
+        (),
+        ids.token_ids,
+        ids.action_mask,
+        ids.sample_logprobs,
+        prompt_length,
+        reward=1.0 if success else 0.0,
+        success=success,
+        stop_reason="answer",
+        num_turns=len(demo.actions),
+        episode=episode,
+    )
 
 
 def pretraining_successes(params: Params, codec: ChatCodec) -> tuple[list[Trajectory], list[Success]]:
@@ -62,14 +73,21 @@ def pretraining_retriever(params: Params, trajectories: list[Trajectory]) -> Ite
     Chroma folder that is gone when the block ends."""
     with tempfile.TemporaryDirectory(prefix="lopd-coldstart-") as tmp:
         root = Path(tmp)
-        with ExperienceBank(root / "experience.parquet", index_dir=root / "index",
-                            hnsw={"ef_search": params.bank.ef_search}) as bank:
-            bank.refresh(trajectories_to_frame(trajectories), min_reward=params.bank.min_reward,
-                         policy_version="oracle-pretraining", cycle=0)
+        with ExperienceBank(
+            root / "experience.parquet", index_dir=root / "index", hnsw={"ef_search": params.bank.ef_search}
+        ) as bank:
+            bank.refresh(
+                trajectories_to_frame(trajectories),
+                min_reward=params.bank.min_reward,
+                policy_version="oracle-pretraining",
+                cycle=0,
+            )
             bank.ensure_index()
 
             def retrieve(tasks: list[Task]) -> list[list[str]]:
-                return [[h.experience_text for h in hits]
-                        for hits in bank.retrieve(tasks, params.bank.top_j, False, same_world=True)]
+                return [
+                    [h.experience_text for h in hits]
+                    for hits in bank.retrieve(tasks, params.bank.top_j, False, same_world=True)
+                ]
 
             yield retrieve

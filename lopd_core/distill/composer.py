@@ -42,8 +42,16 @@ class ResamplerBlock(nn.Module):
 
 
 class Composer(nn.Module):
-    def __init__(self, lm_width: int, *, num_queries: int = 32, hidden_size: int = 0, num_layers: int = 2,
-                 num_heads: int = 4, embedding_norm: float = 1.0):
+    def __init__(
+        self,
+        lm_width: int,
+        *,
+        num_queries: int = 32,
+        hidden_size: int = 0,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        embedding_norm: float = 1.0,
+    ):
         super().__init__()
         width = hidden_size or lm_width
         self.num_queries = num_queries
@@ -95,7 +103,7 @@ class ExperienceEncoder:
     def _encode_with(self, base, texts: list[str]) -> None:
         device = next(base.parameters()).device
         for start in range(0, len(texts), self.batch_size):
-            chunk = texts[start:start + self.batch_size]
+            chunk = texts[start : start + self.batch_size]
             ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: self.max_tokens] or [0] for t in chunk]
             width = max(len(i) for i in ids)
             batch = torch.zeros((len(ids), width), dtype=torch.long)
@@ -135,6 +143,6 @@ def compose_latents(composer: Composer, encoder: ExperienceEncoder, experiences:
     latents = composer(states.to(device), mask.to(device))  # (E, K, D)
     out, start = [], 0
     for texts in experiences:
-        out.append(latents[start:start + len(texts)].reshape(-1, width))  # (J·K, D)
+        out.append(latents[start : start + len(texts)].reshape(-1, width))  # (J·K, D)
         start += len(texts)
     return out

@@ -51,8 +51,19 @@ class DashboardRow:
 
 CSV_COLUMNS = [f.name for f in fields(DashboardRow)]
 DIAGNOSTIC_COLUMNS = [
-    "step", "margin_success", "margin_failure", "latent_norm", "embedding_norm", "skipped_updates",
-    "encoder_cache_hits", "rollout_s", "teacher_s", "student_s", "composer_s", "refresh_student", "refresh_teacher",
+    "step",
+    "margin_success",
+    "margin_failure",
+    "latent_norm",
+    "embedding_norm",
+    "skipped_updates",
+    "encoder_cache_hits",
+    "rollout_s",
+    "teacher_s",
+    "student_s",
+    "composer_s",
+    "refresh_student",
+    "refresh_teacher",
 ]
 # The teacher's columns, without value when a step runs no teacher (GRPO without a reference KL): NaN rather
 # than a misleading 0.
@@ -68,9 +79,19 @@ class ComposerStep:
     latent_norm: float  # mean norm of a latent vector, every rank's
 
 
-def step_result(d: Distiller, batch: S.RolloutBatch, sums: S.StepSums, totals: dict[str, float], *, beta: float,
-                grad_theta: float, composer: ComposerStep, started: float, rollout_s: float,
-                trajectories: list) -> S.StepResult:
+def step_result(
+    d: Distiller,
+    batch: S.RolloutBatch,
+    sums: S.StepSums,
+    totals: dict[str, float],
+    *,
+    beta: float,
+    grad_theta: float,
+    composer: ComposerStep,
+    started: float,
+    rollout_s: float,
+    trajectories: list,
+) -> S.StepResult:
     """The dashboard row and the diagnostics, from the sums the chunks accumulated; `trajectories` are this
     rank's (a growing bank reads them)."""
     counts = batch.token_counts.clamp(min=1)
@@ -84,15 +105,26 @@ def step_result(d: Distiller, batch: S.RolloutBatch, sums: S.StepSums, totals: d
     delta_success, delta_failure = MG.delta_parts(advantage * per_traj_gap, all_counts, successes)
     n = batch.n_tokens
     values = {
-        "step": d.state.step, "rollouts": d.state.rollouts,
-        "reward_mean": float(rewards.mean()), "success_rate": float(successes.float().mean()),
-        "distill_loss": totals["distill"], "kl_phi": totals["kl"], "delta": totals["delta"], "beta": beta,
-        "margin": d.margin, "delta_success": delta_success, "delta_failure": delta_failure,
-        "anchor": composer.anchor, "student_entropy": totals["student_entropy"] / n,
-        "teacher_entropy": totals["teacher_entropy"] / n, "topk_mass": totals["topk_mass"] / n,
-        "grad_norm_theta": grad_theta, "grad_norm_phi": composer.grad_norm,
+        "step": d.state.step,
+        "rollouts": d.state.rollouts,
+        "reward_mean": float(rewards.mean()),
+        "success_rate": float(successes.float().mean()),
+        "distill_loss": totals["distill"],
+        "kl_phi": totals["kl"],
+        "delta": totals["delta"],
+        "beta": beta,
+        "margin": d.margin,
+        "delta_success": delta_success,
+        "delta_failure": delta_failure,
+        "anchor": composer.anchor,
+        "student_entropy": totals["student_entropy"] / n,
+        "teacher_entropy": totals["teacher_entropy"] / n,
+        "topk_mass": totals["topk_mass"] / n,
+        "grad_norm_theta": grad_theta,
+        "grad_norm_phi": composer.grad_norm,
         "latent_norm_ratio": composer.latent_norm / max(d.embedding_norm, 1e-8),
-        "step_seconds": time.perf_counter() - started, "phase": d.phase,
+        "step_seconds": time.perf_counter() - started,
+        "phase": d.phase,
         "teacher_refreshes": d.state.teacher_refreshes,
     }
     if not d.teacher_pass:
@@ -101,11 +133,16 @@ def step_result(d: Distiller, batch: S.RolloutBatch, sums: S.StepSums, totals: d
         "step": d.state.step,
         "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
         "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
-        "latent_norm": composer.latent_norm, "embedding_norm": d.embedding_norm,
-        "skipped_updates": d.state.skipped_updates, "encoder_cache_hits": d.encoder.hits,
-        "rollout_s": rollout_s, "teacher_s": sums.seconds["teacher"],
-        "student_s": sums.seconds["student"], "composer_s": sums.seconds["composer"],
-        "refresh_student": math.nan, "refresh_teacher": math.nan,  # filled on a step that ran the check
+        "latent_norm": composer.latent_norm,
+        "embedding_norm": d.embedding_norm,
+        "skipped_updates": d.state.skipped_updates,
+        "encoder_cache_hits": d.encoder.hits,
+        "rollout_s": rollout_s,
+        "teacher_s": sums.seconds["teacher"],
+        "student_s": sums.seconds["student"],
+        "composer_s": sums.seconds["composer"],
+        "refresh_student": math.nan,
+        "refresh_teacher": math.nan,  # filled on a step that ran the check
     }
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).

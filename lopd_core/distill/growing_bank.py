@@ -44,8 +44,7 @@ class BankGrowth:
     """`run_distill`'s per-step hook: collects the step's trajectories (`StepResult.trajectories`), refreshes
     the bank every `every` steps and at the end. `added` counts the rows it added."""
 
-    def __init__(self, bank: ExperienceBank, *, every: int, min_reward: float, cycle: int, total_steps: int,
-                 log=print):
+    def __init__(self, bank: ExperienceBank, *, every: int, min_reward: float, cycle: int, total_steps: int, log=print):
         self.bank, self.every, self.min_reward, self.cycle = bank, every, min_reward, cycle
         self.total_steps, self.log = total_steps, log
         self.pending: list = []
@@ -68,8 +67,14 @@ class BankGrowth:
         self.bank.ensure_index()
         added = len(self.bank) - before
         self.added += added
-        self.refreshes.append({"step": step, "successes": int(frame["reward"].ge(self.min_reward).sum()),
-                               "added": added, "rows": len(self.bank)})
+        self.refreshes.append(
+            {
+                "step": step,
+                "successes": int(frame["reward"].ge(self.min_reward).sum()),
+                "added": added,
+                "rows": len(self.bank),
+            }
+        )
         self.log(f"distill: step {step}: bank +{added} of the student's successes ({len(self.bank)} rows)")
 
 

@@ -17,9 +17,9 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
-from lopd_core.errors import TrainingDiverged
 from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
 from lopd_core.distill.models import export_student, replicated_copy
+from lopd_core.errors import TrainingDiverged
 from lopd_core.outputs import OutputPathError
 from lopd_core.outputs import _reason as output_reason
 
@@ -71,25 +71,31 @@ def check_divergence(distiller: Distiller, total_steps: int) -> None:
         raise TrainingDiverged(
             f"distill: {skipped} of {distiller.state.step * per_step} updates so far were skipped as non-finite "
             f"(lopd.max_skipped_share={distiller.cfg.max_skipped_share:g} of {total_steps * per_step}): training "
-            f"diverged; lower lopd.lr_student / lopd.lr_composer and rerun with --fresh")
+            f"diverged; lower lopd.lr_student / lopd.lr_composer and rerun with --fresh"
+        )
 
 
 def _report(distiller: Distiller, r: DashboardRow, total: int) -> None:
     """The step's log line, and the warning of a margin met only because the teacher moved away."""
-    distiller.log(f"distill: step {r.step}/{total} reward {r.reward_mean:.3f} success {r.success_rate:.3f} "
-                  f"loss {r.distill_loss:.4f} δ̄ {r.delta:+.4f} β {r.beta:.3f} ({r.step_seconds:.1f}s)")
+    distiller.log(
+        f"distill: step {r.step}/{total} reward {r.reward_mean:.3f} success {r.success_rate:.3f} "
+        f"loss {r.distill_loss:.4f} δ̄ {r.delta:+.4f} β {r.beta:.3f} ({r.step_seconds:.1f}s)"
+    )
     history = distiller.state.history
-    recent = [h["row"]["kl_phi"] for h in history[-DIVERGENCE_WINDOW - 1:-1] if math.isfinite(h["row"]["kl_phi"])]
+    recent = [h["row"]["kl_phi"] for h in history[-DIVERGENCE_WINDOW - 1 : -1] if math.isfinite(h["row"]["kl_phi"])]
     if distiller.method.composer.trainable and margin_by_divergence(recent, r.kl_phi, r.delta, distiller.margin):
-        distiller.log(f"distill: step {r.step}: warning: δ̄ {r.delta:.3f} ≥ m = {distiller.margin:.4g} only "
-                      f"because the teacher moved away from the student (reverse KL {r.kl_phi:.3f}, over "
-                      f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
-                      "is being distilled toward a worse teacher; lopd.advantage=group removes this incentive "
-                      "(DESIGN §3)")
+        distiller.log(
+            f"distill: step {r.step}: warning: δ̄ {r.delta:.3f} ≥ m = {distiller.margin:.4g} only "
+            f"because the teacher moved away from the student (reverse KL {r.kl_phi:.3f}, over "
+            f"{DIVERGENCE_FACTOR:g}× its median of the last {DIVERGENCE_WINDOW} steps): the student "
+            "is being distilled toward a worse teacher; lopd.advantage=group removes this incentive "
+            "(DESIGN §3)"
+        )
 
 
-def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool = True,
-                stop_after: int | None = None, on_step=None) -> DistillState:
+def run_distill(
+    distiller: Distiller, *, steps: int | None = None, resume: bool = True, stop_after: int | None = None, on_step=None
+) -> DistillState:
     """Train to `steps` (default lopd.steps; more draws further blocks of the task stream, `step_tasks`); resume
     from the last checkpoint when there is one. `stop_after` ends the process early (tests of resumption).
     `on_step(distiller, result)` runs after each step, before its checkpoint (the growing bank's refresh)."""
@@ -97,8 +103,11 @@ def run_distill(distiller: Distiller, *, steps: int | None = None, resume: bool 
     total = steps or cfg.steps
     if resume and distiller.load_checkpoint():
         distiller.check_steps(total)
-        distiller.log(f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f}"
-                      + (f", m={distiller.margin:.4g}" if distiller.margin is not None else "") + ")")
+        distiller.log(
+            f"distill: resumed at step {distiller.state.step} (β={distiller.state.beta:.3f}"
+            + (f", m={distiller.margin:.4g}" if distiller.margin is not None else "")
+            + ")"
+        )
     distiller.price_margin()  # `lopd.margin: auto`, before step 1 (a resumed run keeps the checkpoint's m)
     csv_path = Path(cfg.csv)
     diag_path = csv_path.with_name(csv_path.stem + "_diagnostics.csv")

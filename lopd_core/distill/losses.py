@@ -141,9 +141,7 @@ def tail_logsumexp(logprobs: Tensor, support_ids: Tensor) -> Tensor:
     return _OutsideLogsumexp.apply(logprobs, support_ids).clamp(min=_LOG_TAIL_FLOOR)
 
 
-def support_kl(
-    p_logprobs: Tensor, p_tail_logprob: Tensor, q_logprobs: Tensor, q_tail_logprob: Tensor
-) -> Tensor:
+def support_kl(p_logprobs: Tensor, p_tail_logprob: Tensor, q_logprobs: Tensor, q_tail_logprob: Tensor) -> Tensor:
     """KL(p || q) over K support ids plus one tail bucket, per token.
 
     p_logprobs, q_logprobs (N, K); p_tail_logprob, q_tail_logprob (N,) -> (N,).
@@ -159,9 +157,7 @@ def support_kl(
     return support_term + tail_term
 
 
-def reverse_kl_topk(
-    student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor
-) -> Tensor:
+def reverse_kl_topk(student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor) -> Tensor:
     """Default student loss: KL(p_S || p_T) on the teacher's top-k support plus one tail bucket, per token.
 
     student_logits (N, V); teacher_topk_logprobs (N, K), the teacher's full-vocabulary log-probs at its own
@@ -175,9 +171,7 @@ def reverse_kl_topk(
     return support_kl(s_support, s_tail, t_support, t_tail)
 
 
-def forward_kl_topk(
-    student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor
-) -> Tensor:
+def forward_kl_topk(student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor) -> Tensor:
     """KL(p_T || p_S) on the teacher's top-k support plus one tail bucket, per token (the forward direction).
 
     student_logits (N, V); teacher_topk_logprobs (N, K) at the teacher's top-k ids (N, K) -> (N,). The buckets
@@ -271,9 +265,7 @@ def reverse_kl_sampled(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Te
     return d + d * (s - s.detach())
 
 
-def truncated_importance_weight(
-    student_logprobs: Tensor, sample_logprobs: Tensor, *, cap: float = 2.0
-) -> Tensor:
+def truncated_importance_weight(student_logprobs: Tensor, sample_logprobs: Tensor, *, cap: float = 2.0) -> Tensor:
     """min(p_S(a) / p_sample(a), cap), detached, per token.
 
     student_logprobs, sample_logprobs (N,) -> (N,). Corrects the sampled-token estimator for rollouts drawn at
@@ -350,9 +342,7 @@ def privileged_margin_delta(
     unchanged. tests/distill/test_priced_margin.py shows the parts under each advantage on a hand-built batch.
     """
     gap = _f32(teacher_logprobs) - _f32(student_old_logprobs).detach()  # (N,)
-    sums = torch.zeros(num_traj, dtype=gap.dtype, device=gap.device).index_add(
-        0, token_traj_index, gap
-    )  # (B,)
+    sums = torch.zeros(num_traj, dtype=gap.dtype, device=gap.device).index_add(0, token_traj_index, gap)  # (B,)
     counts = torch.bincount(token_traj_index, minlength=num_traj).to(gap.dtype)  # (B,)
     return _f32(advantage).detach() * sums / counts.clamp(min=1.0)
 
@@ -372,8 +362,9 @@ def anchor_loss(latents: Tensor, anchor_latents: Tensor) -> Tensor:
     return (_f32(latents) - _f32(anchor_latents).detach()).pow(2).mean()
 
 
-def composer_loss(kl_phi: Tensor, delta_bar: Tensor, *, beta: float, margin: float, anchor: Tensor | float,
-                  anchor_weight: float) -> Tensor:
+def composer_loss(
+    kl_phi: Tensor, delta_bar: Tensor, *, beta: float, margin: float, anchor: Tensor | float, anchor_weight: float
+) -> Tensor:
     """loss_φ = KL(sg[p_S,old] || p_T,φ) + β · (m − δ̄) + λ · anchor, scalar.
 
     kl_phi, delta_bar, anchor: scalars (0-dim tensors, already averaged; a float anchor is allowed, e.g. 0 when
@@ -388,7 +379,7 @@ def composer_loss(kl_phi: Tensor, delta_bar: Tensor, *, beta: float, margin: flo
 
 
 # The baselines' policy-gradient losses, where the trainer and the tests read every loss.
-from lopd_core.distill.pg_losses import (  # noqa: F401  (last: pg_losses reads `advantages`)
+from lopd_core.distill.pg_losses import (  # noqa: E402, F401  (last: pg_losses reads `advantages`)
     clipped_policy_loss,
     group_relative_advantages,
     reference_kl_k3,

@@ -73,20 +73,30 @@ class PricedMargin:
 
     def summary(self) -> dict:
         """Plain data for the checkpoint and the run summary."""
-        return {"margin": self.margin, "gap": self.gap if math.isfinite(self.gap) else None,
-                "trajectories": self.trajectories,
-                "fraction": self.fraction, "source": self.source}
+        return {
+            "margin": self.margin,
+            "gap": self.gap if math.isfinite(self.gap) else None,
+            "trajectories": self.trajectories,
+            "fraction": self.fraction,
+            "source": self.source,
+        }
 
     def message(self) -> str:
         """The one log line that says what m is and why."""
         if self.trajectories == 0:
-            return (f"distill: margin: auto: no successful trajectory among the {self.source} to price m on; "
-                    "m = 0 (the constraint δ̄ ≥ m is not enforced by privilege)")
-        head = (f"distill: margin: auto: the initial teacher's gap on {self.trajectories} {self.source} is "
-                f"{self.gap:+.4f} nats/token")
+            return (
+                f"distill: margin: auto: no successful trajectory among the {self.source} to price m on; "
+                "m = 0 (the constraint δ̄ ≥ m is not enforced by privilege)"
+            )
+        head = (
+            f"distill: margin: auto: the initial teacher's gap on {self.trajectories} {self.source} is "
+            f"{self.gap:+.4f} nats/token"
+        )
         if self.gap <= 0:
-            return (f"{head}: not above 0, so the constraint cannot be met by privilege; m = 0 "
-                    "(δ̄ ≥ m would be bought only by pushing the teacher away from the student on failures)")
+            return (
+                f"{head}: not above 0, so the constraint cannot be met by privilege; m = 0 "
+                "(δ̄ ≥ m would be bought only by pushing the teacher away from the student on failures)"
+            )
         return f"{head}; m = {self.fraction:g} × gap = {self.margin:.4g}"
 
 
@@ -129,13 +139,15 @@ def beta_unbounded(betas: list[float]) -> bool:
     window = max(BETA_MIN_WINDOW, math.ceil(BETA_WINDOW_SHARE * changes))
     if changes < BETA_MIN_WINDOW:
         return False
-    tail = values[-(window + 1):]
+    tail = values[-(window + 1) :]
     rises = sum(1 for a, b in itertools.pairwise(tail) if b > a)
     return rises >= BETA_RISE_SHARE * window and values[-1] > BETA_UNBOUNDED_ABOVE
 
 
 def beta_warning(betas: list[float]) -> str:
     """The one-line warning the log prints when `beta_unbounded`."""
-    return (f"distill: warning: β kept growing (rose in at least {BETA_RISE_SHARE:.0%} of the last "
-            f"{BETA_WINDOW_SHARE:.0%} of steps, ends at {betas[-1]:.3f} > {BETA_UNBOUNDED_ABOVE:g}): δ̄ stayed below "
-            "m; price the margin from the teacher (lopd.margin=auto) or lower it")
+    return (
+        f"distill: warning: β kept growing (rose in at least {BETA_RISE_SHARE:.0%} of the last "
+        f"{BETA_WINDOW_SHARE:.0%} of steps, ends at {betas[-1]:.3f} > {BETA_UNBOUNDED_ABOVE:g}): δ̄ stayed below "
+        "m; price the margin from the teacher (lopd.margin=auto) or lower it"
+    )

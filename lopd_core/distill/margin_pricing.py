@@ -27,13 +27,18 @@ def price_margin(d: Distiller) -> None:
     if d.margin is not None:
         return
     if not d.method.needs_composer:
-        set_margin(d, MG.price(math.nan, 0, d.cfg.margin_fraction, "none"),
-                   f"distill: margin: auto: lopd.method={d.method.name!r} has no latent teacher to price m on; m = 0")
+        set_margin(
+            d,
+            MG.price(math.nan, 0, d.cfg.margin_fraction, "none"),
+            f"distill: margin: auto: lopd.method={d.method.name!r} has no latent teacher to price m on; m = 0",
+        )
         return
     rows = list(d.pricing.trajectories) if d.pricing is not None else []
     if not rows:
-        d.log("distill: margin: auto: no stored seed successes to price m on; step 1 prices it on its own "
-              "successful rollouts")
+        d.log(
+            "distill: margin: auto: no stored seed successes to price m on; step 1 prices it on its own "
+            "successful rollouts"
+        )
         return
     retriever = d.pricing.retriever or d.retriever
     gap, n = seed_gap(d, rows, retriever)
@@ -46,7 +51,7 @@ def seed_gap(d: Distiller, rows: list[MG.PricingTrajectory], retriever: Retrieve
     too long to hold the teacher's splice within rollout.max_context are left out (the bank's rollouts did not
     reserve room for it)."""
     rows = [r for r in rows if len(r.token_ids) + d.splice_room <= d.params.rollout.max_context]
-    part = rows[D.shard_range(len(rows)).start:D.shard_range(len(rows)).stop]
+    part = rows[D.shard_range(len(rows)).start : D.shard_range(len(rows)).stop]
     total, n = 0.0, 0
     if part:
         experiences = retriever([r.task for r in part])
@@ -54,8 +59,13 @@ def seed_gap(d: Distiller, rows: list[MG.PricingTrajectory], retriever: Retrieve
         ids, masks = [r.token_ids for r in part], [r.action_mask for r in part]
         with torch.no_grad():
             for chunk in micro_batches([len(i) for i in ids], d.cfg.micro_batch):
-                sums, counts = _chunk_gaps(d, [ids[i] for i in chunk], [masks[i] for i in chunk],
-                                           [latents[i] for i in chunk], [tuple(experiences[i]) for i in chunk])
+                sums, counts = _chunk_gaps(
+                    d,
+                    [ids[i] for i in chunk],
+                    [masks[i] for i in chunk],
+                    [latents[i] for i in chunk],
+                    [tuple(experiences[i]) for i in chunk],
+                )
                 total += float((sums / counts.clamp(min=1))[counts > 0].sum())
                 n += int((counts > 0).sum())
     total, n = D.global_sum([total, n])
@@ -65,8 +75,17 @@ def seed_gap(d: Distiller, rows: list[MG.PricingTrajectory], retriever: Retrieve
 def _chunk_gaps(d: Distiller, ids, masks, latents, keys) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of a chunk: Σ over its action tokens of log p_T,φ0(a) − log p_S(a), and its action tokens."""
     with teacher_lm(d) as lm:
-        scores = S.score_teacher(lm, ids, masks, latents, keys, framing=d.framing, share_prompt=d.cfg.share_prompt,
-                                 top_k=d.cfg.top_k, temperature=d.method.teacher.temperature)
+        scores = S.score_teacher(
+            lm,
+            ids,
+            masks,
+            latents,
+            keys,
+            framing=d.framing,
+            share_prompt=d.cfg.share_prompt,
+            top_k=d.cfg.top_k,
+            temperature=d.method.teacher.temperature,
+        )
     sbatch = build_batch(d.student, ids, masks)
     s_lp = torch.log_softmax(action_logits(d.student, sbatch), dim=-1)  # (n, V)
     if not torch.equal(sbatch.action_ids, scores.action_ids):

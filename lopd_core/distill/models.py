@@ -55,8 +55,9 @@ def make_student_and_teacher(base, *, mode: str, lora_rank: int = 8, teacher=Non
         from peft import LoraConfig, get_peft_model
 
         freeze(base)
-        peft_model = get_peft_model(base, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
-                                                     target_modules=LORA_TARGETS))
+        peft_model = get_peft_model(
+            base, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
+        )
         lm = peft_model.base_model.model  # the causal LM with LoRA layers injected
         return peft_model, lm, TeacherView(lm, adapter_owner=peft_model)
     raise ValueError(f"lopd.student_mode: got {mode!r}, expected 'full' or 'lora'")

@@ -24,16 +24,15 @@ def group_relative_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float 
     """
     centred = _losses.advantages(rewards, kind="group", group_ids=group_ids)  # (B,) r − group mean
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    var = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=centred.dtype,
-                      device=centred.device).index_add(0, inverse, centred.pow(2))  # (G,) Σ (r − mean)²
+    var = torch.zeros(
+        int(inverse.max()) + 1 if inverse.numel() else 0, dtype=centred.dtype, device=centred.device
+    ).index_add(0, inverse, centred.pow(2))  # (G,) Σ (r − mean)²
     counts = torch.bincount(inverse, minlength=var.numel()).to(centred.dtype)  # (G,)
     std = (var / counts.clamp(min=1.0)).sqrt()[inverse]  # (B,)
     return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))  # equal rewards: exactly 0
 
 
-def clipped_policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantage: Tensor, *, clip: float = 0.2
-) -> Tensor:
+def clipped_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantage: Tensor, *, clip: float = 0.2) -> Tensor:
     """PPO-clip surrogate per token, to minimise: −min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A), ρ = p_θ(a) / p_old(a).
 
     logprobs (N,) with grad; old_logprobs (N,) (detached here); advantage (N,), the token's trajectory

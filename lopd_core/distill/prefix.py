@@ -50,9 +50,14 @@ def _pad(rows: list[Tensor], width: int) -> tuple[Tensor, Tensor]:
     return out, mask
 
 
-def score_actions_shared(model, token_ids: list[list[int]], action_masks: list[list[int]],
-                         context: list[Tensor] | None = None, framing: Framing | None = None,
-                         context_keys: list[Hashable] | None = None) -> ActionScores:
+def score_actions_shared(
+    model,
+    token_ids: list[list[int]],
+    action_masks: list[list[int]],
+    context: list[Tensor] | None = None,
+    framing: Framing | None = None,
+    context_keys: list[Hashable] | None = None,
+) -> ActionScores:
     """(N, V) logits of the rows' action tokens, each distinct (prompt, context) run once.
 
     `context`: per row, latents or text embeddings to splice into the first user turn (as build_batch).
@@ -77,7 +82,7 @@ def score_actions_shared(model, token_ids: list[list[int]], action_masks: list[l
             prompts.append(embed_row(embed, ids[: first - 1], None if context is None else context[b], framing)[0])
         row_group.append(group_of[key])
         starts.append(prompts[row_group[-1]].shape[0])  # the continuation's first position
-        conts.append(embed(torch.tensor(ids[first - 1:], device=device)))  # from the token predicting `first`
+        conts.append(embed(torch.tensor(ids[first - 1 :], device=device)))  # from the token predicting `first`
         rows_i += [b] * len(positions)
         cols_i += [p - first for p in positions]
         acts += [ids[p] for p in positions]
@@ -87,17 +92,29 @@ def score_actions_shared(model, token_ids: list[list[int]], action_masks: list[l
     prompt_emb, prompt_mask = _pad(prompts, max(p.shape[0] for p in prompts))  # (G, P, D), (G, P)
     width = prompt_emb.shape[1]
     cache = DynamicCache()
-    body(inputs_embeds=prompt_emb, attention_mask=prompt_mask,
-         position_ids=torch.arange(width, device=device).expand(len(prompts), -1), use_cache=True,
-         **{keyword: cache})
+    body(
+        inputs_embeds=prompt_emb,
+        attention_mask=prompt_mask,
+        position_ids=torch.arange(width, device=device).expand(len(prompts), -1),
+        use_cache=True,
+        **{keyword: cache},
+    )
     index = torch.tensor(row_group, dtype=torch.long, device=device)
-    shared = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, index), layer.values.index_select(0, index))
-                                          for layer in cache.layers])  # (B, H_kv, P, d) per layer, graph kept
+    shared = DynamicCache(
+        ddp_cache_data=[
+            (layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers
+        ]
+    )  # (B, H_kv, P, d) per layer, graph kept
     cont_emb, cont_mask = _pad(conts, max(c.shape[0] for c in conts))  # (B, C, D), (B, C)
     start = torch.tensor(starts, dtype=torch.long, device=device)
     positions = start[:, None] + torch.arange(cont_emb.shape[1], device=device)  # each row's true positions
-    hidden = body(inputs_embeds=cont_emb, attention_mask=torch.cat([prompt_mask[index], cont_mask], dim=1),
-                  position_ids=positions, use_cache=True, **{keyword: shared}).last_hidden_state  # (B, C, D)
+    hidden = body(
+        inputs_embeds=cont_emb,
+        attention_mask=torch.cat([prompt_mask[index], cont_mask], dim=1),
+        position_ids=positions,
+        use_cache=True,
+        **{keyword: shared},
+    ).last_hidden_state  # (B, C, D)
     rows_t = torch.tensor(rows_i, dtype=torch.long, device=device)
     cols_t = torch.tensor(cols_i, dtype=torch.long, device=device)
     logits = head_logits(model, hidden[rows_t, cols_t])  # (N, V), float32 head on a bf16 model

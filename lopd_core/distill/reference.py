@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lopd_core.envs import Task
 from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
 from lopd_core.distill import margin as MG
@@ -25,6 +24,7 @@ from lopd_core.distill.composer import compose_latents
 from lopd_core.distill.dashboard import TEACHER_COLUMNS, DashboardRow
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.teacher_context import context_embeddings, teacher_lm
+from lopd_core.envs import Task
 
 if TYPE_CHECKING:
     from lopd_core.distill.trainer import Distiller
@@ -35,8 +35,13 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     started, cfg, spec, loss = time.perf_counter(), d.cfg, d.method, d.student_loss
     beta, margin, device = d.state.beta, d.margin, d.composer.queries.device
     # ---- the rollout batch: ids, masks, advantages A(τ), the normalisers
-    batch = S.rollout_batch(trajs, samples_per_task=cfg.samples_per_task, advantage=cfg.advantage, device=device,
-                            group_std_eps=d.params.baselines.group_std_eps if loss.needs_pg_advantage else None)
+    batch = S.rollout_batch(
+        trajs,
+        samples_per_task=cfg.samples_per_task,
+        advantage=cfg.advantage,
+        device=device,
+        group_std_eps=d.params.baselines.group_std_eps if loss.needs_pg_advantage else None,
+    )
     ids, n_tokens = batch.token_ids, batch.n_tokens
     # ---- 2a. the teacher's context per trajectory: latents c_φ (graph to φ), a text, or nothing
     experiences, latents, texts, signal = teacher_inputs(d, tasks, trajs)
@@ -48,9 +53,13 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     s_logits = action_logits(d.student, sbatch)  # (n, V)
     rows = sbatch.token_traj_index  # (n,) each token's trajectory
     per_token = S.student_token_loss(
-        s_logits, sbatch.action_ids, None if scores is None else scores.targets(loss.reads_teacher_logits), loss,
+        s_logits,
+        sbatch.action_ids,
+        None if scores is None else scores.targets(loss.reads_teacher_logits),
+        loss,
         pg_advantage=None if batch.pg_advantage is None else batch.pg_advantage[rows],
-        sample_logprobs=batch.action_sample_logprobs(list(range(len(ids))), device))
+        sample_logprobs=batch.action_sample_logprobs(list(range(len(ids))), device),
+    )
     loss_theta = (per_token if signal is None else per_token * signal[rows]).sum() / n_signal
     s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V) the pre-update student, sg[p_S,old]
     # ---- 4. the composer loss: loss_φ = KL(sg[p_S,old] ‖ p_T,φ) + β·(m − δ̄) + λ·anchor, one tensor
@@ -59,15 +68,17 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     gaps = torch.zeros(len(ids), dtype=torch.float64)  # per trajectory: Σ log p_T,φ(a) − log p_S,old(a)
     if scores is not None:
         scores_phi = teacher_scores(d, batch, latents, texts, graph=trains_phi)  # step 2's pass, graph to φ
-        terms = S.composer_terms(scores_phi, S.StudentOld.of(s_lp_old, scores_phi.topk_ids, sbatch.action_ids),
-                                 batch.advantage)
+        terms = S.composer_terms(
+            scores_phi, S.StudentOld.of(s_lp_old, scores_phi.topk_ids, sbatch.action_ids), batch.advantage
+        )
         kl_phi, delta_bar = terms.kl_tokens.sum() / n_tokens, terms.delta.sum() / batch.n_scored
         gaps.index_add_(0, rows.cpu(), terms.gap.detach().double().cpu())
     flat = torch.cat(latents) if latents else torch.zeros((0, d.composer.proj_out.out_features), device=device)
     if trains_phi:
         anchor = L.anchor_loss(flat, torch.cat(d.anchor_latents(experiences)).to(device))
-    loss_phi = L.composer_loss(kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor,
-                               anchor_weight=spec.composer.anchor_weight)
+    loss_phi = L.composer_loss(
+        kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor, anchor_weight=spec.composer.anchor_weight
+    )
     # ---- the optimizer steps: θ on loss_θ, φ on loss_φ
     grad_theta, grad_phi = optimizer_steps(d, loss_theta, loss_phi if trains_phi else None)
     # ---- 5. dual ascent on β (only for a composer that learns)
@@ -78,15 +89,28 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     deltas = batch.advantage.double().cpu() * gaps / batch.token_counts.clamp(min=1)  # δ(τ)
     delta_success, delta_failure = MG.delta_parts(deltas, batch.token_counts, batch.successes)
     row = DashboardRow(
-        step=d.state.step, rollouts=d.state.rollouts, reward_mean=float(batch.rewards.mean()),
-        success_rate=float(batch.successes.float().mean()), distill_loss=float(loss_theta), kl_phi=float(kl_phi),
-        delta=float(delta_bar), beta=beta, margin=margin, delta_success=delta_success, delta_failure=delta_failure,
-        anchor=float(anchor), student_entropy=float(-(s_lp_old.exp() * s_lp_old).sum()) / n_tokens,
+        step=d.state.step,
+        rollouts=d.state.rollouts,
+        reward_mean=float(batch.rewards.mean()),
+        success_rate=float(batch.successes.float().mean()),
+        distill_loss=float(loss_theta),
+        kl_phi=float(kl_phi),
+        delta=float(delta_bar),
+        beta=beta,
+        margin=margin,
+        delta_success=delta_success,
+        delta_failure=delta_failure,
+        anchor=float(anchor),
+        student_entropy=float(-(s_lp_old.exp() * s_lp_old).sum()) / n_tokens,
         teacher_entropy=0.0 if scores is None else scores.entropy_sum / n_tokens,
         topk_mass=0.0 if scores is None else float(scores.topk_logprobs.exp().sum()) / n_tokens,
-        grad_norm_theta=grad_theta, grad_norm_phi=grad_phi,
+        grad_norm_theta=grad_theta,
+        grad_norm_phi=grad_phi,
         latent_norm_ratio=float(flat.detach().norm(dim=-1).mean()) / d.embedding_norm if len(flat) else 0.0,
-        step_seconds=time.perf_counter() - started, phase=d.phase, teacher_refreshes=d.state.teacher_refreshes)
+        step_seconds=time.perf_counter() - started,
+        phase=d.phase,
+        teacher_refreshes=d.state.teacher_refreshes,
+    )
     return row if d.teacher_pass else replace(row, **dict.fromkeys(TEACHER_COLUMNS, math.nan))
 
 
@@ -108,9 +132,18 @@ def teacher_scores(d: Distiller, batch: S.RolloutBatch, latents, texts, *, graph
     with teacher_lm(d) as lm, torch.set_grad_enabled(graph):
         ctx = latents if texts is None else context_embeddings(d, lm, texts, [len(r) for r in batch.token_ids])
         ctx = None if ctx is None else [c if graph else c.detach() for c in ctx]
-        return S.score_teacher(lm, batch.token_ids, batch.action_masks, ctx, None, framing=d.framing,
-                               share_prompt=False, top_k=d.cfg.top_k, temperature=d.method.teacher.temperature,
-                               keep_logits=d.student_loss.reads_teacher_logits)
+        return S.score_teacher(
+            lm,
+            batch.token_ids,
+            batch.action_masks,
+            ctx,
+            None,
+            framing=d.framing,
+            share_prompt=False,
+            top_k=d.cfg.top_k,
+            temperature=d.method.teacher.temperature,
+            keep_logits=d.student_loss.reads_teacher_logits,
+        )
 
 
 def optimizer_steps(d: Distiller, loss_theta: torch.Tensor, loss_phi: torch.Tensor | None) -> tuple[float, float]:

@@ -47,16 +47,22 @@ def load_theta(trainable: torch.nn.Module, optimizer: torch.optim.Optimizer, fol
     set_state_dict(trainable, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def load_replicated_theta(trainable: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
-                          optim_sd: dict) -> None:
+def load_replicated_theta(
+    trainable: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict
+) -> None:
     """A replicated run's θ (a plain state dict) and optimizer state (keyed by parameter index, in the order the
     optimizer was built: the trainable parameters that need a gradient) into a sharded run."""
     names = [n for n, p in trainable.named_parameters() if p.requires_grad]
     by_index = dict(enumerate(names))
     groups = [{**g, "params": [by_index[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
     fqn_optim = {"state": {by_index[i]: s for i, s in optim_sd["state"].items()}, "param_groups": groups}
-    set_state_dict(trainable, optimizer, model_state_dict=model_sd, optim_state_dict=fqn_optim,
-                   options=StateDictOptions(full_state_dict=True))
+    set_state_dict(
+        trainable,
+        optimizer,
+        model_state_dict=model_sd,
+        optim_state_dict=fqn_optim,
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
 def prune(out_dir: Path, keep: str) -> None:

@@ -69,12 +69,16 @@ class RolloutBatch:
     def action_sample_logprobs(self, rows: list[int], device) -> Tensor:
         """(n,) the sampler's log-probs at the action tokens of `rows`, in build_batch's order (row by row,
         positions ascending, position 0 never predicted)."""
-        return torch.tensor([lp for i in rows for lp, m in zip(self.sample_logprobs[i][1:], self.action_masks[i][1:])
-                             if m], dtype=torch.float32, device=device)
+        return torch.tensor(
+            [lp for i in rows for lp, m in zip(self.sample_logprobs[i][1:], self.action_masks[i][1:]) if m],
+            dtype=torch.float32,
+            device=device,
+        )
 
 
-def rollout_batch(trajs: list, *, samples_per_task: int, advantage: str, group_std_eps: float | None,
-                  device) -> RolloutBatch:
+def rollout_batch(
+    trajs: list, *, samples_per_task: int, advantage: str, group_std_eps: float | None, device
+) -> RolloutBatch:
     """The step's view of `trajs` (samples_per_task consecutive samples per task). `group_std_eps` None: no
     policy-gradient advantage (the distillation losses need none)."""
     masks = [t.action_mask for t in trajs]
@@ -86,10 +90,21 @@ def rollout_batch(trajs: list, *, samples_per_task: int, advantage: str, group_s
     # share of the global means, and summing gradients over ranks gives the whole-batch gradient.
     n_tokens, n_scored = D.global_sum([int(counts.sum()), int((counts > 0).sum())])
     adv = L.advantages(rewards, kind=advantage, successes=successes, group_ids=groups).to(device)
-    pg_adv = (None if group_std_eps is None
-              else L.group_relative_advantages(rewards, groups, eps=group_std_eps).to(device))
-    return RolloutBatch([t.token_ids for t in trajs], masks, [list(t.sample_logprobs) for t in trajs], rewards,
-                        successes, counts, adv, pg_adv, max(int(n_tokens), 1), max(int(n_scored), 1))
+    pg_adv = (
+        None if group_std_eps is None else L.group_relative_advantages(rewards, groups, eps=group_std_eps).to(device)
+    )
+    return RolloutBatch(
+        [t.token_ids for t in trajs],
+        masks,
+        [list(t.sample_logprobs) for t in trajs],
+        rewards,
+        successes,
+        counts,
+        adv,
+        pg_adv,
+        max(int(n_tokens), 1),
+        max(int(n_scored), 1),
+    )
 
 
 def micro_batches(lengths: list[int], size: int, group: int = 1) -> list[list[int]]:
@@ -142,8 +157,9 @@ class ComposerScale:
 
 def composer_scale(batch: RolloutBatch, chunks: list[list[int]], picked: set[int]) -> ComposerScale:
     rows = [i for c in picked for i in chunks[c]]
-    tokens, scored = D.global_sum([int(batch.token_counts[rows].sum()) if rows else 0,
-                                   int((batch.token_counts[rows] > 0).sum()) if rows else 0])
+    tokens, scored = D.global_sum(
+        [int(batch.token_counts[rows].sum()) if rows else 0, int((batch.token_counts[rows] > 0).sum()) if rows else 0]
+    )
     return ComposerScale(batch.n_tokens / max(tokens, 1), batch.n_scored / max(scored, 1))
 
 
@@ -162,9 +178,12 @@ class StudentTargets:
     @staticmethod
     def cat(parts: list[StudentTargets]) -> StudentTargets:
         """Targets of consecutive passes over a chunk's rows, as one (their tokens are in row order)."""
-        return StudentTargets(torch.cat([p.topk_logprobs for p in parts]), torch.cat([p.topk_ids for p in parts]),
-                              torch.cat([p.action_logprobs for p in parts]),
-                              None if parts[0].logits is None else torch.cat([p.logits for p in parts]))
+        return StudentTargets(
+            torch.cat([p.topk_logprobs for p in parts]),
+            torch.cat([p.topk_ids for p in parts]),
+            torch.cat([p.action_logprobs for p in parts]),
+            None if parts[0].logits is None else torch.cat([p.logits for p in parts]),
+        )
 
 
 @dataclass
@@ -186,8 +205,12 @@ class TeacherScores:
     def targets(self, keep_logits: bool) -> StudentTargets:
         if keep_logits and self.logits is None:
             raise ValueError("TeacherScores: the logits were not kept (score_teacher(keep_logits=True))")
-        return StudentTargets(self.topk_logprobs, self.topk_ids, self.action_logprobs.detach(),
-                              self.logits.detach() if keep_logits else None)
+        return StudentTargets(
+            self.topk_logprobs,
+            self.topk_ids,
+            self.action_logprobs.detach(),
+            self.logits.detach() if keep_logits else None,
+        )
 
 
 @dataclass
@@ -202,13 +225,26 @@ class StudentOld:
     @staticmethod
     def of(logprobs: Tensor, support_ids: Tensor, action_ids: Tensor) -> StudentOld:
         """logprobs (n, V) the student's detached log-softmax; support_ids (n, k); action_ids (n,)."""
-        return StudentOld(logprobs.gather(-1, support_ids), L.tail_logsumexp(logprobs, support_ids),
-                          logprobs.gather(-1, action_ids[:, None]).squeeze(-1))
+        return StudentOld(
+            logprobs.gather(-1, support_ids),
+            L.tail_logsumexp(logprobs, support_ids),
+            logprobs.gather(-1, action_ids[:, None]).squeeze(-1),
+        )
 
 
-def score_teacher(lm, token_ids: list[list[int]], action_masks: list[list[int]], context: list[Tensor] | None,
-                  context_keys: list[Hashable] | None, *, framing: Framing, share_prompt: bool, top_k: int,
-                  temperature: float = 1.0, keep_logits: bool = False) -> TeacherScores:
+def score_teacher(
+    lm,
+    token_ids: list[list[int]],
+    action_masks: list[list[int]],
+    context: list[Tensor] | None,
+    context_keys: list[Hashable] | None,
+    *,
+    framing: Framing,
+    share_prompt: bool,
+    top_k: int,
+    temperature: float = 1.0,
+    keep_logits: bool = False,
+) -> TeacherScores:
     """Step 2 on some rows: the teacher reads each row's context (latents or text embeddings, or nothing) in its
     latent slot and scores the row's action tokens. One log-softmax serves the top-k, the composer's KL and δ;
     only its (n, k + 1) and (n,) reductions leave this function (the graph keeps the log-softmax itself for the
@@ -227,8 +263,17 @@ def score_teacher(lm, token_ids: list[list[int]], action_masks: list[list[int]],
     top_lp, top_ids = detached.topk(min(top_k, detached.shape[-1]), dim=-1)  # (n, k)
     action_lp = logprobs.gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
     entropy_sum = float(-(detached.exp() * detached).sum())
-    return TeacherScores(action_ids, rows, logits if keep_logits else None, logprobs.gather(-1, top_ids),
-                         L.tail_logsumexp(logprobs, top_ids), action_lp, top_lp, top_ids, entropy_sum)
+    return TeacherScores(
+        action_ids,
+        rows,
+        logits if keep_logits else None,
+        logprobs.gather(-1, top_ids),
+        L.tail_logsumexp(logprobs, top_ids),
+        action_lp,
+        top_lp,
+        top_ids,
+        entropy_sum,
+    )
 
 
 # ---- step 3: the student ------------------------------------------------------------------------------------
@@ -255,12 +300,19 @@ class StudentLoss:
         if kind not in STUDENT_LOSSES:
             raise ValueError(f"unknown student loss {kind!r}; expected one of {', '.join(STUDENT_LOSSES)}")
         if setup.distills and setup.kl_mix > 0 and kind != "topk":
-            raise ValueError(f"{method.name}: the forward/reverse mix (kl_mix {setup.kl_mix:g}) is a top-k loss, "
-                             f"got lopd.student_loss={kind!r}")
-        return cls(kind, lopd.importance_cap if lopd.importance_weight else None, baselines.grpo_clip,
-                   setup.reference_kl, baselines.skill_kl if kind == "grpo+kl" else 0.0,
-                   baselines.rl_weight if setup.loss == "reverse_kl+grpo" else 0.0,
-                   setup.kl_mix if setup.distills else 0.0)
+            raise ValueError(
+                f"{method.name}: the forward/reverse mix (kl_mix {setup.kl_mix:g}) is a top-k loss, "
+                f"got lopd.student_loss={kind!r}"
+            )
+        return cls(
+            kind,
+            lopd.importance_cap if lopd.importance_weight else None,
+            baselines.grpo_clip,
+            setup.reference_kl,
+            baselines.skill_kl if kind == "grpo+kl" else 0.0,
+            baselines.rl_weight if setup.loss == "reverse_kl+grpo" else 0.0,
+            setup.kl_mix if setup.distills else 0.0,
+        )
 
     @property
     def reads_sample_logprobs(self) -> bool:
@@ -276,9 +328,15 @@ class StudentLoss:
         return self.kind in ("grpo", "grpo+kl") or self.rl_weight > 0
 
 
-def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: StudentTargets | None,
-                       loss: StudentLoss, *, pg_advantage: Tensor | None = None,
-                       sample_logprobs: Tensor | None = None) -> Tensor:
+def student_token_loss(
+    student_logits: Tensor,
+    action_ids: Tensor,
+    targets: StudentTargets | None,
+    loss: StudentLoss,
+    *,
+    pg_advantage: Tensor | None = None,
+    sample_logprobs: Tensor | None = None,
+) -> Tensor:
     """Step 3's per-token loss (n,) on a chunk: student_logits (n, V) with grad; targets from the teacher (None
     only for GRPO without a reference KL); pg_advantage (n,) each token's trajectory advantage (GRPO);
     sample_logprobs (n,) the rollout's sampling log-probs (GRPO's p_old, and the importance weight's p_sample).
@@ -286,11 +344,11 @@ def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: Stud
     The importance weight multiplies the sampled-token reverse KL only: the one term whose value depends on the
     sampled token (losses.py). GRPO's own ratio is against the sampling log-probs, so it needs no weight."""
     if loss.rl_weight > 0:  # lopd_rl: the distillation loss plus the GRPO term on the same tokens
-        distill = student_token_loss(student_logits, action_ids, targets, replace(loss, rl_weight=0.0),
-                                     sample_logprobs=sample_logprobs)
+        distill = student_token_loss(
+            student_logits, action_ids, targets, replace(loss, rl_weight=0.0), sample_logprobs=sample_logprobs
+        )
         s_action = torch.log_softmax(student_logits, -1).gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
-        return distill + loss.rl_weight * L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage,
-                                                                clip=loss.clip)
+        return distill + loss.rl_weight * L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
     if loss.kind == "topk":
         if loss.kl_mix > 0:  # the forward-KL and mixed arms (lopd.kl_mix)
             return L.mixed_kl_topk(student_logits, targets.topk_logprobs, targets.topk_ids, weight=loss.kl_mix)
@@ -298,8 +356,11 @@ def student_token_loss(student_logits: Tensor, action_ids: Tensor, targets: Stud
     if loss.kind == "full":
         return L.reverse_kl_full(student_logits, targets.logits)
     s_action = torch.log_softmax(student_logits, -1).gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
-    weight = (1.0 if loss.importance_cap is None
-              else L.truncated_importance_weight(s_action, sample_logprobs, cap=loss.importance_cap))
+    weight = (
+        1.0
+        if loss.importance_cap is None
+        else L.truncated_importance_weight(s_action, sample_logprobs, cap=loss.importance_cap)
+    )
     if loss.kind == "sampled":
         return weight * L.reverse_kl_sampled(s_action, targets.action_logprobs)
     per_token = L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
@@ -325,10 +386,12 @@ class ComposerTerms:
 def composer_terms(scores: TeacherScores, student_old: StudentOld, advantage: Tensor) -> ComposerTerms:
     """student_old: the pre-update student's detached log-probs at the same tokens, on the teacher's top-k ids;
     advantage (c,) A(τ) of the scored rows."""
-    kl_tokens = L.support_kl(student_old.support_logprobs, student_old.tail_logprob,
-                             scores.support_logprobs, scores.tail_logprob)  # (n,)
-    delta = L.privileged_margin_delta(scores.action_logprobs, student_old.action_logprobs, advantage,
-                                      scores.token_traj_index, advantage.shape[0])  # (c,)
+    kl_tokens = L.support_kl(
+        student_old.support_logprobs, student_old.tail_logprob, scores.support_logprobs, scores.tail_logprob
+    )  # (n,)
+    delta = L.privileged_margin_delta(
+        scores.action_logprobs, student_old.action_logprobs, advantage, scores.token_traj_index, advantage.shape[0]
+    )  # (c,)
     return ComposerTerms(kl_tokens, delta, scores.action_logprobs.detach() - student_old.action_logprobs)
 
 
@@ -342,8 +405,11 @@ class StepSums:
 
     gap: Tensor  # (B,) Σ over τ's action tokens of log p_T,φ − log p_S,old
     kl: Tensor  # (B,) Σ over τ's action tokens of KL(p_S,old ‖ p_T,φ)
-    shares: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("distill", "kl", "delta", "student_entropy", "teacher_entropy", "topk_mass"), 0.0))
+    shares: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("distill", "kl", "delta", "student_entropy", "teacher_entropy", "topk_mass"), 0.0
+        )
+    )
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("teacher", "student", "composer"), 0.0))
 
     @classmethod

@@ -46,8 +46,13 @@ class Framing:
             from lopd_core.model.chat.template import TemplateChat
 
             chat = TemplateChat(tokenizer)
-            return cls(im_start=None, exp_start=chat.exp_start_id, exp_end=chat.exp_end_id, newline=newline[0],
-                       user_header=tuple(chat.user_header))
+            return cls(
+                im_start=None,
+                exp_start=chat.exp_start_id,
+                exp_end=chat.exp_end_id,
+                newline=newline[0],
+                user_header=tuple(chat.user_header),
+            )
         ids = tokenizer.convert_tokens_to_ids([IM_START, EXP_START, EXP_END])
         return cls(im_start=ids[0], exp_start=ids[1], exp_end=ids[2], newline=newline[0])
 
@@ -58,7 +63,7 @@ def splice_position(token_ids: list[int], framing: Framing) -> int:
     if framing.user_header:
         header, n = list(framing.user_header), len(framing.user_header)
         for i in range(len(token_ids) - n + 1):
-            if token_ids[i:i + n] == header:
+            if token_ids[i : i + n] == header:
                 return i + n
         raise ValueError("no first user turn header in these ids")
     starts = [i for i, t in enumerate(token_ids) if t == framing.im_start]
@@ -104,8 +109,13 @@ def embed_row(embed, ids: list[int], latents: Tensor | None, framing: Framing | 
     return torch.cat([emb[:at], frame_open, lat, frame_close, emb[at:]], dim=0), 3 + lat.shape[0]
 
 
-def build_batch(model, token_ids: list[list[int]], action_masks: list[list[int]],
-                latents: list[Tensor] | None = None, framing: Framing | None = None) -> ScoringBatch:
+def build_batch(
+    model,
+    token_ids: list[list[int]],
+    action_masks: list[list[int]],
+    latents: list[Tensor] | None = None,
+    framing: Framing | None = None,
+) -> ScoringBatch:
     """Embed each row (splicing its latents when given) and locate its action tokens.
 
     Latent rows keep their autograd graph, so a loss on the teacher's outputs reaches the composer.
@@ -127,8 +137,14 @@ def build_batch(model, token_ids: list[list[int]], action_masks: list[list[int]]
         embeds[b, : r.shape[0]] = r
         attention[b, : r.shape[0]] = 1
     rows_t = torch.tensor(rows_i, dtype=torch.long, device=device)
-    return ScoringBatch(embeds, attention, rows_t, torch.tensor(cols_i, dtype=torch.long, device=device),
-                        torch.tensor(acts, dtype=torch.long, device=device), rows_t)
+    return ScoringBatch(
+        embeds,
+        attention,
+        rows_t,
+        torch.tensor(cols_i, dtype=torch.long, device=device),
+        torch.tensor(acts, dtype=torch.long, device=device),
+        rows_t,
+    )
 
 
 def action_logits(model, batch: ScoringBatch) -> Tensor:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.envs import Task
 from lopd_core.distill import baselines as B
 from lopd_core.distill import step as S
+from lopd_core.envs import Task
 
 if TYPE_CHECKING:
     from lopd_core.distill.trainer import Distiller
@@ -55,8 +55,9 @@ def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.Rollo
         n_signal = max(int(D.global_sum([int(batch.token_counts[has].sum())])[0]), 1)
     texts = list(dict.fromkeys(t for ex in experiences for t in ex))
     slot = {t: i for i, t in enumerate(texts)}
-    context = TeacherContext(None, [[slot[t] for t in ex] for ex in experiences], texts, text_context, signal,
-                             n_signal, None, None)
+    context = TeacherContext(
+        None, [[slot[t] for t in ex] for ex in experiences], texts, text_context, signal, n_signal, None, None
+    )
     if texts:
         states, state_mask = d.encoder.encode(texts)
         context.encoded = (states.to(device), state_mask.to(device))
@@ -86,8 +87,9 @@ def row_latents(d: Distiller, context: TeacherContext, i: int) -> torch.Tensor:
     return context.latents[context.slots[i]].reshape(-1, width)
 
 
-def context_embeddings(d: Distiller, lm, texts: list[str | None], lengths: list[int] | None = None
-                       ) -> list[torch.Tensor]:
+def context_embeddings(
+    d: Distiller, lm, texts: list[str | None], lengths: list[int] | None = None
+) -> list[torch.Tensor]:
     """Text contexts as (L, D) embeddings for the latent slot: spliced there they are exactly the same
     conversation with the text in its first user turn. None or "" (no context) is zero rows: no block, the
     plain conversation (teacher.embed_row). With the rows' `lengths`, a text is cut to what fits beside its
@@ -97,7 +99,7 @@ def context_embeddings(d: Distiller, lm, texts: list[str | None], lengths: list[
     out = []
     for k, text in enumerate(texts):
         room = limit if lengths is None else min(limit, d.params.rollout.max_context - lengths[k] - 3)
-        ids = d.tokenizer(text or "", add_special_tokens=False)["input_ids"][:max(room, 0)]
+        ids = d.tokenizer(text or "", add_special_tokens=False)["input_ids"][: max(room, 0)]
         out.append(embed(torch.tensor(ids, dtype=torch.long, device=embed.weight.device)))
     return out
 
@@ -121,6 +123,8 @@ def check_teacher_rows(d: Distiller, ids: list[list[int]], ctx: list[torch.Tenso
     for k, row in enumerate(ids):
         spliced = 0 if ctx is None or ctx[k].shape[0] == 0 else ctx[k].shape[0] + 3
         if len(row) + spliced > limit:
-            raise ValueError(f"a trajectory of {len(row)} tokens with the teacher's {spliced} spliced positions "
-                             f"exceeds rollout.max_context={limit}: roll it out with max_context reduced by "
-                             f"Distiller.splice_room ({d.splice_room})")
+            raise ValueError(
+                f"a trajectory of {len(row)} tokens with the teacher's {spliced} spliced positions "
+                f"exceeds rollout.max_context={limit}: roll it out with max_context reduced by "
+                f"Distiller.splice_room ({d.splice_room})"
+            )

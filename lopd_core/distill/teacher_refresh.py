@@ -78,10 +78,14 @@ def greedy_score(lm, codec, tasks: list[Task], rollout_cfg, *, seed: int = 0) ->
     """`lm` plays `tasks` greedily without experience; under data parallelism each rank plays its contiguous
     share and the counts are summed, so every rank reaches the same decision."""
     mine = D.shard_range(len(tasks))
-    sampling = Sampling(temperature=0.0, top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens,
-                        max_context=rollout_cfg.max_context,
-                        max_observation_tokens=rollout_cfg.max_observation_tokens)
-    requests = [RolloutRequest(t) for t in tasks[mine.start:mine.stop]]
+    sampling = Sampling(
+        temperature=0.0,
+        top_p=rollout_cfg.top_p,
+        max_new_tokens=rollout_cfg.max_new_tokens,
+        max_context=rollout_cfg.max_context,
+        max_observation_tokens=rollout_cfg.max_observation_tokens,
+    )
+    requests = [RolloutRequest(t) for t in tasks[mine.start : mine.stop]]
     trajs = rollout(lm, codec, requests, sampling=sampling, batch_size=rollout_cfg.batch_size, seed=seed)
     wins, reward = D.global_sum([float(sum(t.success for t in trajs)), float(sum(t.reward for t in trajs))])
     n = len(tasks)
@@ -142,13 +146,26 @@ def refresh_check(d: Distiller, out: StepResult) -> None:
         d.clear_anchor_cache()
         d.state.teacher_refreshes += 1
     d.state.refresh_teacher_score = (student if refreshed else teacher).to_dict()
-    d.state.refresh_checks.append({"step": d.state.step, "metric": b.refresh_metric, "student": student.to_dict(),
-                                   "teacher": teacher.to_dict(), "refreshed": refreshed})
+    d.state.refresh_checks.append(
+        {
+            "step": d.state.step,
+            "metric": b.refresh_metric,
+            "student": student.to_dict(),
+            "teacher": teacher.to_dict(),
+            "refreshed": refreshed,
+        }
+    )
     out.row = replace(out.row, teacher_refreshes=d.state.teacher_refreshes)
-    out.diagnostics.update(refresh_student=student.value(b.refresh_metric),
-                           refresh_teacher=teacher.value(b.refresh_metric))
-    d.log(f"distill: step {d.state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
-          f"{b.refresh_metric}): student {student.value(b.refresh_metric):.3f} vs teacher base "
-          f"{teacher.value(b.refresh_metric):.3f} -> "
-          + (f"refreshed (θ̄ ← student, refresh {d.state.teacher_refreshes})" if refreshed else
-             f"kept (needs a gain > {b.refresh_min_gain:g})"))
+    out.diagnostics.update(
+        refresh_student=student.value(b.refresh_metric), refresh_teacher=teacher.value(b.refresh_metric)
+    )
+    d.log(
+        f"distill: step {d.state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
+        f"{b.refresh_metric}): student {student.value(b.refresh_metric):.3f} vs teacher base "
+        f"{teacher.value(b.refresh_metric):.3f} -> "
+        + (
+            f"refreshed (θ̄ ← student, refresh {d.state.teacher_refreshes})"
+            if refreshed
+            else f"kept (needs a gain > {b.refresh_min_gain:g})"
+        )
+    )

@@ -20,15 +20,24 @@ from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollo
 
 
 @torch.no_grad()
-def task_latents(model, tokenizer, composer: Composer, experiences: list[list[str]], *,
-                 max_tokens: int) -> list[Tensor]:
+def task_latents(
+    model, tokenizer, composer: Composer, experiences: list[list[str]], *, max_tokens: int
+) -> list[Tensor]:
     """(J·K, D) latents per task from its experience texts, read by `model` (the frozen base) and `composer`."""
     encoder = ExperienceEncoder(TeacherView(model), tokenizer, max_tokens=max_tokens)
     return compose_latents(composer.eval(), encoder, experiences)
 
 
-def latent_rollout(model, tokenizer, requests: list[RolloutRequest], latents: list[Tensor], *,
-                   sampling: Sampling, batch_size: int = 32, seed: int = 0) -> list[Trajectory]:
+def latent_rollout(
+    model,
+    tokenizer,
+    requests: list[RolloutRequest],
+    latents: list[Tensor],
+    *,
+    sampling: Sampling,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> list[Trajectory]:
     """Play `requests` with `latents[i]` in request i's latent slot (the requests carry no text experiences)."""
     if len(latents) != len(requests):
         raise ValueError(f"latents: got {len(latents)} for {len(requests)} requests")
@@ -40,5 +49,12 @@ def latent_rollout(model, tokenizer, requests: list[RolloutRequest], latents: li
     def embedder(index: int, token_ids: list[int]) -> Tensor:
         return embed_row(embed, token_ids, latents[index], framing)[0]
 
-    return rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=batch_size, seed=seed,
-                   context_embedder=embedder)
+    return rollout(
+        model,
+        make_chat(tokenizer),
+        requests,
+        sampling=sampling,
+        batch_size=batch_size,
+        seed=seed,
+        context_embedder=embedder,
+    )

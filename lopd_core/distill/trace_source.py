@@ -43,9 +43,11 @@ class TraceStream:
         self.too_long = int((~fits).sum())
         self.frame = frame[fits].reset_index(drop=True)
         if self.frame.empty:
-            raise ValueError(f"lopd.traces: no labeled trace of at most {max_tokens} tokens at {path} "
-                             f"({self.too_long} longer): post feedback for the served conversations (`lopd serve "
-                             "client` does) or train on rollouts")
+            raise ValueError(
+                f"lopd.traces: no labeled trace of at most {max_tokens} tokens at {path} "
+                f"({self.too_long} longer): post feedback for the served conversations (`lopd serve "
+                "client` does) or train on rollouts"
+            )
         self.seed = seed
         self._passes: dict[int, list[int]] = {}
 
@@ -85,10 +87,10 @@ def trace_step(d, started: float):
     n_traces = trace_count(cfg.tasks_per_step, cfg.samples_per_task, cfg.trajectories)
     rolled = cfg.tasks_per_step - n_traces // cfg.samples_per_task  # tasks rolled out (0 with `traces`)
     mine = D.shard_range(rolled)
-    tasks = d.step_tasks(s)[mine.start:mine.stop] if rolled else []
+    tasks = d.step_tasks(s)[mine.start : mine.stop] if rolled else []
     trajs = d.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start) if tasks else []
     theirs = D.shard_range(n_traces)
-    served = d.traces.take(s, n_traces)[theirs.start:theirs.stop]
+    served = d.traces.take(s, n_traces)[theirs.start : theirs.stop]
     per_trajectory = [t for t in tasks for _ in range(cfg.samples_per_task)] + [t.task for t in served]
     d.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # traces are charged as rollouts
     with groups_of_one(d):

@@ -34,17 +34,14 @@ from typing import Any
 import torch
 
 from lopd_core import distributed as D
+from lopd_core import methods as M
 from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
-from lopd_core.envs import Task
-from lopd_core.envs.mix import deployment_tasks
-from lopd_core.errors import TrainingDiverged  # noqa: F401  re-exported: callers catch it from here
 from lopd_core.distill import baselines as B
 from lopd_core.distill import checkpoints as C
 from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing as P
-from lopd_core import methods as M
 from lopd_core.distill import step as S
 from lopd_core.distill import teacher_refresh as R
 from lopd_core.distill import trace_source as TS
@@ -74,6 +71,9 @@ from lopd_core.distill.models import make_student_and_teacher
 from lopd_core.distill.step import StepResult, chunk_group, micro_batches
 from lopd_core.distill.teacher import Framing
 from lopd_core.distill.teacher_context import TeacherContext  # noqa: F401  re-exported
+from lopd_core.envs import Task
+from lopd_core.envs.mix import deployment_tasks
+from lopd_core.errors import TrainingDiverged  # noqa: F401  re-exported: callers catch it from here
 from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, ServedBackend, rollout
 
@@ -81,8 +81,14 @@ Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts
 
 
 def load_composer(path: str | Path, lm_width: int, cfg, embedding_norm: float) -> Composer:
-    composer = Composer(lm_width, num_queries=cfg.num_queries, hidden_size=cfg.hidden_size,
-                        num_layers=cfg.num_layers, num_heads=cfg.num_heads, embedding_norm=embedding_norm)
+    composer = Composer(
+        lm_width,
+        num_queries=cfg.num_queries,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        embedding_norm=embedding_norm,
+    )
     if path and Path(path).exists():
         composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return composer
@@ -93,8 +99,10 @@ def check_top_k(lopd, model) -> None:
     anything else could fail first and hide the setting behind another error."""
     vocab = model.get_output_embeddings().weight.shape[0]
     if lopd.student_loss == "topk" and lopd.top_k >= vocab:
-        raise ConfigError(f"lopd.top_k: got {lopd.top_k}, expected fewer than the model's vocabulary "
-                          f"({vocab}); for the whole distribution set lopd.student_loss=full")
+        raise ConfigError(
+            f"lopd.top_k: got {lopd.top_k}, expected fewer than the model's vocabulary "
+            f"({vocab}); for the whole distribution set lopd.student_loss=full"
+        )
 
 
 def sample_seed(seed: int, step: int, task_index: int, sample_index: int) -> int:
@@ -111,22 +119,36 @@ def splice_room(params: Params, phases, num_queries: int) -> int:
     rollouts so that no teacher pass reads more than rollout.max_context (text contexts are cut to fit)."""
     room = max(3 + params.bank.top_j * num_queries if m.needs_composer else 0 for m in phases)
     if params.rollout.max_context - room < params.rollout.max_new_tokens + 1:
-        raise ConfigError(f"rollout.max_context: got {params.rollout.max_context}, expected more than the "
-                          f"teacher's {room} spliced positions (bank.top_j × composer.num_queries + 3) "
-                          f"plus rollout.max_new_tokens ({params.rollout.max_new_tokens})")
+        raise ConfigError(
+            f"rollout.max_context: got {params.rollout.max_context}, expected more than the "
+            f"teacher's {room} spliced positions (bank.top_j × composer.num_queries + 3) "
+            f"plus rollout.max_new_tokens ({params.rollout.max_new_tokens})"
+        )
     return room
 
 
 class Distiller:
     """Holds the models, optimizers and state of one distillation run."""
 
-    def __init__(self, params: Params, base, tokenizer, retriever: Retriever, *, composer: Composer,
-                 initial_rollouts: int = 0, teacher_base=None, pricing: MG.PricingSource | None = None,
-                 log=print):
+    def __init__(
+        self,
+        params: Params,
+        base,
+        tokenizer,
+        retriever: Retriever,
+        *,
+        composer: Composer,
+        initial_rollouts: int = 0,
+        teacher_base=None,
+        pricing: MG.PricingSource | None = None,
+        log=print,
+    ):
         D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
         if D.world_size() > params.lopd.tasks_per_step:
-            raise ValueError(f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
-                             f"number of processes ({D.world_size()}): every rank needs a task per step")
+            raise ValueError(
+                f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
+                f"number of processes ({D.world_size()}): every rank needs a task per step"
+            )
         params.lopd.check()  # the rules across keys, also for a section built by hand
         check_top_k(params.lopd, base)
         torch.manual_seed(params.seed)
@@ -151,24 +173,30 @@ class Distiller:
         self.pricing = pricing  # what `lopd.margin: auto` is priced on (`price_margin`); None: the first step
         self.splice_room = splice_room(params, self.phases, composer.num_queries)
         # lopd.trajectories: traces | both: the served traces a step reads (trace_source.py)
-        self.traces = None if self.cfg.trajectories == "rollouts" else TS.TraceStream(
-            self.cfg.traces, params.seed, max_tokens=params.rollout.max_context - self.splice_room)
+        self.traces = (
+            None
+            if self.cfg.trajectories == "rollouts"
+            else TS.TraceStream(self.cfg.traces, params.seed, max_tokens=params.rollout.max_context - self.splice_room)
+        )
 
     def _build_models(self, base, composer: Composer, teacher_base) -> None:
         """θ (the student), θ̄ (the frozen teacher; `teacher_base`: other weights than the student's start, as
         `lopd cycle` with cycle.refresh_teacher false keeps the first base), φ and φ0, and their optimizers."""
         self.trainable, self.student, self.teacher = make_student_and_teacher(
-            base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank, teacher=teacher_base)
-        self.encoder = ExperienceEncoder(self.teacher, self.tokenizer,
-                                         max_tokens=self.params.composer.max_experience_tokens)
+            base, mode=self.cfg.student_mode, lora_rank=self.cfg.lora_rank, teacher=teacher_base
+        )
+        self.encoder = ExperienceEncoder(
+            self.teacher, self.tokenizer, max_tokens=self.params.composer.max_experience_tokens
+        )
         self.composer = composer.train().requires_grad_(self.method.composer.trainable)
         self.ema_lm = B.ema_copy(self.student) if self.method.teacher.weights == "ema" else None
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
         self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
         self.sharding = self._shard()  # before the optimizer: it must hold the sharded parameters
-        self.opt_theta = torch.optim.AdamW([p for p in self.trainable.parameters() if p.requires_grad],
-                                           lr=self.cfg.lr_student, weight_decay=0.0)
+        self.opt_theta = torch.optim.AdamW(
+            [p for p in self.trainable.parameters() if p.requires_grad], lr=self.cfg.lr_student, weight_decay=0.0
+        )
         self.opt_phi = torch.optim.AdamW(self.composer.parameters(), lr=self.cfg.lr_composer, weight_decay=0.0)
 
     def _shard(self) -> SH.Sharding:
@@ -177,14 +205,18 @@ class Distiller:
             return SH.Sharding([])
         unsupported = [m.name for m in self.phases if m.teacher.weights == "ema" or m.teacher.refresh == "gated"]
         if unsupported:
-            raise ConfigError(f"lopd.sharding: got 'fsdp2' with lopd.method={self.cfg.method!r}, expected 'none': "
-                              f"the teacher of {', '.join(unsupported)} copies the student's weights, which a "
-                              "sharded student does not hold whole")
+            raise ConfigError(
+                f"lopd.sharding: got 'fsdp2' with lopd.method={self.cfg.method!r}, expected 'none': "
+                f"the teacher of {', '.join(unsupported)} copies the student's weights, which a "
+                "sharded student does not hold whole"
+            )
         ro = self.params.rollout
         if ro.backend == "openai" and ro.sync == "reload":
-            raise ConfigError("lopd.sharding: got 'fsdp2' with rollout.backend='openai' and rollout.sync='reload', "
-                              "expected 'none': the reload saves the student whole from one process, which a "
-                              "sharded student is not (rollout.sync=none keeps the servers' weights as they are)")
+            raise ConfigError(
+                "lopd.sharding: got 'fsdp2' with rollout.backend='openai' and rollout.sync='reload', "
+                "expected 'none': the reload saves the student whole from one process, which a "
+                "sharded student is not (rollout.sync=none keeps the servers' weights as they are)"
+            )
         SH.setup()
         teacher = [] if self.teacher.adapter_owner is not None else SH.shard_lm(self.teacher.lm)
         return SH.Sharding(SH.shard_lm(self.student), teacher)
@@ -211,9 +243,10 @@ class Distiller:
         per_step = self.cfg.tasks_per_step
         block, within = divmod(step, self.cfg.steps)
         if block not in self._task_blocks:  # envs interleaved: every step draws the mix
-            self._task_blocks[block] = deployment_tasks(self.params.envs, "train", self.cfg.steps * per_step,
-                                                        self.params.seed + 17 + 1_000_003 * block)
-        return self._task_blocks[block][within * per_step:(within + 1) * per_step]
+            self._task_blocks[block] = deployment_tasks(
+                self.params.envs, "train", self.cfg.steps * per_step, self.params.seed + 17 + 1_000_003 * block
+            )
+        return self._task_blocks[block][within * per_step : (within + 1) * per_step]
 
     def step(self) -> StepResult:
         """One full step: roll out this step's tasks (or take served traces: `lopd.trajectories`,
@@ -229,7 +262,7 @@ class Distiller:
                 # Under `accelerate launch` each rank takes its contiguous slice of the step's tasks (all G
                 # samples of a task on one rank, so group advantages stay local); `update` reduces across ranks.
                 mine = D.shard_range(cfg.tasks_per_step)
-                tasks = self.step_tasks(s)[mine.start:mine.stop]
+                tasks = self.step_tasks(s)[mine.start : mine.stop]
                 trajs = self.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start)
                 self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
                 out = self.update(tasks, trajs, started=started)
@@ -243,13 +276,27 @@ class Distiller:
         number of ranks samples what one process samples."""
         cfg, ro, s = self.cfg, self.params.rollout, self.state.step
         requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(cfg.samples_per_task)]
-        seeds = [sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
-                 for i in range(len(requests))]
-        sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                            max_context=ro.max_context - self.splice_room,
-                            max_observation_tokens=ro.max_observation_tokens, served=ServedBackend.from_settings(ro))
-        return rollout(self.student, self.codec, requests, sampling=sampling, batch_size=ro.batch_size,
-                       seed=self.params.seed * 1_000_003 + s, seeds=seeds)
+        seeds = [
+            sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
+            for i in range(len(requests))
+        ]
+        sampling = Sampling(
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            max_new_tokens=ro.max_new_tokens,
+            max_context=ro.max_context - self.splice_room,
+            max_observation_tokens=ro.max_observation_tokens,
+            served=ServedBackend.from_settings(ro),
+        )
+        return rollout(
+            self.student,
+            self.codec,
+            requests,
+            sampling=sampling,
+            batch_size=ro.batch_size,
+            seed=self.params.seed * 1_000_003 + s,
+            seeds=seeds,
+        )
 
     def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
         """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order), as update.py runs them
@@ -283,8 +330,10 @@ class Distiller:
         if index == self.phase:
             return
         self._use_phase(index)
-        self.log(f"distill: step {self.state.step + 1}: phase {index}: {self.phases[0].name} trains "
-                 f"{self.method.name} from here (baselines.switch_fraction={self.params.baselines.switch_fraction:g})")
+        self.log(
+            f"distill: step {self.state.step + 1}: phase {index}: {self.phases[0].name} trains "
+            f"{self.method.name} from here (baselines.switch_fraction={self.params.baselines.switch_fraction:g})"
+        )
 
     def _held_out_score(self, lm) -> R.CheckScore:
         """The refresh check's score of `lm`: greedy, no experience, on the check's fixed train-split tasks."""
@@ -302,8 +351,9 @@ class Distiller:
         return S.composer_chunks(n_chunks, self.cfg.composer_fraction, self.params.seed * 1_000_003 + self.state.step)
 
     def _chunks(self, ids: list[list[int]]) -> list[list[int]]:
-        return micro_batches([len(i) for i in ids], self.cfg.micro_batch,
-                             chunk_group(self.cfg.samples_per_task, self.cfg.share_prompt))
+        return micro_batches(
+            [len(i) for i in ids], self.cfg.micro_batch, chunk_group(self.cfg.samples_per_task, self.cfg.share_prompt)
+        )
 
     def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
         """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""
@@ -313,8 +363,10 @@ class Distiller:
                 fresh = compose_latents(self.anchor_composer, self.encoder, [[t] for t in missing])
             self._anchor_cache.update(zip(missing, fresh))
         width = self.composer.proj_out.out_features
-        return [torch.cat([self._anchor_cache[t] for t in texts]) if texts else torch.zeros((0, width))
-                for texts in experiences]
+        return [
+            torch.cat([self._anchor_cache[t] for t in texts]) if texts else torch.zeros((0, width))
+            for texts in experiences
+        ]
 
     def clear_anchor_cache(self) -> None:
         """φ0's latents are of the teacher base's encodings: dropped when a refresh replaces the base."""

@@ -30,7 +30,6 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
-from lopd_core.envs import Task
 from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
 from lopd_core.distill import step as S
@@ -43,6 +42,7 @@ from lopd_core.distill.teacher_context import (
     teacher_context,
     teacher_lm,
 )
+from lopd_core.envs import Task
 
 if TYPE_CHECKING:
     from lopd_core.distill.trainer import Distiller
@@ -64,9 +64,13 @@ def grad_norm(params, max_norm: float) -> float:
 def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S.StepResult:
     """Steps 2-5 on `trajs` (samples_per_task each per task, in task order), in the order of DESIGN §3."""
     t_update = time.perf_counter()
-    batch = S.rollout_batch(trajs, samples_per_task=d.cfg.samples_per_task, advantage=d.cfg.advantage,
-                            group_std_eps=d.params.baselines.group_std_eps if d.student_loss.needs_pg_advantage
-                            else None, device=d.composer.queries.device)
+    batch = S.rollout_batch(
+        trajs,
+        samples_per_task=d.cfg.samples_per_task,
+        advantage=d.cfg.advantage,
+        group_std_eps=d.params.baselines.group_std_eps if d.student_loss.needs_pg_advantage else None,
+        device=d.composer.queries.device,
+    )
     sums = S.StepSums.zeros(len(batch), batch.advantage.device)
     with timed(sums, "teacher"):
         context = teacher_context(d, tasks, trajs, batch)  # 2a. latents once per distinct experience
@@ -90,15 +94,34 @@ def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S
     if d.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
         d.state.beta = L.dual_ascent(beta, margin=d.margin, delta_bar=delta_bar, lr=d.cfg.beta_lr)
     d.state.step += 1
-    return step_result(d, batch, sums, totals, beta=beta, grad_theta=grad_theta, composer=composer,
-                       started=started, rollout_s=t_update - started, trajectories=trajs)
+    return step_result(
+        d,
+        batch,
+        sums,
+        totals,
+        beta=beta,
+        grad_theta=grad_theta,
+        composer=composer,
+        started=started,
+        rollout_s=t_update - started,
+        trajectories=trajs,
+    )
 
 
 # ---- steps 2-4 on a chunk -------------------------------------------------------------------------------------
 
 
-def run_chunk(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, chunk: list[int], sums: S.StepSums,
-              *, beta: float, scale: S.ComposerScale, train_composer: bool) -> None:
+def run_chunk(
+    d: Distiller,
+    batch: S.RolloutBatch,
+    context: TeacherContext,
+    chunk: list[int],
+    sums: S.StepSums,
+    *,
+    beta: float,
+    scale: S.ComposerScale,
+    train_composer: bool,
+) -> None:
     """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk (logits,
     log-probs, padded inputs) is released when it returns, before the next chunk starts."""
     with timed(sums, "student"):
@@ -131,12 +154,12 @@ def chunk_low_memory(d: Distiller, batch, context, chunk, sbatch, sums, *, beta,
     size = d.cfg.teacher_micro_batch or len(chunk)
     targets, offset = [], 0
     for k in range(0, len(chunk), size):
-        part = chunk[k:k + size]
+        part = chunk[k : k + size]
         with timed(sums, "teacher"):
             scores = score_rows(d, batch, context, part, sums, graph=graph)
         n = scores.action_ids.shape[0]
         with timed(sums, "composer"):
-            part_lp_old = s_lp_old[offset:offset + n]  # (n, V) this pass's tokens
+            part_lp_old = s_lp_old[offset : offset + n]  # (n, V) this pass's tokens
             sums.add_student_entropy(part_lp_old)
             s_old = S.StudentOld.of(part_lp_old, scores.topk_ids, scores.action_ids)
             composer_backward(d, batch, part, scores, s_old, sums, beta=beta, scale=scale)
@@ -150,23 +173,42 @@ def chunk_low_memory(d: Distiller, batch, context, chunk, sbatch, sums, *, beta,
         student_backward(d, batch, context, chunk, sbatch, S.StudentTargets.cat(targets), sums, keep_old=False)
 
 
-def score_rows(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, rows: list[int], sums: S.StepSums,
-               *, graph: bool) -> S.TeacherScores:
+def score_rows(
+    d: Distiller, batch: S.RolloutBatch, context: TeacherContext, rows: list[int], sums: S.StepSums, *, graph: bool
+) -> S.TeacherScores:
     """Step 2 on `rows` with this method's teacher weights and context; the graph to the latents is kept
     when `graph` (for step 4). The baselines' teachers read text or nothing in the same slot."""
     ids, masks = batch.rows(rows)
     with teacher_lm(d) as lm, nullcontext() if graph else torch.no_grad():
         ctx, keys = rows_context(d, lm, context, ids, rows)
         check_teacher_rows(d, ids, ctx)
-        scores = S.score_teacher(lm, ids, masks, ctx, keys, framing=d.framing, share_prompt=d.cfg.share_prompt,
-                                 top_k=d.cfg.top_k, temperature=d.method.teacher.temperature,
-                                 keep_logits=d.student_loss.reads_teacher_logits)
+        scores = S.score_teacher(
+            lm,
+            ids,
+            masks,
+            ctx,
+            keys,
+            framing=d.framing,
+            share_prompt=d.cfg.share_prompt,
+            top_k=d.cfg.top_k,
+            temperature=d.method.teacher.temperature,
+            keep_logits=d.student_loss.reads_teacher_logits,
+        )
     sums.add_teacher(scores)
     return scores
 
 
-def student_backward(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, chunk: list[int], sbatch,
-                     targets: S.StudentTargets | None, sums: S.StepSums, *, keep_old: bool):
+def student_backward(
+    d: Distiller,
+    batch: S.RolloutBatch,
+    context: TeacherContext,
+    chunk: list[int],
+    sbatch,
+    targets: S.StudentTargets | None,
+    sums: S.StepSums,
+    *,
+    keep_old: bool,
+):
     """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. With `keep_old` (the
     low-memory order took them earlier), adds the pre-update student's entropy to the sums and returns its
     detached log-probs where the composer's loss reads them (on the teacher's top-k ids; None without a
@@ -175,10 +217,13 @@ def student_backward(d: Distiller, batch: S.RolloutBatch, context: TeacherContex
     s_logits = action_logits(d.student, sbatch)  # (n, V)
     rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
     per_token = S.student_token_loss(
-        s_logits, sbatch.action_ids, targets, d.student_loss,
+        s_logits,
+        sbatch.action_ids,
+        targets,
+        d.student_loss,
         pg_advantage=None if batch.pg_advantage is None else batch.pg_advantage[rows],
-        sample_logprobs=(batch.action_sample_logprobs(chunk, device)
-                         if d.student_loss.reads_sample_logprobs else None))
+        sample_logprobs=(batch.action_sample_logprobs(chunk, device) if d.student_loss.reads_sample_logprobs else None),
+    )
     if context.signal is not None:
         per_token = per_token * context.signal[rows]
     share = per_token.sum() / context.n_signal
@@ -191,8 +236,17 @@ def student_backward(d: Distiller, batch: S.RolloutBatch, context: TeacherContex
     return None if targets is None else S.StudentOld.of(s_lp_old, targets.topk_ids, sbatch.action_ids)
 
 
-def composer_backward(d: Distiller, batch: S.RolloutBatch, rows: list[int], scores: S.TeacherScores,
-                      s_old: S.StudentOld, sums: S.StepSums, *, beta: float, scale: S.ComposerScale) -> None:
+def composer_backward(
+    d: Distiller,
+    batch: S.RolloutBatch,
+    rows: list[int],
+    scores: S.TeacherScores,
+    s_old: S.StudentOld,
+    sums: S.StepSums,
+    *,
+    beta: float,
+    scale: S.ComposerScale,
+) -> None:
     """Step 4 on the rows of one teacher pass: this pass's piece of loss_φ — its shares of KL(sg[p_S,old] ‖
     p_T,φ) and δ̄ (module docstring) — backward through the frozen teacher to the latent leaf; the teacher's
     graph is gone afterwards. Only passes that kept a graph (chunks picked for the composer) back-propagate,
@@ -202,8 +256,9 @@ def composer_backward(d: Distiller, batch: S.RolloutBatch, rows: list[int], scor
     kl_share = terms.kl_tokens.sum() / batch.n_tokens
     delta_share = terms.delta.sum() / batch.n_scored  # δ̄ = Σ_τ δ(τ) / trajectories
     if kl_share.requires_grad:
-        L.composer_loss(scale.kl * kl_share, scale.delta * delta_share, beta=beta, margin=0.0, anchor=0.0,
-                        anchor_weight=0.0).backward()
+        L.composer_loss(
+            scale.kl * kl_share, scale.delta * delta_share, beta=beta, margin=0.0, anchor=0.0, anchor_weight=0.0
+        ).backward()
     sums.add_composer(terms, rows_t[scores.token_traj_index], float(kl_share.detach()), float(delta_share.detach()))
 
 
@@ -242,8 +297,9 @@ def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float)
     anchor_target = torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device)
     anchor = anchor_share * L.anchor_loss(flat, anchor_target)
     zero = torch.zeros((), device=flat.device)
-    piece = L.composer_loss(zero, zero, beta=beta, margin=d.margin, anchor=anchor,
-                            anchor_weight=d.method.composer.anchor_weight)
+    piece = L.composer_loss(
+        zero, zero, beta=beta, margin=d.margin, anchor=anchor, anchor_weight=d.method.composer.anchor_weight
+    )
     tensors, grads = [piece], [None]
     if context.latents.grad is not None:
         tensors.append(composed)
@@ -265,8 +321,16 @@ def step_composer(d: Distiller, context: TeacherContext, totals: dict[str, float
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()
     anchor_v = D.global_sum([float(anchor)])[0]
     D.sum_gradients(d.composer.parameters())
-    loss_phi = float(L.composer_loss(torch.tensor(totals["kl"]), torch.tensor(totals["delta"]), beta=beta,
-                                     margin=d.margin, anchor=anchor_v, anchor_weight=d.method.composer.anchor_weight))
+    loss_phi = float(
+        L.composer_loss(
+            torch.tensor(totals["kl"]),
+            torch.tensor(totals["delta"]),
+            beta=beta,
+            margin=d.margin,
+            anchor=anchor_v,
+            anchor_weight=d.method.composer.anchor_weight,
+        )
+    )
     grad = grad_norm(d.composer.parameters(), d.cfg.max_grad_norm)
     if math.isfinite(loss_phi) and math.isfinite(grad):
         d.opt_phi.step()

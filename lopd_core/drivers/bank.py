@@ -35,8 +35,13 @@ def bank_paths(params: Params) -> tuple[Path, Path]:
 
 def open_bank(params: Params) -> ExperienceBank:
     parquet, _ = bank_paths(params)
-    return ExperienceBank(parquet, index_dir=params.bank.index_dir, chroma_url=params.bank.chroma_url or None,
-                          collection=params.bank.collection, hnsw={"ef_search": params.bank.ef_search})
+    return ExperienceBank(
+        parquet,
+        index_dir=params.bank.index_dir,
+        chroma_url=params.bank.chroma_url or None,
+        collection=params.bank.collection,
+        hnsw={"ef_search": params.bank.ef_search},
+    )
 
 
 def _rollout_frame(params: Params, log):
@@ -45,12 +50,24 @@ def _rollout_frame(params: Params, log):
     b, ro = params.bank, params.rollout
     tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
-    sampling = Sampling(temperature=ro.temperature, top_p=ro.top_p, max_new_tokens=ro.max_new_tokens,
-                        max_context=ro.max_context,
-                        max_observation_tokens=ro.max_observation_tokens)
-    trajs = rollout(model, make_chat(tokenizer), requests, sampling=sampling, batch_size=ro.batch_size,
-                    seed=params.seed, progress=lambda done, total: log(f"bank: {done}/{total} rollouts")
-                    if done % (ro.batch_size * 10) == 0 or done == total else None)
+    sampling = Sampling(
+        temperature=ro.temperature,
+        top_p=ro.top_p,
+        max_new_tokens=ro.max_new_tokens,
+        max_context=ro.max_context,
+        max_observation_tokens=ro.max_observation_tokens,
+    )
+    trajs = rollout(
+        model,
+        make_chat(tokenizer),
+        requests,
+        sampling=sampling,
+        batch_size=ro.batch_size,
+        seed=params.seed,
+        progress=lambda done, total: (
+            log(f"bank: {done}/{total} rollouts") if done % (ro.batch_size * 10) == 0 or done == total else None
+        ),
+    )
     return trajectories_to_frame(trajs)
 
 
@@ -67,8 +84,7 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
         parts.append(_rollout_frame(params, log))
     if source in ("traces", "both"):
         served = trace_table(params.lopd.traces, labeled_only=False)  # every trace is charged, labeled or not
-        log(f"bank: {len(served)} traces from {params.lopd.traces} ({int(served['success'].sum())} labeled "
-            "successes)")
+        log(f"bank: {len(served)} traces from {params.lopd.traces} ({int(served['success'].sum())} labeled successes)")
         parts.append(served)
     frame = validate_trajectories(pd.concat(parts, ignore_index=True)) if len(parts) > 1 else parts[0]
     write_trajectories(frame, seed_path)
@@ -77,17 +93,25 @@ def seed_bank(params: Params, log=print, cycle: int = 0) -> dict:
     joins = frame[(frame["env"] != SERVE_ENV) | frame["success"]]
     with open_bank(params) as bank:
         # Only the agent's own samples: no oracle ever reaches a deployment world (coldstart_data.py).
-        report = bank.refresh(joins, min_reward=params.bank.min_reward, policy_version=_version(params, source),
-                              cycle=cycle)
+        report = bank.refresh(
+            joins, min_reward=params.bank.min_reward, policy_version=_version(params, source), cycle=cycle
+        )
         bank.ensure_index()
         size = len(bank)
-    summary = {"rollouts": len(frame), "successes": int(frame["success"].sum()),
-               "success_rate": round(float(frame["success"].mean()), 4), "bank_rows": size,
-               "source": source, "traces": int((frame["env"] == SERVE_ENV).sum()),
-               "refresh": getattr(report, "__dict__", str(report))}
+    summary = {
+        "rollouts": len(frame),
+        "successes": int(frame["success"].sum()),
+        "success_rate": round(float(frame["success"].mean()), 4),
+        "bank_rows": size,
+        "source": source,
+        "traces": int((frame["env"] == SERVE_ENV).sum()),
+        "refresh": getattr(report, "__dict__", str(report)),
+    }
     (parquet.parent / "bank_report.json").write_text(json.dumps(summary, indent=2, default=str))
-    log(f"bank: {summary['successes']}/{len(frame)} successful trajectories ({summary['traces']} of them traces); "
-        f"bank has {size} rows")
+    log(
+        f"bank: {summary['successes']}/{len(frame)} successful trajectories ({summary['traces']} of them traces); "
+        f"bank has {size} rows"
+    )
     return summary
 
 
@@ -97,8 +121,9 @@ def _version(params: Params, source: str) -> str:
     return f"traces:{params.lopd.traces}" if source == "traces" else model_path(params.model)
 
 
-def run_bank(params: Params, *, restart_from: str | None = None, restart: bool = False, cycle: int = 0,
-             log=print) -> dict:
+def run_bank(
+    params: Params, *, restart_from: str | None = None, restart: bool = False, cycle: int = 0, log=print
+) -> dict:
     """The bank stage. `lopd bank` adds to the bank at bank.dir as it is. `restart`: the bank folder and its
     index start over, as a copy of the bank in folder `restart_from` (None: empty) — how the cycle gives each
     generation a bank of its own, so earlier banks stay intact and a rejected cycle never changes the
@@ -110,6 +135,8 @@ def run_bank(params: Params, *, restart_from: str | None = None, restart: bool =
         parquet.parent.mkdir(parents=True)
         if restart_from:
             shutil.copy2(Path(restart_from) / "experience.parquet", parquet)
-        log(f"bank: adding the successes of {params.lopd.bank_source} (policy {model_path(params.model)}, "
-            f"parent bank: {restart_from or 'none'})")
+        log(
+            f"bank: adding the successes of {params.lopd.bank_source} (policy {model_path(params.model)}, "
+            f"parent bank: {restart_from or 'none'})"
+        )
     return seed_bank(params, log=log, cycle=cycle)

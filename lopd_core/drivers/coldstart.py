@@ -18,8 +18,14 @@ from lopd_core.model.loading import load_policy
 
 def new_composer(params: Params, model) -> Composer:
     c = params.composer
-    return Composer(model.config.hidden_size, num_queries=c.num_queries, hidden_size=c.hidden_size,
-                    num_layers=c.num_layers, num_heads=c.num_heads, embedding_norm=mean_embedding_norm(model))
+    return Composer(
+        model.config.hidden_size,
+        num_queries=c.num_queries,
+        hidden_size=c.hidden_size,
+        num_layers=c.num_layers,
+        num_heads=c.num_heads,
+        embedding_norm=mean_embedding_norm(model),
+    )
 
 
 def run_coldstart(params: Params, log=print) -> dict:
@@ -33,11 +39,22 @@ def run_coldstart(params: Params, log=print) -> dict:
     torch.manual_seed(params.seed)
     composer = new_composer(params, model)
     with pretraining_retriever(params, trajectories) as retriever:
-        run = train_coldstart(model, tokenizer, composer, successes, retriever, steps=cs.steps,
-                              batch_size=cs.batch_size, lr=cs.lr, kl_weight=cs.kl_weight, seed=params.seed,
-                               csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
-                               max_experience_tokens=params.composer.max_experience_tokens,
-                               sharding=params.lopd.sharding, log=log)
+        run = train_coldstart(
+            model,
+            tokenizer,
+            composer,
+            successes,
+            retriever,
+            steps=cs.steps,
+            batch_size=cs.batch_size,
+            lr=cs.lr,
+            kl_weight=cs.kl_weight,
+            seed=params.seed,
+            csv_path=Path(params.lopd.csv).with_name("coldstart.csv"),
+            max_experience_tokens=params.composer.max_experience_tokens,
+            sharding=params.lopd.sharding,
+            log=log,
+        )
     out = Path(cs.out)
     if D.is_main():  # every rank holds the same φ0: one copy on disk
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +62,10 @@ def run_coldstart(params: Params, log=print) -> dict:
         torch.save(composer.state_dict(), tmp)
         tmp.replace(out)
     D.barrier()
-    return {"successes": len(successes), "first": run.rows[0], "last": run.rows[-1],
-            "skipped_updates": run.skipped_updates, "out": str(out)}
-
-
+    return {
+        "successes": len(successes),
+        "first": run.rows[0],
+        "last": run.rows[-1],
+        "skipped_updates": run.skipped_updates,
+        "out": str(out),
+    }

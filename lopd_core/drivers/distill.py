@@ -14,18 +14,18 @@ import random
 from pathlib import Path
 
 from lopd_core import distributed as D
+from lopd_core import methods as M
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params, RetrievalSettings
-from lopd_core.drivers.bank import bank_paths, open_bank, seed_bank  # noqa: F401  (re-exported)
-from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
-from lopd_core.envs import Task
 from lopd_core.distill import baselines as B
 from lopd_core.distill import margin as MG
-from lopd_core import methods as M
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
 from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.distill.trainer import Distiller, check_top_k, export, load_composer, run_distill
+from lopd_core.drivers.bank import bank_paths, open_bank, seed_bank  # noqa: F401  (re-exported)
+from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
+from lopd_core.envs import Task
 from lopd_core.model.loading import load_policy
 from lopd_core.rollout.table import read_trajectories
 
@@ -33,10 +33,14 @@ from lopd_core.rollout.table import read_trajectories
 def make_retriever(bank: ExperienceBank, retrieval: RetrievalSettings):
     """The J nearest experiences' texts per task, under the `bank` section's retrieval settings taken whole
     (`params.bank.retrieval`; `dataclasses.replace` it to change one, e.g. no self-retrieval)."""
+
     def retrieve(tasks: list[Task]) -> list[list[str]]:
-        return [[h.experience_text for h in hits]
-                for hits in bank.retrieve(tasks, retrieval.top_j, retrieval.allow_self_retrieval,
-                                          same_world=retrieval.same_world)]
+        return [
+            [h.experience_text for h in hits]
+            for hits in bank.retrieve(
+                tasks, retrieval.top_j, retrieval.allow_self_retrieval, same_world=retrieval.same_world
+            )
+        ]
 
     return retrieve
 
@@ -73,16 +77,19 @@ def seed_successes(params: Params) -> list[MG.PricingTrajectory]:
         return []
     table = read_trajectories(seed_path)
     table = table[table["success"] & (table["sample_index"] != ORACLE_SAMPLE_INDEX)]
-    rows = [MG.PricingTrajectory(Task.from_json(r.task), [int(i) for i in r.token_ids],
-                                 [int(m) for m in r.action_mask]) for r in table.itertuples(index=False)]
+    rows = [
+        MG.PricingTrajectory(Task.from_json(r.task), [int(i) for i in r.token_ids], [int(m) for m in r.action_mask])
+        for r in table.itertuples(index=False)
+    ]
     if len(rows) > MG.MAX_PRICING_TRAJECTORIES:
         keep = sorted(random.Random(params.seed).sample(range(len(rows)), MG.MAX_PRICING_TRAJECTORIES))
         rows = [rows[i] for i in keep]
     return rows
 
 
-def pricing_source(spec, bank: ExperienceBank | None, params: Params,
-                   rows: list[MG.PricingTrajectory]) -> MG.PricingSource | None:
+def pricing_source(
+    spec, bank: ExperienceBank | None, params: Params, rows: list[MG.PricingTrajectory]
+) -> MG.PricingSource | None:
     """What `lopd.margin: auto` is priced on: the seed successes, their teacher reading the method's retrieval
     with each task's own bank rows left out (the bank holds these very successes: reading one back would price
     copying, not experience). None where nothing is priced before step 1 (margin.py)."""
@@ -94,8 +101,17 @@ def pricing_source(spec, bank: ExperienceBank | None, params: Params,
     return MG.PricingSource(rows, make_retriever(bank, others))
 
 
-def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = None, teacher: str | None = None,
-             cycle: int = 0, initial_rollouts: int | None = None, on_step=None, log=print) -> dict:
+def run_lopd(
+    params: Params,
+    *,
+    resume: bool = True,
+    stop_after: int | None = None,
+    teacher: str | None = None,
+    cycle: int = 0,
+    initial_rollouts: int | None = None,
+    on_step=None,
+    log=print,
+) -> dict:
     """Distil a student from `model.name_or_path`. `teacher`: a model whose frozen weights teach instead of the
     student's start (`lopd cycle` with cycle.refresh_teacher false); None: the student's start teaches.
     `initial_rollouts`: trajectories already spent when training starts (None: the bank's seed rollouts; `lopd
@@ -112,29 +128,54 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
     if spec.needs_composer and not Path(params.coldstart.out).exists():
         raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")
     # a method whose teacher reads no latents still owns a composer (unused): φ0 when there is one, else fresh
-    composer = load_composer(params.coldstart.out, model.config.hidden_size, params.composer,
-                             mean_embedding_norm(model))
+    composer = load_composer(
+        params.coldstart.out, model.config.hidden_size, params.composer, mean_embedding_norm(model)
+    )
     seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
     priced = M.resolve_method(params.lopd, params.baselines).composer.margin is None  # `lopd.margin: auto`
     pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)
     grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.teacher.retrieval != "random")
     if grows:  # the stage's own copy of its input bank, grown in place (growing_bank.py)
         parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
-        params = dataclasses.replace(params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent),
-                                                                      index_dir=str(index_dir)))
+        params = dataclasses.replace(
+            params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent), index_dir=str(index_dir))
+        )
     # a method that reads no bank opens none (`lopd compare` gives it no bank folder)
     with open_bank(params) if spec.uses_bank else contextlib.nullcontext() as bank:
         retriever = method_retriever(spec, bank, params)
-        growth = BankGrowth(bank, every=params.bank.refresh_every, min_reward=params.bank.min_reward,
-                            cycle=cycle, total_steps=params.lopd.steps, log=log) if grows else None
-        teacher_base = None if teacher is None else load_policy(dataclasses.replace(params.model,
-                                                                                    name_or_path=teacher))[0]
-        distiller = Distiller(params, model, tokenizer, retriever, composer=composer, teacher_base=teacher_base,
-                              initial_rollouts=seed_sampled, pricing=pricing_source(spec, bank, params, pricing_rows),
-                              log=log)
+        growth = (
+            BankGrowth(
+                bank,
+                every=params.bank.refresh_every,
+                min_reward=params.bank.min_reward,
+                cycle=cycle,
+                total_steps=params.lopd.steps,
+                log=log,
+            )
+            if grows
+            else None
+        )
+        teacher_base = (
+            None if teacher is None else load_policy(dataclasses.replace(params.model, name_or_path=teacher))[0]
+        )
+        distiller = Distiller(
+            params,
+            model,
+            tokenizer,
+            retriever,
+            composer=composer,
+            teacher_base=teacher_base,
+            initial_rollouts=seed_sampled,
+            pricing=pricing_source(spec, bank, params, pricing_rows),
+            log=log,
+        )
         hooks = [h for h in (growth, on_step) if h is not None]
-        state = run_distill(distiller, resume=resume, stop_after=stop_after,
-                            on_step=(lambda d, out: [h(d, out) for h in hooks]) if hooks else None)
+        state = run_distill(
+            distiller,
+            resume=resume,
+            stop_after=stop_after,
+            on_step=(lambda d, out: [h(d, out) for h in hooks]) if hooks else None,
+        )
         bank_rows = len(bank) if bank is not None else None
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
     last = state.history[-1]["row"] if state.history else {}
@@ -145,9 +186,18 @@ def run_lopd(params: Params, *, resume: bool = True, stop_after: int | None = No
         log(MG.beta_warning(betas))
     # `margin`: the m this run trained with (the resolved method's, or priced: `margin_pricing` says how), what
     # its dashboard draws (and the CSV's `margin` column, step by step)
-    return {"steps": state.step, "beta": state.beta, "skipped_updates": state.skipped_updates,
-            "rollouts": state.rollouts, "last": last, "student": str(student_dir),
-            "margin": distiller.margin, "margin_pricing": state.margin_pricing or None,
-            "beta_unbounded": unbounded, "bank_rows": bank_rows,
-            "bank_added": growth.added if growth else 0, "bank_refreshes": growth.refreshes if growth else [],
-            "bank_dir": params.bank.dir if grows else None}
+    return {
+        "steps": state.step,
+        "beta": state.beta,
+        "skipped_updates": state.skipped_updates,
+        "rollouts": state.rollouts,
+        "last": last,
+        "student": str(student_dir),
+        "margin": distiller.margin,
+        "margin_pricing": state.margin_pricing or None,
+        "beta_unbounded": unbounded,
+        "bank_rows": bank_rows,
+        "bank_added": growth.added if growth else 0,
+        "bank_refreshes": growth.refreshes if growth else [],
+        "bank_dir": params.bank.dir if grows else None,
+    }

@@ -13,8 +13,9 @@ from lopd_core.evaluation import EvalShard, eval_shards, evaluate_stage, write_m
 from lopd_core.model.loading import load_policy
 
 
-def run_evaluate(params: Params, out: str | Path, log=print, *,
-                 map_shards: Callable[[list[EvalShard]], list[dict]] | None = None) -> dict:
+def run_evaluate(
+    params: Params, out: str | Path, log=print, *, map_shards: Callable[[list[EvalShard]], list[dict]] | None = None
+) -> dict:
     """The results of the policy params.model names (DESIGN §5 layout), also written to `out`. `map_shards`: how
     the shards are rolled out when not one after the other in this process (`lopd evaluate --task-runner` maps
     them as Prefect tasks, each worker loading the policy itself); the results are the same."""

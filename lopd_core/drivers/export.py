@@ -14,11 +14,28 @@ def _read(path: str | Path | None) -> dict | None:
     return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
 
 
-def run_export(params: Params, model: str | Path, out: str | Path, *, student_eval: str | Path | None,
-               base_eval: str | Path | None, lineage: dict, log=print) -> Path:
+def run_export(
+    params: Params,
+    model: str | Path,
+    out: str | Path,
+    *,
+    student_eval: str | Path | None,
+    base_eval: str | Path | None,
+    lineage: dict,
+    log=print,
+) -> Path:
     """Export `model` to `out`; the card shows the evaluations at `student_eval` and `base_eval` (missing: none)."""
-    path = export_checkpoint(model, out, rollout=params.rollout, student_eval=_read(student_eval),
-                             base_eval=_read(base_eval), lineage=lineage, name=params.tracking.registered_model)
-    log(f"exported {model} -> {path} (model card: {path / 'README.md'}; loads with "
-        "AutoModelForCausalLM.from_pretrained)")
+    path = export_checkpoint(
+        model,
+        out,
+        rollout=params.rollout,
+        student_eval=_read(student_eval),
+        base_eval=_read(base_eval),
+        lineage=lineage,
+        name=params.tracking.registered_model,
+    )
+    log(
+        f"exported {model} -> {path} (model card: {path / 'README.md'}; loads with "
+        "AutoModelForCausalLM.from_pretrained)"
+    )
     return path

@@ -38,8 +38,10 @@ class Task:
     def __post_init__(self) -> None:
         turns = self.max_turns
         if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
-            raise ValueError(f"task {self.task_id!r} of env {self.env!r}: max_turns must be an integer in "
-                             f"[1, {MAX_TURNS}], got {turns!r}")
+            raise ValueError(
+                f"task {self.task_id!r} of env {self.env!r}: max_turns must be an integer in "
+                f"[1, {MAX_TURNS}], got {turns!r}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -83,14 +85,22 @@ def checked_result(task: Task, result: StepResult) -> StepResult:
     from lopd_core.errors import EnvironmentFault
 
     if not isinstance(result, StepResult) or not isinstance(result.observation, str):
-        raise EnvironmentFault(f"env {task.env!r} returned {result!r:.120} from step() for task {task.task_id!r}, "
-                               "expected a StepResult whose observation is a str")
+        raise EnvironmentFault(
+            f"env {task.env!r} returned {result!r:.120} from step() for task {task.task_id!r}, "
+            "expected a StepResult whose observation is a str"
+        )
     reward = result.reward
-    if (not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward)
-            or not 0.0 <= reward <= 1.0):
-        raise EnvironmentFault(f"env {task.env!r} returned reward {reward!r} for task {task.task_id!r}, expected a "
-                               "number in [0, 1]: fix the environment's reward (`lopd envs check "
-                               f"{task.env}` runs its contract checker)")
+    if (
+        not isinstance(reward, (int, float))
+        or isinstance(reward, bool)
+        or not math.isfinite(reward)
+        or not 0.0 <= reward <= 1.0
+    ):
+        raise EnvironmentFault(
+            f"env {task.env!r} returned reward {reward!r} for task {task.task_id!r}, expected a "
+            "number in [0, 1]: fix the environment's reward (`lopd envs check "
+            f"{task.env}` runs its contract checker)"
+        )
     return result
 
 

@@ -59,9 +59,7 @@ def _check_result(task: Task, r, *, last_turn: bool) -> None:
             _fail(task, f"bad stop_reason {r.info['stop_reason']!r}")
         if not 0 <= r.info["checks_passed"] <= r.info["checks_total"]:
             _fail(task, "checks_passed out of range")
-        if r.info["success"] != (
-            r.info["checks_total"] > 0 and r.info["checks_passed"] == r.info["checks_total"]
-        ):
+        if r.info["success"] != (r.info["checks_total"] > 0 and r.info["checks_passed"] == r.info["checks_total"]):
             _fail(task, "success disagrees with checks_passed/checks_total")
     else:
         if "error" not in r.info or "call" not in r.info:
@@ -90,9 +88,12 @@ def _check_internal_errors(task: Task, env, actions: list[str]) -> None:
     errors = getattr(env, "internal_errors", None)
     if errors:
         played = " | ".join(actions)
-        _fail(task, f"a tool raised inside ({str(errors[0])[:300]}) on the actions {played[:400]!r}; the agent saw "
-                    "'failed'. Raise ToolError for a bad call; give the class tool_examples if the checker's "
-                    "arguments are not ones the tool should meet")
+        _fail(
+            task,
+            f"a tool raised inside ({str(errors[0])[:300]}) on the actions {played[:400]!r}; the agent saw "
+            "'failed'. Raise ToolError for a bad call; give the class tool_examples if the checker's "
+            "arguments are not ones the tool should meet",
+        )
 
 
 def _value(prop: dict):
@@ -128,7 +129,7 @@ def tool_calls(first: FirstObservation, examples: dict | None) -> list[tuple[str
 
 
 def _call_text(name: str, arguments: dict) -> str:
-    return f'{CALL_OPEN}{json.dumps({"name": name, "arguments": arguments})}{CALL_CLOSE}'
+    return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
 
 
 def _check_tools(env_factory: Callable, task: Task, first: FirstObservation, examples: dict | None) -> None:
@@ -136,15 +137,18 @@ def _check_tools(env_factory: Callable, task: Task, first: FirstObservation, exa
     calls = tool_calls(first, examples)
     per_episode = max(1, task.max_turns - 1)  # room for the closing answer where there is any
     for start in range(0, len(calls), per_episode):
-        chunk = calls[start:start + per_episode]
+        chunk = calls[start : start + per_episode]
         actions = [_call_text(n, a) for n, a in chunk] + (["done"] if task.max_turns > len(chunk) else [])
         _, first_play = _play(env_factory, task, actions)
         _, second_play = _play(env_factory, task, actions)
         for (name, arguments), a, b in zip(chunk, first_play, second_play):
             if (a.observation, a.reward, a.done, a.info) != (b.observation, b.reward, b.done, b.info):
-                _fail(task, f"tool {name} answered {a.observation[:200]!r}, then {b.observation[:200]!r} in a "
-                            f"fresh instance on the same call {arguments!r}: does it keep state outside the "
-                            "episode (a module or class attribute)?")
+                _fail(
+                    task,
+                    f"tool {name} answered {a.observation[:200]!r}, then {b.observation[:200]!r} in a "
+                    f"fresh instance on the same call {arguments!r}: does it keep state outside the "
+                    "episode (a module or class attribute)?",
+                )
 
 
 def _check_episode(task: Task, env, actions: list[str], results: list[StepResult]) -> None:
@@ -170,10 +174,7 @@ def check_env_contract(
     for task in tasks:
         count += 1
         # Task JSON round trip
-        if (
-            Task.from_json(task.to_json()) != task
-            or Task.from_json(task.to_json()).to_json() != task.to_json()
-        ):
+        if Task.from_json(task.to_json()) != task or Task.from_json(task.to_json()).to_json() != task.to_json():
             _fail(task, "Task JSON round trip is not exact")
         if task.max_turns < 1:
             _fail(task, "max_turns < 1")
@@ -187,8 +188,9 @@ def check_env_contract(
         if not (isinstance(first.user, str) and first.user.strip()) or first.user != task.instruction:
             _fail(task, "user text must be the non-empty task instruction")
         if not isinstance(first.tools, tuple) or not all(
-                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
-                for t in first.tools):
+            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
+            for t in first.tools
+        ):
             _fail(task, "tools must be a tuple of JSON schemas, each with a name (and parameters)")
         try:
             env.reset(task)

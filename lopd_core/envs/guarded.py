@@ -40,16 +40,21 @@ def warn_internal_errors(env_name: str, errors: list[str]) -> None:
             if (env_name, tool) in _warned:
                 continue
             _warned.add((env_name, tool))
-        warnings.warn(f"env {env_name!r}: tool {tool!r} raised inside ({detail.strip()[:300]}); the agent saw "
-                      f"'failed'. Fix the "
-                      f"tool, or raise ToolError for a bad call (`lopd envs check {env_name}` calls every tool)",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"env {env_name!r}: tool {tool!r} raised inside ({detail.strip()[:300]}); the agent saw "
+            f"'failed'. Fix the "
+            f"tool, or raise ToolError for a bad call (`lopd envs check {env_name}` calls every tool)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def step_timeout_message(env_name: str, task: Task | None, what: str, timeout_s: float, consequence: str) -> str:
     task_id = task.task_id if task is not None else "(before reset)"
-    return (f"env {env_name!r} task {task_id}: {what} did not return within {timeout_s:g} s "
-            f"(envs.step_timeout_s); {consequence}")
+    return (
+        f"env {env_name!r} task {task_id}: {what} did not return within {timeout_s:g} s "
+        f"(envs.step_timeout_s); {consequence}"
+    )
 
 
 class TimedEnv:
@@ -88,16 +93,22 @@ class TimedEnv:
         worker.start()
         worker.join(self._timeout_s)
         if worker.is_alive():
-            self._broken = step_timeout_message(self._name, self._task, what, self._timeout_s,
-                                                "the episode fails (its thread is left behind, the env is unusable)")
+            self._broken = step_timeout_message(
+                self._name,
+                self._task,
+                what,
+                self._timeout_s,
+                "the episode fails (its thread is left behind, the env is unusable)",
+            )
             raise EnvironmentStepFailed(self._broken)
         if "error" in box:
             error = box["error"]
             if not isinstance(error, Exception):
                 # SystemExit / KeyboardInterrupt raised by plugin code would otherwise end the command with the
                 # plugin's exit status (0 looked like a pass): it is the environment failing, named as such.
-                self._broken = (f"environment {self._name!r} raised {type(error).__name__}({error}) in {what}"
-                                + (f" on task {self._task.task_id}" if self._task is not None else ""))
+                self._broken = f"environment {self._name!r} raised {type(error).__name__}({error}) in {what}" + (
+                    f" on task {self._task.task_id}" if self._task is not None else ""
+                )
                 raise EnvironmentStepFailed(self._broken) from error
             raise error
         return box["value"]
@@ -111,7 +122,7 @@ class TimedEnv:
         result = self._call("step", self._env.step, action)
         errors = getattr(self._env, "internal_errors", None)
         if isinstance(errors, list) and len(errors) > self._warned_upto:
-            warn_internal_errors(self._name, errors[self._warned_upto:])
+            warn_internal_errors(self._name, errors[self._warned_upto :])
             self._warned_upto = len(errors)
         return result
 

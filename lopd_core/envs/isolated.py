@@ -92,21 +92,41 @@ class IsolatedEnv:
         if os.geteuid() == 0:  # the child works there as the unprivileged uid (runner.py)
             os.chown(workdir, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
         # RLIMIT_CPU counts the child's whole life: every turn may use its timeout, plus start-up.
-        limits = {"cpu_s": self._timeout_s * (task.max_turns + 1) + STARTUP_ALLOWANCE_S, "memory_mb": MEMORY_MB,
-                  "max_processes": 8, "max_file_mb": 16.0, "max_open_files": 64}
-        job = {"spec": self._spec, "name": self._name, "sys_path": child_sys_path(), "limits": limits,
-               "uid": UNPRIVILEGED_ID, "gid": UNPRIVILEGED_ID, "audit_hook": True}
+        limits = {
+            "cpu_s": self._timeout_s * (task.max_turns + 1) + STARTUP_ALLOWANCE_S,
+            "memory_mb": MEMORY_MB,
+            "max_processes": 8,
+            "max_file_mb": 16.0,
+            "max_open_files": 64,
+        }
+        job = {
+            "spec": self._spec,
+            "name": self._name,
+            "sys_path": child_sys_path(),
+            "limits": limits,
+            "uid": UNPRIVILEGED_ID,
+            "gid": UNPRIVILEGED_ID,
+            "audit_hook": True,
+        }
         with open(os.path.join(workdir, "stderr.txt"), "wb") as stderr:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-u", str(ENV_CHILD), workdir], cwd=workdir, env=_scrubbed_env(workdir),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, close_fds=True)
+                [sys.executable, "-I", "-u", str(ENV_CHILD), workdir],
+                cwd=workdir,
+                env=_scrubbed_env(workdir),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+                close_fds=True,
+            )
         self._workdir = workdir
         self._finalizer = weakref.finalize(self, _stop, self._proc, workdir)
         os.set_blocking(self._proc.stdout.fileno(), False)
         reply = self._exchange(job, "start", self._timeout_s + STARTUP_ALLOWANCE_S)
         if "setup_error" in reply:
-            raise self._broke(f"env {self._name!r}: the isolated process could not start: {reply['setup_error']} "
-                              "(envs.isolate_tools)")
+            raise self._broke(
+                f"env {self._name!r}: the isolated process could not start: {reply['setup_error']} (envs.isolate_tools)"
+            )
         self.isolation = dict(reply.get("ready", {}).get("isolation", {}))
 
     def _close(self) -> None:
@@ -129,11 +149,16 @@ class IsolatedEnv:
             pass
         self._close()
         code = self._proc.returncode if code is None else code
-        how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0 and
-               -code in signal.Signals._value2member_map_ else f"exit status {code}")
+        how = (
+            f"signal {signal.Signals(-code).name}"
+            if code is not None and code < 0 and -code in signal.Signals._value2member_map_
+            else f"exit status {code}"
+        )
         task_id = self._task.task_id if self._task is not None else "(before reset)"
-        return self._broke(f"env {self._name!r} task {task_id}: the isolated process ended during {what} "
-                           f"({how}{'; ' + tail if tail else ''}); envs.isolate_tools")
+        return self._broke(
+            f"env {self._name!r} task {task_id}: the isolated process ended during {what} "
+            f"({how}{'; ' + tail if tail else ''}); envs.isolate_tools"
+        )
 
     def _exchange(self, request: dict, what: str, timeout_s: float) -> dict:
         """Send one request and read one reply line within `timeout_s` (the whole exchange)."""
@@ -152,8 +177,9 @@ class IsolatedEnv:
             while b"\n" not in self._buffer:
                 left = deadline - time.perf_counter()
                 if left <= 0:
-                    raise self._broke(step_timeout_message(self._name, self._task, what, timeout_s,
-                                                           "the isolated process was killed"))
+                    raise self._broke(
+                        step_timeout_message(self._name, self._task, what, timeout_s, "the isolated process was killed")
+                    )
                 if not selector.select(timeout=left):
                     continue
                 try:
@@ -164,8 +190,9 @@ class IsolatedEnv:
                     raise self._died(what)
                 self._buffer += chunk
                 if len(self._buffer) > MAX_REPLY_BYTES:
-                    raise self._broke(f"env {self._name!r}: the isolated {what} replied with more than "
-                                      f"{MAX_REPLY_BYTES} bytes")
+                    raise self._broke(
+                        f"env {self._name!r}: the isolated {what} replied with more than {MAX_REPLY_BYTES} bytes"
+                    )
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:
             reply = json.loads(line)
@@ -208,8 +235,9 @@ class IsolatedEnv:
             raise RuntimeError("step() before reset()")
         reply = self._ask({"op": "step", "action": action}, "step")
         value = reply["value"]
-        result = StepResult(observation=value["observation"], reward=value["reward"], done=value["done"],
-                            info=value["info"])
+        result = StepResult(
+            observation=value["observation"], reward=value["reward"], done=value["done"], info=value["info"]
+        )
         if result.done:
             self._done = True
             self._episode = list(reply.get("episode") or [])

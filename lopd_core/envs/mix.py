@@ -76,8 +76,9 @@ def resolve_mix(envs) -> None:
                 make_tasks(name, split, 1, 0)
         except (Exception, SystemExit) as exc:  # noqa: BLE001  whatever a plugin raises is its configuration's fault
             what = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
-            raise ConfigError(f"envs: environment {name!r} ({source}) cannot be used: {type(exc).__name__}: "
-                              f"{what}") from None
+            raise ConfigError(
+                f"envs: environment {name!r} ({source}) cannot be used: {type(exc).__name__}: {what}"
+            ) from None
 
 
 def deployment_tasks(envs, split: str, n: int, seed: int) -> list[Task]:

@@ -87,8 +87,10 @@ def _load(name: str, spec: str) -> type:
         lacks = ", ".join(missing) or "a class"
         raise TypeError(f"env {name!r} ({spec}) is not an environment class: it lacks {lacks}")
     if getattr(cls, "name", None) != name:
-        raise ValueError(f"env {name!r} ({spec}): the class's name is {getattr(cls, 'name', None)!r}; register it "
-                         f"under that name or set its `name = {name!r}` (tasks carry the name the engine resolves)")
+        raise ValueError(
+            f"env {name!r} ({spec}): the class's name is {getattr(cls, 'name', None)!r}; register it "
+            f"under that name or set its `name = {name!r}` (tasks carry the name the engine resolves)"
+        )
     return cls
 
 
@@ -104,8 +106,10 @@ def env_class(name: str) -> type:
         return CodegenEnv
     spec = _plugins.get(name) or installed().get(name)
     if spec is None:
-        raise ValueError(f"unknown env {name!r}; known: {', '.join(known_envs())} (register one with envs.plugins "
-                         f"or an entry point of group {ENV_ENTRY_POINT_GROUP!r})")
+        raise ValueError(
+            f"unknown env {name!r}; known: {', '.join(known_envs())} (register one with envs.plugins "
+            f"or an entry point of group {ENV_ENTRY_POINT_GROUP!r})"
+        )
     if name not in _plugins and name in installed_env_conflicts():  # two packages claim it: neither wins silently
         raise ValueError(env_conflict_message(name, f"env {name!r}"))
     return _load(name, spec)
@@ -131,11 +135,15 @@ def isolation_note(name: str) -> str:
     if name in BUILTIN_ENVS:
         return f"{name} is built in (model-written code runs only in the sandbox)"
     if _isolate_tools:
-        return (f"{name}'s reset and step run isolated (envs.isolate_tools: a child process per episode with no "
-                f"network, a scrubbed environment and only a private folder; {_step_timeout_s:g} s a step)")
-    return (f"{name}'s tools are trusted code: they run inside the trainer's process with the arguments the model "
-            f"chose, and may read your files, environment variables and network; set envs.isolate_tools: true to "
-            f"run them in the sandbox")
+        return (
+            f"{name}'s reset and step run isolated (envs.isolate_tools: a child process per episode with no "
+            f"network, a scrubbed environment and only a private folder; {_step_timeout_s:g} s a step)"
+        )
+    return (
+        f"{name}'s tools are trusted code: they run inside the trainer's process with the arguments the model "
+        f"chose, and may read your files, environment variables and network; set envs.isolate_tools: true to "
+        f"run them in the sandbox"
+    )
 
 
 def plugin_files(envs) -> dict[str, dict[str, list[str]]]:
@@ -158,8 +166,10 @@ def plugin_files(envs) -> dict[str, dict[str, list[str]]]:
         for module in {cls.__module__, spec.partition(":")[0]}:  # where the class is defined, where it is named
             top = sys.modules[module.split(".")[0]]
             source += list(getattr(top, "__path__", None) or [getattr(top, "__file__", None)])
-        out[name] = {"task_file": [str(task_file)] if task_file else [],
-                     "source": sorted({str(s) for s in source if s})}
+        out[name] = {
+            "task_file": [str(task_file)] if task_file else [],
+            "source": sorted({str(s) for s in source if s}),
+        }
     return out
 
 
@@ -192,11 +202,15 @@ def plugin_tasks(name: str, split: str, n: int, seed: int) -> list[Task]:
         return tasks_from_file(_task_files[name], name, split, n, seed, **_file_kwargs(cls))
     make = getattr(cls, "make_tasks", None)
     if make is None:
-        raise ValueError(f"env {name!r} has no tasks: give its class a make_tasks(split, n, seed) or set "
-                         f"envs.task_files.{name} to a JSON Lines file")
+        raise ValueError(
+            f"env {name!r} has no tasks: give its class a make_tasks(split, n, seed) or set "
+            f"envs.task_files.{name} to a JSON Lines file"
+        )
     tasks = list(make(split, n, seed))
     wrong = [t for t in tasks if not isinstance(t, Task) or t.env != name or t.split != split]
     if wrong:
-        raise ValueError(f"env {name!r}: make_tasks({split!r}, ...) returned {wrong[0]!r}, expected Tasks with "
-                         f"env={name!r} and split={split!r}")
+        raise ValueError(
+            f"env {name!r}: make_tasks({split!r}, ...) returned {wrong[0]!r}, expected Tasks with "
+            f"env={name!r} and split={split!r}"
+        )
     return tasks

@@ -78,8 +78,9 @@ def _parse_line(raw: bytes, where: str) -> dict | None:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TaskFileError(f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                            "save the file as UTF-8") from None
+        raise TaskFileError(
+            f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); save the file as UTF-8"
+        ) from None
     if not line.strip() or line.lstrip().startswith("#"):
         return None
     try:
@@ -112,8 +113,9 @@ def _read_lines(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, dict], 
     return tuple(rows)
 
 
-def read_task_file(path: str | Path, env: str, *, max_turns: int = 8,
-                   validate_spec: Callable[[dict], str | None] | None = None) -> dict[str, list[Task]]:
+def read_task_file(
+    path: str | Path, env: str, *, max_turns: int = 8, validate_spec: Callable[[dict], str | None] | None = None
+) -> dict[str, list[Task]]:
     """Every task of the file, by split in file order. ``validate_spec(spec)`` (the environment's) returns why
     a spec is unusable, or None; any bad line fails the whole file, naming the line."""
     p = Path(path)
@@ -131,8 +133,9 @@ def read_task_file(path: str | Path, env: str, *, max_turns: int = 8,
             raise TaskFileError(f"{where}: instruction must be a non-empty string")
         turns = row.get("max_turns", max_turns)
         if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
-            raise TaskFileError(f"{where}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS "
-                                f"says why), got {turns!r}")
+            raise TaskFileError(
+                f"{where}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS says why), got {turns!r}"
+            )
         for key in ("task_id", "world", "template"):
             if key in row and (not isinstance(row[key], str) or not row[key].strip()):
                 raise TaskFileError(f"{where}: {key} must be a non-empty string")
@@ -145,8 +148,18 @@ def read_task_file(path: str | Path, env: str, *, max_turns: int = 8,
         if task_id in seen:
             raise TaskFileError(f"{where}: task_id {task_id!r} appears twice")
         seen.add(task_id)
-        tasks.append(Task(task_id=task_id, env=env, split=split, template=row.get("template", env),
-                          world=row.get("world", env), instruction=instruction, spec=spec, max_turns=turns))
+        tasks.append(
+            Task(
+                task_id=task_id,
+                env=env,
+                split=split,
+                template=row.get("template", env),
+                world=row.get("world", env),
+                instruction=instruction,
+                spec=spec,
+                max_turns=turns,
+            )
+        )
     if not by_split:
         raise TaskFileError(f"task file {str(path)!r} of env {env!r} has no tasks")
     return by_split

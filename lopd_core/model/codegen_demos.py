@@ -36,13 +36,34 @@ DEMO_LIMITS = dataclasses.replace(CODEGEN_LIMITS, timeout_s=0.5, cpu_s=0.5)
 PLAY_WORKERS = 2
 
 # (pattern, replacement) pairs a flawed variant picks one occurrence of: the slips a programmer makes.
-_MUTATIONS = [(re.compile(p), r) for p, r in (
-    (r" < ", " <= "), (r" <= ", " < "), (r" > ", " >= "), (r" >= ", " > "), (r" == ", " != "), (r" != ", " == "),
-    (r" \+ ", " - "), (r" - ", " + "), (r" \* ", " + "), (r" // ", " / "), (r" % ", " // "),
-    (r"\band\b", "or"), (r"\bor\b", "and"), (r"\bmin\(", "max("), (r"\bmax\(", "min("),
-    (r"\bTrue\b", "False"), (r"\bFalse\b", "True"), (r"\[-1\]", "[0]"), (r"\b0\b", "1"), (r"\b1\b", "0"),
-    (r"\.lower\(\)", ".upper()"), (r"\.upper\(\)", ".lower()"), (r"\breversed\(", "list("),
-)]
+_MUTATIONS = [
+    (re.compile(p), r)
+    for p, r in (
+        (r" < ", " <= "),
+        (r" <= ", " < "),
+        (r" > ", " >= "),
+        (r" >= ", " > "),
+        (r" == ", " != "),
+        (r" != ", " == "),
+        (r" \+ ", " - "),
+        (r" - ", " + "),
+        (r" \* ", " + "),
+        (r" // ", " / "),
+        (r" % ", " // "),
+        (r"\band\b", "or"),
+        (r"\bor\b", "and"),
+        (r"\bmin\(", "max("),
+        (r"\bmax\(", "min("),
+        (r"\bTrue\b", "False"),
+        (r"\bFalse\b", "True"),
+        (r"\[-1\]", "[0]"),
+        (r"\b0\b", "1"),
+        (r"\b1\b", "0"),
+        (r"\.lower\(\)", ".upper()"),
+        (r"\.upper\(\)", ".lower()"),
+        (r"\breversed\(", "list("),
+    )
+]
 
 
 def flawed_variant(source: str, rng: random.Random) -> str | None:
@@ -61,8 +82,9 @@ def oracle_episode(task: Task) -> list[dict]:
     return [{"action": oracle_action(task), "call": None, "observation": f"passed {n}/{n} tests", "error": None}]
 
 
-def play_codegen(task: Task, *, noise: float = 0.0, slip: float = 0.0, rng: random.Random | None = None,
-                 limits=CODEGEN_LIMITS) -> tuple[Demo, bool, list[dict]]:
+def play_codegen(
+    task: Task, *, noise: float = 0.0, slip: float = 0.0, rng: random.Random | None = None, limits=CODEGEN_LIMITS
+) -> tuple[Demo, bool, list[dict]]:
     """Play `task` through a fresh environment (every attempt runs in the sandbox): the first attempt is
     flawed with probability `noise`, each later one with probability `slip`, a clean one is the reference.
     Returns the demonstration, whether it succeeded, and the episode record (as demos.play does)."""
@@ -106,8 +128,9 @@ class CodegenExperiencePool:
         return [text for _, text in picked]
 
 
-def build_codegen_demos(*, n: int, experience_fraction: float, max_experiences: int, noise: float,
-                        slip: float, seed: int) -> list[Demo]:
+def build_codegen_demos(
+    *, n: int, experience_fraction: float, max_experiences: int, noise: float, slip: float, seed: int
+) -> list[Demo]:
     """`n` codegen demonstrations from the train split, a fraction with same-family experience in context."""
     rng = random.Random(seed)
     tasks = make_tasks("codegen", "train", n, seed)
@@ -118,8 +141,9 @@ def build_codegen_demos(*, n: int, experience_fraction: float, max_experiences: 
         if rng.random() < experience_fraction:
             experiences = pool.sample(task, rng.randint(1, max_experiences), rng)
             if experiences:
-                demos.append(Demo(SYSTEM_PROMPT, task.instruction, tuple(experiences), (oracle_action(task),), (),
-                                  task.world))
+                demos.append(
+                    Demo(SYSTEM_PROMPT, task.instruction, tuple(experiences), (oracle_action(task),), (), task.world)
+                )
                 continue
         if rng.random() < noise:
             noisy.append((len(demos), task, rng.randrange(1 << 30)))

@@ -48,8 +48,14 @@ class Demo:
         return "".join(parts)
 
 
-def play(task: Task, *, conventions_world: str | None = None, slip: float = 0.0,
-         rng: random.Random | None = None, worlds: dict | None = None) -> tuple[Demo, bool, list[dict]]:
+def play(
+    task: Task,
+    *,
+    conventions_world: str | None = None,
+    slip: float = 0.0,
+    rng: random.Random | None = None,
+    worlds: dict | None = None,
+) -> tuple[Demo, bool, list[dict]]:
     """Run the oracle on `task` (optionally under another world's conventions, looked up in `worlds`); return
     the demo, whether it succeeded, and the episode record."""
     conventions = conventions_for(conventions_world, worlds=worlds) if conventions_world else None
@@ -88,8 +94,12 @@ class ExperiencePool:
         picked = rng.sample(same, min(k, len(same)))
         if len(picked) < k:
             seen = {e[0] for e in picked} | {task.task_id}
-            near = [e for d in TEMPLATES[task.template].domains for e in self.by_domain.get((task.world, d), [])
-                    if e[0] not in seen]
+            near = [
+                e
+                for d in TEMPLATES[task.template].domains
+                for e in self.by_domain.get((task.world, d), [])
+                if e[0] not in seen
+            ]
             picked += rng.sample(near, min(k - len(picked), len(near)))
         return [text for _, text in picked]
 
@@ -104,9 +114,17 @@ def _alias(rng: random.Random, named_share: float) -> str:
     return f"w{rng.randint(10, 99)}"
 
 
-def build_demos(*, n: int, experience_fraction: float, max_experiences: int, convention_noise: float,
-                slip: float, seed: int, worlds: dict[str, dict] | None = None,
-                named_alias_share: float = 0.25) -> list[Demo]:
+def build_demos(
+    *,
+    n: int,
+    experience_fraction: float,
+    max_experiences: int,
+    convention_noise: float,
+    slip: float,
+    seed: int,
+    worlds: dict[str, dict] | None = None,
+    named_alias_share: float = 0.25,
+) -> list[Demo]:
     """`n` demonstrations on training tasks of `worlds` (name -> conventions; default the named worlds).
     A share `named_alias_share` of the experience demonstrations rename their world to a named world."""
     rng = random.Random(seed)
@@ -120,9 +138,16 @@ def build_demos(*, n: int, experience_fraction: float, max_experiences: int, con
             if experiences:
                 demo, _, _ = play(task, slip=slip, rng=rng)
                 alias = _alias(rng, named_alias_share if worlds is not None else 0.0)
-                demos.append(Demo(demo.system, _rename_world(demo.user, task.world, alias),
-                                  tuple(_rename_world(e, task.world, alias) for e in experiences),
-                                  demo.actions, demo.observations, task.world))
+                demos.append(
+                    Demo(
+                        demo.system,
+                        _rename_world(demo.user, task.world, alias),
+                        tuple(_rename_world(e, task.world, alias) for e in experiences),
+                        demo.actions,
+                        demo.observations,
+                        task.world,
+                    )
+                )
                 continue
         other = None
         if rng.random() < convention_noise:

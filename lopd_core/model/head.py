@@ -17,8 +17,7 @@ from torch import Tensor
 def head_logits(model, hidden: Tensor) -> Tensor:
     """(..., D) final hidden states -> (..., V) float32 logits of `model.lm_head`."""
     head = model.lm_head
-    if not isinstance(head, torch.nn.Linear) or (hidden.dtype == torch.float32
-                                                 and head.weight.dtype == torch.float32):
+    if not isinstance(head, torch.nn.Linear) or (hidden.dtype == torch.float32 and head.weight.dtype == torch.float32):
         return head(hidden).float()
     logits = hidden.float() @ head.weight.float().T
     return logits if head.bias is None else logits + head.bias.float()

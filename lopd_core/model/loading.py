@@ -28,11 +28,16 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def check_finite_weights(model, source: str) -> None:
-    bad = [name for name, tensor in model.state_dict().items()
-           if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    bad = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all()
+    ]
     if bad:
-        raise NonFiniteWeights(f"model {source!r} has non-finite weights in {len(bad)} tensor(s) (first: {bad[0]}): "
-                               "it was saved from a diverged run; retrain it (with --fresh)")
+        raise NonFiniteWeights(
+            f"model {source!r} has non-finite weights in {len(bad)} tensor(s) (first: {bad[0]}): "
+            "it was saved from a diverged run; retrain it (with --fresh)"
+        )
 
 
 def tiny_qwen3(cfg: TinyModelConfig, tokenizer) -> Qwen3ForCausalLM:
@@ -77,7 +82,7 @@ def add_experience_tokens(tokenizer, model=None) -> list[int]:
     layers = [model.get_input_embeddings(), model.get_output_embeddings()]
     with torch.no_grad():
         for weight in {id(m.weight): m.weight for m in layers if m is not None}.values():
-            mean = weight[:min(known, weight.shape[0])].float().mean(dim=0)
+            mean = weight[: min(known, weight.shape[0])].float().mean(dim=0)
             weight[new_ids] = mean.to(weight.dtype)
     return new_ids
 

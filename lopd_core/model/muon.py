@@ -33,8 +33,9 @@ def iteration_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
-def orthogonalise(stack: torch.Tensor, steps: int = 5, eps: float = 1e-7,
-                  dtype: torch.dtype | None = None) -> torch.Tensor:
+def orthogonalise(
+    stack: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Approximate U Vᵀ of each (rows ≤ cols) matrix in a (n, rows, cols) stack, computed in `dtype`
     (default: `iteration_dtype` of the stack's device)."""
     a, b, c = NS_COEFFICIENTS
@@ -49,10 +50,24 @@ def orthogonalise(stack: torch.Tensor, steps: int = 5, eps: float = 1e-7,
 class StackedMuon(torch.optim.Optimizer):
     """Muon for 2-D parameters, orthogonalising same-shaped updates together."""
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
-        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                    "ns_steps": ns_steps, "ns_dtype": ns_dtype}  # ns_dtype None: iteration_dtype
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype | None = None,
+    ):
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "ns_dtype": ns_dtype,
+        }  # ns_dtype None: iteration_dtype
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -74,8 +89,9 @@ class StackedMuon(torch.optim.Optimizer):
                 update = update.mT if tall else update
                 by_shape[tuple(update.shape)].append((p, tall, update))
             for members in by_shape.values():
-                ortho = orthogonalise(torch.stack([u for _, _, u in members]), group["ns_steps"],
-                                      dtype=group["ns_dtype"])
+                ortho = orthogonalise(
+                    torch.stack([u for _, _, u in members]), group["ns_steps"], dtype=group["ns_dtype"]
+                )
                 for (p, tall, _), o in zip(members, ortho):
                     scale = 0.2 * math.sqrt(max(p.shape))  # match_rms_adamw
                     p.mul_(1 - group["lr"] * group["weight_decay"])

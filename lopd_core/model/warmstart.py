@@ -40,9 +40,18 @@ from lopd_core.outputs import check_folder, publish_folder
 # Left in every built base: a later `lopd base` may replace a folder holding it, and no other non-empty folder.
 BASE_MARKER = ".lopd-base"
 # What a base folder holds (the last two: the cycle's stage summary and cache key).
-BASE_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-              "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "build_report.json",
-              "_stage.json", "_key.json"}
+BASE_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "build_report.json",
+    "_stage.json",
+    "_key.json",
+}
 
 
 def _earlier_base(folder: Path, names: set[str]) -> bool:
@@ -140,8 +149,15 @@ def collate(seqs: list[TrajectoryIds], pad_id: int, is_value: torch.Tensor | Non
     return ids, attention, labels, weights
 
 
-def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0,
-                      context_fraction: float = 1.0, weights: torch.Tensor | None = None) -> torch.Tensor:
+def action_token_loss(
+    model,
+    ids,
+    attention,
+    labels,
+    context_weight: float = 0.0,
+    context_fraction: float = 1.0,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Mean cross-entropy over action tokens (weighted by `weights` where given); logits are computed only where
     a target exists.
 
@@ -171,8 +187,9 @@ def action_token_loss(model, ids, attention, labels, context_weight: float = 0.0
             context &= torch.rand(context.shape, device=context.device) < context_fraction
         if context.any():
             context_logits = model.lm_head(hidden[:, :-1][context])
-            loss = loss + context_weight * torch.nn.functional.cross_entropy(context_logits.float(),
-                                                                             ids[:, 1:][context])
+            loss = loss + context_weight * torch.nn.functional.cross_entropy(
+                context_logits.float(), ids[:, 1:][context]
+            )
     return loss
 
 
@@ -190,6 +207,7 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
     orthogonalised momentum updates every direction of a layer's matrix at the same rate, so each step of the
     embedded base's build teaches more than AdamW's (`probes/warmstart_optimizer.py` compares them).
     """
+
     def with_peak(opt: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
         for group in opt.param_groups:
             group["initial_lr"] = lr
@@ -206,15 +224,29 @@ def make_optimizers(model: torch.nn.Module, ws) -> list[torch.optim.Optimizer]:
     return [adamw(rest), with_peak(StackedMuon(matrices, lr=ws.muon_lr, weight_decay=0.01), ws.muon_lr)]
 
 
-def train_step(model, optimizers: list[torch.optim.Optimizer], batch: list[TrajectoryIds], pad_id: int, ws,
-               factor: float, is_value: torch.Tensor | None = None) -> torch.Tensor:
+def train_step(
+    model,
+    optimizers: list[torch.optim.Optimizer],
+    batch: list[TrajectoryIds],
+    pad_id: int,
+    ws,
+    factor: float,
+    is_value: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One warm-start update on `batch` at `factor` times each group's peak rate; returns the loss."""
     ids, attention, labels, weights = collate(batch, pad_id, is_value, ws.copy_weight)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * factor
-    loss = action_token_loss(model, ids, attention, labels, ws.context_loss_weight, ws.context_loss_fraction,
-                             None if ws.copy_weight == 1.0 else weights)
+    loss = action_token_loss(
+        model,
+        ids,
+        attention,
+        labels,
+        ws.context_loss_weight,
+        ws.context_loss_fraction,
+        None if ws.copy_weight == 1.0 else weights,
+    )
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -235,13 +267,24 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     # Demonstrations per env in the proportions of the mix's pretraining part: a plugin environment has no oracle
     # or pretraining worlds, so its share goes to the built-ins rather than being dropped.
     counts = mix_counts(pretraining_mix(params.envs.mix), ws.demos)
-    demos = build_demos(n=counts.get("toolworld", 0), experience_fraction=ws.experience_fraction,
-                        max_experiences=ws.max_experiences, convention_noise=ws.convention_noise,
-                        slip=ws.slip, seed=params.seed, worlds=WorldSplit.from_config(params.envs).pretrain)
+    demos = build_demos(
+        n=counts.get("toolworld", 0),
+        experience_fraction=ws.experience_fraction,
+        max_experiences=ws.max_experiences,
+        convention_noise=ws.convention_noise,
+        slip=ws.slip,
+        seed=params.seed,
+        worlds=WorldSplit.from_config(params.envs).pretrain,
+    )
     if counts.get("codegen"):  # appended: the toolworld part (and its first-action cuts) stay as they were
-        demos += build_codegen_demos(n=counts["codegen"], experience_fraction=ws.experience_fraction,
-                                     max_experiences=ws.max_experiences, noise=ws.convention_noise, slip=ws.slip,
-                                     seed=params.seed + 1)
+        demos += build_codegen_demos(
+            n=counts["codegen"],
+            experience_fraction=ws.experience_fraction,
+            max_experiences=ws.max_experiences,
+            noise=ws.convention_noise,
+            slip=ws.slip,
+            seed=params.seed + 1,
+        )
     tokenizer = train_tokenizer((d.text() for d in demos), tiny.vocab_size)
     codec = ChatCodec(tokenizer)
     seqs = [encode_demo(d, codec) for d in demos]
@@ -253,8 +296,10 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     t_demos = time.perf_counter() - t0
     demo_tokens = sum(len(s) for s in seqs)
     action_tokens = sum(sum(s.action_mask) for s in seqs)
-    log(f"base: {len(seqs)} demonstrations, {demo_tokens} tokens ({action_tokens} supervised), "
-        f"vocab {len(tokenizer)}, built in {t_demos:.1f}s")
+    log(
+        f"base: {len(seqs)} demonstrations, {demo_tokens} tokens ({action_tokens} supervised), "
+        f"vocab {len(tokenizer)}, built in {t_demos:.1f}s"
+    )
 
     model = tiny_qwen3(tiny, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
@@ -303,10 +348,18 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
         eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id, do_sample=False, max_new_tokens=64
     )
     report = BaseBuildReport(
-        demos=n_demos, drills=len(drills), demo_tokens=demo_tokens, action_tokens=action_tokens, parameters=n_params,
-        steps=step, epochs_done=round(step / len(batches), 3), final_loss=round(loss_ema, 4),
-        seconds_demos=round(t_demos, 1), seconds_train=round(seconds_train, 1),
-        seconds_total=round(time.perf_counter() - t0, 1), out_dir=str(out_dir),
+        demos=n_demos,
+        drills=len(drills),
+        demo_tokens=demo_tokens,
+        action_tokens=action_tokens,
+        parameters=n_params,
+        steps=step,
+        epochs_done=round(step / len(batches), 3),
+        final_loss=round(loss_ema, 4),
+        seconds_demos=round(t_demos, 1),
+        seconds_train=round(seconds_train, 1),
+        seconds_total=round(time.perf_counter() - t0, 1),
+        out_dir=str(out_dir),
     )
 
     def fill(staging: Path) -> None:

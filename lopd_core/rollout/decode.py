@@ -74,8 +74,8 @@ def _left_padded(rows: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Te
     out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype, device=rows[0].device)
     attention = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)
     for row, r in enumerate(rows):  # left padding: every row's next token lands in the last column
-        out[row, width - r.shape[0]:] = r
-        attention[row, width - r.shape[0]:] = 1
+        out[row, width - r.shape[0] :] = r
+        attention[row, width - r.shape[0] :] = 1
     return out, attention
 
 
@@ -86,9 +86,18 @@ def _first_with_same_context(contexts: list[list[int]], context_embeds: list[tor
     owner = []
     for row, ids in enumerate(contexts):
         candidates = seen.setdefault(tuple(ids), [])
-        match = next((c for c in candidates if context_embeds is None
-                      or (context_embeds[c].shape == context_embeds[row].shape
-                          and torch.equal(context_embeds[c], context_embeds[row]))), None)
+        match = next(
+            (
+                c
+                for c in candidates
+                if context_embeds is None
+                or (
+                    context_embeds[c].shape == context_embeds[row].shape
+                    and torch.equal(context_embeds[c], context_embeds[row])
+                )
+            ),
+            None,
+        )
         if match is None:
             candidates.append(row)
             match = row
@@ -108,6 +117,7 @@ def _last_logits(model, cache: DynamicCache) -> Callable[..., torch.Tensor]:
         def own_head(**inputs) -> torch.Tensor:
             out = model(**inputs, use_cache=True, logits_to_keep=1, **{keyword: cache})
             return out.logits[:, -1, :]
+
         return own_head
     body = model.model
     keyword = cache_keyword(body)
@@ -115,15 +125,24 @@ def _last_logits(model, cache: DynamicCache) -> Callable[..., torch.Tensor]:
     def float32_head(**inputs) -> torch.Tensor:
         hidden = body(**inputs, use_cache=True, **{keyword: cache}).last_hidden_state  # (rows, T, D)
         return head_logits(model, hidden[:, -1, :])
+
     return float32_head
 
 
 @torch.no_grad()
-def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_id: int, pad_id: int,
-                  generator: torch.Generator | list[torch.Generator],
-                  context_embeds: list[torch.Tensor] | None = None,
-                  share_prompts: bool = True, on_token: TokenCallback | None = None,
-                  top_logprobs: int = 0) -> list[tuple[list[int], list[float]]]:
+def generate_turn(
+    model,
+    contexts: list[list[int]],
+    *,
+    sampling: Sampling,
+    stop_id: int,
+    pad_id: int,
+    generator: torch.Generator | list[torch.Generator],
+    context_embeds: list[torch.Tensor] | None = None,
+    share_prompts: bool = True,
+    on_token: TokenCallback | None = None,
+    top_logprobs: int = 0,
+) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each context, batched with a KV cache. Returns (ids, logprobs) per context;
     ids end with `stop_id` unless the turn ran out of `max_new_tokens`. With one generator per context, a
     context's stream advances only for the tokens it samples, so its turn never depends on its batch mates.
@@ -137,23 +156,50 @@ def generate_turn(model, contexts: list[list[int]], *, sampling: Sampling, stop_
     token was drawn from (empty when `top_logprobs` is 0)."""
     cache = DynamicCache()  # filled in place by every forward below
     step = _last_logits(model, cache)
-    logits, attention, positions = _prefill(step, cache, contexts, context_embeds, share_prompts=share_prompts,
-                                            pad_id=pad_id, device=next(model.parameters()).device)
-    turns, _, _ = _decode(step, logits, attention, positions, len(contexts), sampling=sampling, stop_id=stop_id,
-                          pad_id=pad_id, generator=generator, on_token=on_token, top_logprobs=top_logprobs)
+    logits, attention, positions = _prefill(
+        step,
+        cache,
+        contexts,
+        context_embeds,
+        share_prompts=share_prompts,
+        pad_id=pad_id,
+        device=next(model.parameters()).device,
+    )
+    turns, _, _ = _decode(
+        step,
+        logits,
+        attention,
+        positions,
+        len(contexts),
+        sampling=sampling,
+        stop_id=stop_id,
+        pad_id=pad_id,
+        generator=generator,
+        on_token=on_token,
+        top_logprobs=top_logprobs,
+    )
     return turns
 
 
-def _prefill(step, cache: DynamicCache, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None, *,
-             share_prompts: bool, pad_id: int, device):
+def _prefill(
+    step,
+    cache: DynamicCache,
+    contexts: list[list[int]],
+    context_embeds: list[torch.Tensor] | None,
+    *,
+    share_prompts: bool,
+    pad_id: int,
+    device,
+):
     """Prefill every context into the empty `cache` (each distinct one once when `share_prompts`, its rows then
     forked). Returns the (B, V) last logits and the (B, T) attention mask and position ids of the cache."""
     batch = len(contexts)
     owner = _first_with_same_context(contexts, context_embeds) if share_prompts else list(range(len(contexts)))
     distinct = sorted(set(owner))  # rows that are prefilled; every other row copies one of them
     if context_embeds is None:
-        input_ids, attention = _left_padded([torch.tensor(contexts[r], dtype=torch.long, device=device)
-                                             for r in distinct], pad_id)
+        input_ids, attention = _left_padded(
+            [torch.tensor(contexts[r], dtype=torch.long, device=device) for r in distinct], pad_id
+        )
         prefill = {"input_ids": input_ids}
     else:
         embeds, attention = _left_padded([context_embeds[r].to(device) for r in distinct], 0.0)
@@ -173,9 +219,20 @@ def _fork_index(owner: list[int], distinct: list[int], device) -> torch.Tensor:
     return torch.tensor([slot[o] for o in owner], dtype=torch.long, device=device)
 
 
-def _decode(step, logits: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, batch: int, *,
-            sampling: Sampling, stop_id: int, pad_id: int, generator: torch.Generator | list[torch.Generator],
-            on_token: TokenCallback | None = None, top_logprobs: int = 0):
+def _decode(
+    step,
+    logits: torch.Tensor,
+    attention: torch.Tensor,
+    positions: torch.Tensor,
+    batch: int,
+    *,
+    sampling: Sampling,
+    stop_id: int,
+    pad_id: int,
+    generator: torch.Generator | list[torch.Generator],
+    on_token: TokenCallback | None = None,
+    top_logprobs: int = 0,
+):
     """Sample from the prefill's (B, V) last logits, then token by token with the cache until every row stops.
 
     Returns the (ids, logprobs) per row, the cache's (B, T) attention mask and (B,) how many of its produced
@@ -209,8 +266,15 @@ def _decode(step, logits: torch.Tensor, attention: torch.Tensor, positions: torc
     return list(zip(produced, logps)), attention, fed
 
 
-def _pick_step(logits: torch.Tensor, done: torch.Tensor, sampling: Sampling,
-               generator: torch.Generator | list[torch.Generator], pad_id: int, *, keep_dist: bool):
+def _pick_step(
+    logits: torch.Tensor,
+    done: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | list[torch.Generator],
+    pad_id: int,
+    *,
+    keep_dist: bool,
+):
     """One decoding step's (B,) ids and log-probs and, when `keep_dist`, the (B, V) log-probs they were drawn
     from (rows of finished trajectories hold pad and 0). With one stream per row, finished rows draw nothing:
     their streams must not advance."""

@@ -29,10 +29,19 @@ from lopd_core.rollout.trajectory import RolloutRequest, Sampling, ServedBackend
 
 
 @torch.no_grad()
-def rollout(model, codec, requests: list[RolloutRequest], *, sampling: Sampling,
-            batch_size: int = 32, seed: int = 0, seeds: list[int] | None = None, progress=None,
-            context_embedder: Callable[[int, list[int]], torch.Tensor] | None = None,
-            keep_cache: bool = True) -> list[Trajectory]:
+def rollout(
+    model,
+    codec,
+    requests: list[RolloutRequest],
+    *,
+    sampling: Sampling,
+    batch_size: int = 32,
+    seed: int = 0,
+    seeds: list[int] | None = None,
+    progress=None,
+    context_embedder: Callable[[int, list[int]], torch.Tensor] | None = None,
+    keep_cache: bool = True,
+) -> list[Trajectory]:
     """Play every request to the end; deterministic for a given seed, model and request order.
 
     `context_embedder(request_index, token_ids)`, when given, returns the input embeddings each prefill reads for
@@ -57,27 +66,46 @@ def rollout(model, codec, requests: list[RolloutRequest], *, sampling: Sampling,
             raise ValueError("rollout: a context embedder (latent teacher) plays in process only, not on servers")
         from lopd_core.rollout.served import served_rollout  # lazy: the in-process path needs no HTTP client
 
-        return served_rollout(model, codec, requests, sampling=sampling, seed=seed, seeds=seeds,
-                              progress=progress)
+        return served_rollout(model, codec, requests, sampling=sampling, seed=seed, seeds=seeds, progress=progress)
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     streams = [torch.Generator().manual_seed(int(s)) for s in seeds] if seeds is not None else None
     trajectories: list[Trajectory] = []
     for start in range(0, len(requests), batch_size):
-        chunk = requests[start:start + batch_size]
-        batch_streams = None if streams is None else streams[start:start + batch_size]
-        trajectories.extend(_play_batch(model, codec, chunk, start, sampling=sampling, generator=generator,
-                                        streams=batch_streams, context_embedder=context_embedder,
-                                        keep_cache=keep_cache))
+        chunk = requests[start : start + batch_size]
+        batch_streams = None if streams is None else streams[start : start + batch_size]
+        trajectories.extend(
+            _play_batch(
+                model,
+                codec,
+                chunk,
+                start,
+                sampling=sampling,
+                generator=generator,
+                streams=batch_streams,
+                context_embedder=context_embedder,
+                keep_cache=keep_cache,
+            )
+        )
         if progress is not None:
             progress(len(trajectories), len(requests))
     model.train(was_training)
     return trajectories
 
 
-def _play_batch(model, codec, chunk: list[RolloutRequest], start: int, *, sampling: Sampling, generator,
-                streams, context_embedder, keep_cache: bool) -> list[Trajectory]:
+def _play_batch(
+    model,
+    codec,
+    chunk: list[RolloutRequest],
+    start: int,
+    *,
+    sampling: Sampling,
+    generator,
+    streams,
+    context_embedder,
+    keep_cache: bool,
+) -> list[Trajectory]:
     """Play one batch of requests (`start`: the first one's index among all) round by round to the end."""
     envs, trajs = zip(*[start_episode(codec, req) for req in chunk]) if chunk else ((), ())
     active = list(range(len(chunk)))
@@ -85,8 +113,7 @@ def _play_batch(model, codec, chunk: list[RolloutRequest], start: int, *, sampli
     extra = [0] * len(chunk)  # positions a context embedder splices in beyond the ids (its latents)
     first_round = True
     while active:
-        embeds = (None if context_embedder is None
-                  else [context_embedder(start + i, trajs[i].token_ids) for i in active])
+        embeds = None if context_embedder is None else [context_embedder(start + i, trajs[i].token_ids) for i in active]
         if first_round:  # every context is checked before a token is spent on it
             for row, i in enumerate(active):
                 extra[i] = 0 if embeds is None else int(embeds[row].shape[0]) - len(trajs[i].token_ids)
@@ -106,17 +133,34 @@ def _play_batch(model, codec, chunk: list[RolloutRequest], start: int, *, sampli
     return list(trajs)
 
 
-def _generate_round(model, codec, kept: _KeptCache | None, contexts: list[list[int]], embeds, *,
-                    sampling: Sampling, generator) -> list[tuple[list[int], list[float]]]:
+def _generate_round(
+    model, codec, kept: _KeptCache | None, contexts: list[list[int]], embeds, *, sampling: Sampling, generator
+) -> list[tuple[list[int], list[float]]]:
     """One assistant turn for each active context: on the kept cache, or re-prefilled whole (`generate_turn`,
     looked up on this module so a test may wrap it)."""
     if kept is None:
-        return generate_turn(model, contexts, sampling=sampling, stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                             generator=generator, context_embeds=embeds)
-    logits, attention, positions = (kept.first_turn(contexts, embeds)
-                                    if kept.attention is None else kept.next_turn(contexts, embeds))
-    turns, attention, fed = _decoding._decode(kept.step, logits, attention, positions, len(contexts),
-                                              sampling=sampling, stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                                              generator=generator)
+        return generate_turn(
+            model,
+            contexts,
+            sampling=sampling,
+            stop_id=codec.im_end_id,
+            pad_id=codec.pad_id,
+            generator=generator,
+            context_embeds=embeds,
+        )
+    logits, attention, positions = (
+        kept.first_turn(contexts, embeds) if kept.attention is None else kept.next_turn(contexts, embeds)
+    )
+    turns, attention, fed = _decoding._decode(
+        kept.step,
+        logits,
+        attention,
+        positions,
+        len(contexts),
+        sampling=sampling,
+        stop_id=codec.im_end_id,
+        pad_id=codec.pad_id,
+        generator=generator,
+    )
     kept.after_decode(attention, fed)
     return turns

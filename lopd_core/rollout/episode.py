@@ -18,10 +18,18 @@ def start_episode(codec, req: RolloutRequest):
     """The request's environment, reset, and its trajectory holding the first turn's forced ids."""
     env = make_env(req.task)
     first = env.reset(req.task)
-    ids: TrajectoryIds = codec.start(first.system, first.user, list(req.experiences) or None,
-                                     tools=list(first.tools) or None)
-    traj = Trajectory(req.task, req.sample_index, req.experiences, ids.token_ids, ids.action_mask,
-                      ids.sample_logprobs, prompt_length=len(ids))
+    ids: TrajectoryIds = codec.start(
+        first.system, first.user, list(req.experiences) or None, tools=list(first.tools) or None
+    )
+    traj = Trajectory(
+        req.task,
+        req.sample_index,
+        req.experiences,
+        ids.token_ids,
+        ids.action_mask,
+        ids.sample_logprobs,
+        prompt_length=len(ids),
+    )
     return env, traj
 
 
@@ -41,11 +49,13 @@ def check_first_turn(traj: Trajectory, extra: int, sampling: Sampling) -> None:
         raise EnvironmentFault(
             f"task {traj.task.task_id!r} of env {traj.task.env!r}: its first turn is {len(traj.token_ids)} tokens"
             f"{latents}, which with rollout.max_new_tokens={sampling.max_new_tokens} exceeds the context limit of "
-            f"{sampling.max_context}: shorten the task's system text or instruction, or raise rollout.max_context")
+            f"{sampling.max_context}: shorten the task's system text or instruction, or raise rollout.max_context"
+        )
 
 
-def apply_turn(traj: Trajectory, env, codec, ids: list[int], logprobs: list[float], *, sampling: Sampling,
-               extra: int = 0) -> bool:
+def apply_turn(
+    traj: Trajectory, env, codec, ids: list[int], logprobs: list[float], *, sampling: Sampling, extra: int = 0
+) -> bool:
     """Append a sampled turn, play it in the environment and append the observation; True while the episode
     goes on. `extra`: positions a context embedder splices in beyond the ids (a latent teacher's latents)."""
     grow = TrajectoryIds(traj.token_ids, traj.action_mask, traj.sample_logprobs)
@@ -62,8 +72,9 @@ def apply_turn(traj: Trajectory, env, codec, ids: list[int], logprobs: list[floa
     # The next turn must fit whole (the observation, then up to max_new_tokens of action): else the episode is
     # closed here, and no context ever outgrows max_context.
     if len(traj.token_ids) + extra + len(observation) + sampling.max_new_tokens > sampling.max_context:
-        finish(traj, env, checked_result(traj.task, env.step("")), stop_reason="context_limit",
-               codec=codec, cap=cap)  # the empty answer closes it
+        finish(
+            traj, env, checked_result(traj.task, env.step("")), stop_reason="context_limit", codec=codec, cap=cap
+        )  # the empty answer closes it
         return False
     grow.add_forced(observation)
     return True

@@ -38,13 +38,15 @@ class _KeptCache:
 
     def first_turn(self, contexts: list[list[int]], context_embeds: list[torch.Tensor] | None):
         """Prefill the whole contexts (each distinct one once, then forked); returns what `_decode` starts from."""
-        logits, attention, positions = _prefill(self.step, self.cache, contexts, context_embeds,
-                                                share_prompts=True, pad_id=self.pad_id, device=self.device)
+        logits, attention, positions = _prefill(
+            self.step, self.cache, contexts, context_embeds, share_prompts=True, pad_id=self.pad_id, device=self.device
+        )
         self.attention = attention
         self.next_pos = (positions[:, -1] + 1).tolist()
         self.consumed = [len(c) for c in contexts]
-        self.embedded = [len(c) if context_embeds is None else e.shape[0] for c, e in
-                         zip(contexts, context_embeds or contexts)]
+        self.embedded = [
+            len(c) if context_embeds is None else e.shape[0] for c, e in zip(contexts, context_embeds or contexts)
+        ]
         return logits, attention, positions
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -16,7 +16,7 @@ def bounded_observation(codec, text: str, cap: int) -> str:
     text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would crash the tokenizer
     if 2 * len(text.encode("utf-8")) <= cap:  # tokens hardly ever hold less than a byte: it fits, untokenized
         return text
-    head = text[:cap * CHARS_PER_TOKEN_BOUND]
+    head = text[: cap * CHARS_PER_TOKEN_BOUND]
     ids = codec.encode(head)
     if len(head) == len(text) and len(ids) <= cap:
         return text

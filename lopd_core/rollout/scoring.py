@@ -43,8 +43,11 @@ def score_sequence(model, ids: list[int], *, top_k: int) -> SequenceScores:
     targets = x[0, 1:]  # (T-1,)
     for start in range(0, len(ids) - 1, HEAD_CHUNK):
         stop = min(start + HEAD_CHUNK, len(ids) - 1)
-        logits = (head_logits(model, hidden[start:stop]) if hidden is not None
-                  else model(input_ids=x).logits[0, start:stop].float())  # (t, V)
+        logits = (
+            head_logits(model, hidden[start:stop])
+            if hidden is not None
+            else model(input_ids=x).logits[0, start:stop].float()
+        )  # (t, V)
         logprobs = torch.log_softmax(logits, dim=-1)
         picked = logprobs.gather(-1, targets[start:stop, None])  # (t, 1)
         chosen += picked.squeeze(-1).tolist()

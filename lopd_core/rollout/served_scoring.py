@@ -21,8 +21,9 @@ from lopd_core.rollout.scoring import SequenceScores
 TIMEOUT_S = 600.0
 
 
-def served_scores(servers, sequences: list[list[int]], *, top_k: int, api_key_env: str = "LOPD_API_KEY",
-                  concurrency: int = 32) -> list[SequenceScores]:
+def served_scores(
+    servers, sequences: list[list[int]], *, top_k: int, api_key_env: str = "LOPD_API_KEY", concurrency: int = 32
+) -> list[SequenceScores]:
     """Scores of each sequence (see `SequenceScores`), the sequences spread over `servers` in contiguous
     slices and sent concurrently."""
     key = os.environ.get(api_key_env)
@@ -32,12 +33,18 @@ def served_scores(servers, sequences: list[list[int]], *, top_k: int, api_key_en
 
     def one(i: int) -> SequenceScores:
         s = i * len(servers) // max(len(sequences), 1)
-        body = {"model": names[s], "prompt": sequences[i], "max_tokens": 1, "temperature": 0.0,
-                "prompt_logprobs": top_k}
+        body = {
+            "model": names[s],
+            "prompt": sequences[i],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": top_k,
+        }
         response = clients[s].post(servers[s].rstrip("/") + "/completions", json=body)
         if response.status_code >= 400:
             raise RuntimeError(f"{servers[s]}/completions: HTTP {response.status_code}: {response.text[:500]}")
         return scores_of(sequences[i], response.json()["choices"][0]["prompt_logprobs"], top_k)
+
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(sequences)))) as pool:
             return list(pool.map(one, range(len(sequences))))
@@ -55,8 +62,13 @@ def scores_of(ids: list[int], prompt_logprobs: list[dict | None], top_k: int) ->
         own = entries[str(ids[pos])]
         chosen.append(float(own["logprob"]))
         ranks.append(int(own["rank"]) if own.get("rank") is not None else 0)
-        ranked = sorted(((int(v["rank"]), int(t), float(v["logprob"])) for t, v in entries.items()
-                         if v.get("rank") is not None and int(v["rank"]) <= top_k))
+        ranked = sorted(
+            (
+                (int(v["rank"]), int(t), float(v["logprob"]))
+                for t, v in entries.items()
+                if v.get("rank") is not None and int(v["rank"]) <= top_k
+            )
+        )
         top_ids.append([t for _, t, _ in ranked])
         top_lps.append([lp for _, _, lp in ranked])
     return SequenceScores(chosen, top_ids, top_lps, ranks)

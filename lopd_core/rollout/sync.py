@@ -38,8 +38,9 @@ def save_policy(model, tokenizer, folder: Path) -> Path:
     return folder
 
 
-def sync_weights(model, tokenizer, servers, *, directory: str | Path | None = None,
-                 api_key: str | None = None) -> list[str]:
+def sync_weights(
+    model, tokenizer, servers, *, directory: str | Path | None = None, api_key: str | None = None
+) -> list[str]:
     """Save `model` and make every server reload it; returns the version each server now serves.
 
     `directory`: a folder the servers can read (overwritten each time); None: a temporary folder, removed after
@@ -50,8 +51,12 @@ def sync_weights(model, tokenizer, servers, *, directory: str | Path | None = No
         save_policy(model, tokenizer, folder)
         versions = []
         for url in servers:
-            response = httpx.post(root_of(url) + "/admin/reload", json={"model": str(folder.resolve())},
-                                  headers=headers, timeout=RELOAD_TIMEOUT_S)
+            response = httpx.post(
+                root_of(url) + "/admin/reload",
+                json={"model": str(folder.resolve())},
+                headers=headers,
+                timeout=RELOAD_TIMEOUT_S,
+            )
             if response.status_code >= 400:
                 raise RuntimeError(f"{root_of(url)}/admin/reload: HTTP {response.status_code}: {response.text[:500]}")
             versions.append(response.json().get("model_version", ""))

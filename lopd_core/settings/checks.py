@@ -43,8 +43,10 @@ def fraction() -> Check:
 
 def in_range(low: float, high: float, *, open_low: bool = False) -> Check:
     """low <= v <= high (low < v with open_low): for values where a huge one is a typo, not a choice."""
-    return Check(lambda v: (low < v if open_low else low <= v) and v <= high,
-                 f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
+    return Check(
+        lambda v: (low < v if open_low else low <= v) and v <= high,
+        f"a number in {'(' if open_low else '['}{low:g}, {high:g}]",
+    )
 
 
 def one_of(*choices) -> Check:
@@ -61,17 +63,21 @@ def any_of(*choices) -> Check:
 
 
 def device_name() -> Check:
-    return Check(lambda v: v in ("auto", "cpu", "mps", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
-                 "auto, cpu, cuda, cuda:N or mps")
+    return Check(
+        lambda v: v in ("auto", "cpu", "mps", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+        "auto, cpu, cuda, cuda:N or mps",
+    )
 
 
 def margin_value() -> Check:
     """`auto`, or a number in [0, 10] (nats per action token: a huge one is a typo, not a choice)."""
-    return Check(lambda v: v == MARGIN_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                and 0.0 <= v <= 10.0),
-                 f"{MARGIN_AUTO!r} or a number in [0, 10]")
+    return Check(
+        lambda v: v == MARGIN_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 10.0),
+        f"{MARGIN_AUTO!r} or a number in [0, 10]",
+    )
 
 
 def positive_weights() -> Check:
-    return Check(lambda v: bool(v) and all(w > 0 for w in v.values()),
-                 "a non-empty mapping of environments to weights > 0")
+    return Check(
+        lambda v: bool(v) and all(w > 0 for w in v.values()), "a non-empty mapping of environments to weights > 0"
+    )

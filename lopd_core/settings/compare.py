@@ -16,18 +16,28 @@ class ComparePreset(Section):
 
     SECTION = "compare.presets.*"
 
-    methods: list[str] = setting(factory=lambda: list(METHOD_NAMES), check=subset_of(*METHOD_NAMES),
-                                 help="the methods compared (lopd.method's names)")
+    methods: list[str] = setting(
+        factory=lambda: list(METHOD_NAMES),
+        check=subset_of(*METHOD_NAMES),
+        help="the methods compared (lopd.method's names)",
+    )
     seeds: list[int] = setting(factory=lambda: [0, 1, 2], help="one replicate per seed")
-    worlds: list[str] = setting(factory=list, check=any_of(*NAMED_WORLDS),
-                                help="the deployment world of each seed (empty: envs.deploy_worlds for every seed)")
-    tune_world: str = setting("", check=one_of("", *NAMED_WORLDS),
-                              help="learning rates are tuned in this world, apart from every world a replicate "
-                              "reports")
-    budget: int = setting(1024, help="sampled trajectories per run, bank seed rollouts included (a method that "
-                          "reads the bank pays for it)", check=positive())
-    lr_grid: list[float] = setting(factory=lambda: [3e-4, 1e-3], help="lopd.lr_student, the same grid for every "
-                                   "method")
+    worlds: list[str] = setting(
+        factory=list,
+        check=any_of(*NAMED_WORLDS),
+        help="the deployment world of each seed (empty: envs.deploy_worlds for every seed)",
+    )
+    tune_world: str = setting(
+        "",
+        check=one_of("", *NAMED_WORLDS),
+        help="learning rates are tuned in this world, apart from every world a replicate reports",
+    )
+    budget: int = setting(
+        1024,
+        help="sampled trajectories per run, bank seed rollouts included (a method that reads the bank pays for it)",
+        check=positive(),
+    )
+    lr_grid: list[float] = setting(factory=lambda: [3e-4, 1e-3], help="lopd.lr_student, the same grid for every method")
     tune_seed: int = setting(100, help="learning rates are picked on this seed and validation tasks, never on test")
     tune_budget_fraction: float = setting(0.25, help="tuning runs are this much shorter", check=fraction())
     tune_n: int = setting(32, help="validation tasks (train split, own seed stream)", check=positive())
@@ -36,12 +46,15 @@ class ComparePreset(Section):
     curve_n: int = setting(48, help="tasks per curve point", check=positive())
     overrides: list[str] = setting(
         factory=lambda: ["bank.seed_tasks=64", "bank.samples_per_task=2", "eval.with_experience=false"],
-        help="section.key=value applied to every run (before the command line's --set)")
+        help="section.key=value applied to every run (before the command line's --set)",
+    )
 
     def check(self) -> None:
         if self.worlds and len(self.worlds) != len(self.seeds):
-            raise ConfigError(f"compare preset worlds: got {len(self.worlds)} ({', '.join(self.worlds)}) for "
-                              f"{len(self.seeds)} seeds, expected one deployment world per seed or none")
+            raise ConfigError(
+                f"compare preset worlds: got {len(self.worlds)} ({', '.join(self.worlds)}) for "
+                f"{len(self.seeds)} seeds, expected one deployment world per seed or none"
+            )
 
     def pairs(self, default_worlds: list[str]) -> list[tuple[str, int]]:
         """The replicates: (deployment world, seed); without `worlds`, the first of `default_worlds` each time."""
@@ -55,32 +68,74 @@ def _full_preset() -> ComparePreset:
 
 def _regime_preset() -> ComparePreset:
     return ComparePreset(
-        methods=["lopd", "lopd_frozen_composer", "text_experience", "grpo", "lopd_then_grpo", "lopd_mixed_kl",
-                 "sharpened_teacher", "lopd_random_retrieval"],
-        worlds=["cobalt", "borealis", "cobalt"], tune_world="dune", lr_grid=[3e-4], curve_points=5,
-        overrides=["bank.seed_tasks=64", "bank.samples_per_task=2", "eval.with_experience=false",
-                   "eval.splits=[test_id,test_ood]"])
+        methods=[
+            "lopd",
+            "lopd_frozen_composer",
+            "text_experience",
+            "grpo",
+            "lopd_then_grpo",
+            "lopd_mixed_kl",
+            "sharpened_teacher",
+            "lopd_random_retrieval",
+        ],
+        worlds=["cobalt", "borealis", "cobalt"],
+        tune_world="dune",
+        lr_grid=[3e-4],
+        curve_points=5,
+        overrides=[
+            "bank.seed_tasks=64",
+            "bank.samples_per_task=2",
+            "eval.with_experience=false",
+            "eval.splits=[test_id,test_ood]",
+        ],
+    )
 
 
 def _smoke_preset() -> ComparePreset:
     return ComparePreset(
-        seeds=[0], budget=24, lr_grid=[3e-4], tune_n=4, eval_n=4, curve_points=2, curve_n=4,
-        overrides=["model.base_dir=data/compare/base_smoke", "model.tiny.vocab_size=600",
-                   "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-                   "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.warmstart.demos=120",
-                   "model.warmstart.drills=0", "model.warmstart.time_budget_s=10", "model.warmstart.max_steps=0",
-                   "model.warmstart.epochs=1.0", "bank.seed_tasks=4", "bank.samples_per_task=2",
-                   "coldstart.oracle_tasks=8", "envs.pretrain_worlds=2", "coldstart.steps=2",
-                   "coldstart.batch_size=4", "composer.num_queries=4", "composer.num_layers=1",
-                   "composer.num_heads=2", "lopd.tasks_per_step=2", "lopd.samples_per_task=2",
-                   "rollout.max_new_tokens=24", "rollout.max_context=640", "eval.with_experience=false"])
+        seeds=[0],
+        budget=24,
+        lr_grid=[3e-4],
+        tune_n=4,
+        eval_n=4,
+        curve_points=2,
+        curve_n=4,
+        overrides=[
+            "model.base_dir=data/compare/base_smoke",
+            "model.tiny.vocab_size=600",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.num_kv_heads=1",
+            "model.tiny.intermediate_size=64",
+            "model.warmstart.demos=120",
+            "model.warmstart.drills=0",
+            "model.warmstart.time_budget_s=10",
+            "model.warmstart.max_steps=0",
+            "model.warmstart.epochs=1.0",
+            "bank.seed_tasks=4",
+            "bank.samples_per_task=2",
+            "coldstart.oracle_tasks=8",
+            "envs.pretrain_worlds=2",
+            "coldstart.steps=2",
+            "coldstart.batch_size=4",
+            "composer.num_queries=4",
+            "composer.num_layers=1",
+            "composer.num_heads=2",
+            "lopd.tasks_per_step=2",
+            "lopd.samples_per_task=2",
+            "rollout.max_new_tokens=24",
+            "rollout.max_context=640",
+            "eval.with_experience=false",
+        ],
+    )
 
 
 PRESET_HELP = {
     "full": "every method over three (deployment world, seed) replicates, tuned in a fourth world",
     "regime": "the paper-regime comparison: LOPD against GRPO, the frozen composer, the text teacher, the ways past "
-              "the teacher's ceiling and both controls, at the one learning rate every method preferred in the full "
-              "preset's tuning",
+    "the teacher's ceiling and both controls, at the one learning rate every method preferred in the full "
+    "preset's tuning",
     "smoke": "every method once on a tiny base built for it (tests/pipeline/test_compare.py)",
 }
 
@@ -94,6 +149,8 @@ class CompareConfig(Section):
     preset: str = setting("full", help="a key of presets")
     presets: dict[str, ComparePreset] = setting(
         factory=lambda: {"full": _full_preset(), "regime": _regime_preset(), "smoke": _smoke_preset()},
-        help="the sizes of a comparison", key_help=PRESET_HELP)
+        help="the sizes of a comparison",
+        key_help=PRESET_HELP,
+    )
     work_dir: str = setting("data/compare", help="one folder per run")
     report_dir: str = setting("reports", help="compare.md, compare.png, compare.json")

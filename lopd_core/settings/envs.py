@@ -31,14 +31,19 @@ def installed_env_conflicts() -> dict[str, list[str]]:
     seen: dict[str, dict[str, str]] = {}
     for name, value, dist in _installed_env_plugins():
         seen.setdefault(name, {})[value] = dist
-    return {name: [f"{dist} ({value})" for value, dist in sorted(by_value.items())]
-            for name, by_value in seen.items() if len(by_value) > 1}
+    return {
+        name: [f"{dist} ({value})" for value, dist in sorted(by_value.items())]
+        for name, by_value in seen.items()
+        if len(by_value) > 1
+    }
 
 
 def env_conflict_message(name: str, where: str) -> str:
     both = " and ".join(installed_env_conflicts()[name])
-    return (f"{where}: environment {name!r} is registered by more than one installed package: {both}; uninstall "
-            f"one, or pick one with --set 'envs.plugins={{{name}: \"module:Class\"}}'")
+    return (
+        f"{where}: environment {name!r} is registered by more than one installed package: {both}; uninstall "
+        f"one, or pick one with --set 'envs.plugins={{{name}: \"module:Class\"}}'"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,54 +71,70 @@ class EnvsConfig(Section):
     SECTION = "envs"
 
     mix: dict[str, float] = setting(
-        factory=lambda: {"toolworld": 1.0}, check=positive_weights(),
+        factory=lambda: {"toolworld": 1.0},
+        check=positive_weights(),
         help="environment -> weight, for training and evaluation: a built-in (toolworld, codegen), a key of "
-        "plugins, or an environment an installed package registers (entry point group lopd.envs)")
-    pretrain_worlds: int = setting(64, help="generated worlds the warm start and the cold start see",
-                                   check=positive())
+        "plugins, or an environment an installed package registers (entry point group lopd.envs)",
+    )
+    pretrain_worlds: int = setting(64, help="generated worlds the warm start and the cold start see", check=positive())
     deploy_worlds: list[str] = setting(
-        factory=lambda: ["cobalt"], check=subset_of(*NAMED_WORLDS),
+        factory=lambda: ["cobalt"],
+        check=subset_of(*NAMED_WORLDS),
         help="held-out named worlds where bank, distillation, evaluation and the cycle run (aurora and dune agree "
-        "with what the pretraining worlds most often do, so the base half-knows them without experience)")
+        "with what the pretraining worlds most often do, so the base half-knows them without experience)",
+    )
     world_seed: int = setting(0, help="which pretraining worlds are generated")
     plugins: dict[str, str] = setting(
-        factory=dict, check=Check(lambda v: all(_PLUGIN_SPEC.match(s) for s in v.values()),
-                                  'a mapping of names to "module:Class"'),
+        factory=dict,
+        check=Check(lambda v: all(_PLUGIN_SPEC.match(s) for s in v.values()), 'a mapping of names to "module:Class"'),
         help='your own environments by import path, name -> "module:Class" (lopd_core/envs/registry.py); the name '
-        "must equal the class's `name`")
+        "must equal the class's `name`",
+    )
     task_files: dict[str, str] = setting(
-        factory=dict, help="a plugin environment's tasks from a JSON Lines file instead of its make_tasks, "
-        "name -> path (lopd_core/envs/task_files.py gives the format)")
+        factory=dict,
+        help="a plugin environment's tasks from a JSON Lines file instead of its make_tasks, "
+        "name -> path (lopd_core/envs/task_files.py gives the format)",
+    )
     isolate_tools: bool = setting(
-        False, help="false: plugin tools are trusted code run in the trainer's process (your files, environment "
+        False,
+        help="false: plugin tools are trusted code run in the trainer's process (your files, environment "
         "variables and network in reach); true: each episode's reset and step run in a sandboxed child process (no "
-        "network, a scrubbed environment, a private folder, rlimits; lopd_core/envs/guarded.py)")
+        "network, a scrubbed environment, a private folder, rlimits; lopd_core/envs/guarded.py)",
+    )
     step_timeout_s: float = setting(
-        30.0, check=in_range(0.0, 86400.0, open_low=True),
+        30.0,
+        check=in_range(0.0, 86400.0, open_low=True),
         help="the longest one reset or step of a plugin environment may take, isolated or not: past it the episode "
-        "fails naming the env and the task, instead of hanging a stage")
+        "fails naming the env and the task, instead of hanging a stage",
+    )
 
     def check(self) -> None:
         """The names across keys: the mix's must be known, plugins must not shadow built-ins, task files must
         belong to a plugin environment and exist."""
         clash = sorted(set(self.plugins) & set(BUILTIN_ENVS))
         if clash:
-            raise ConfigError(f"envs.plugins.{clash[0]}: got {self.plugins[clash[0]]!r}, expected a name that is not "
-                              f"a built-in environment ({', '.join(BUILTIN_ENVS)})")
+            raise ConfigError(
+                f"envs.plugins.{clash[0]}: got {self.plugins[clash[0]]!r}, expected a name that is not "
+                f"a built-in environment ({', '.join(BUILTIN_ENVS)})"
+            )
         plugin_names = set(self.plugins) | set(installed_env_plugins())
         known = sorted(BUILTIN_ENVS) + sorted(plugin_names)
         unknown = sorted(set(self.mix) - set(known))
         if unknown:
-            raise ConfigError(f"envs.mix: got {unknown[0]!r}, expected one of the known environments: "
-                              f"{', '.join(known)} (built-ins, envs.plugins, and entry points of group "
-                              f"{ENV_ENTRY_POINT_GROUP!r})")
+            raise ConfigError(
+                f"envs.mix: got {unknown[0]!r}, expected one of the known environments: "
+                f"{', '.join(known)} (built-ins, envs.plugins, and entry points of group "
+                f"{ENV_ENTRY_POINT_GROUP!r})"
+            )
         conflicts = installed_env_conflicts()
         for name in sorted((set(self.mix) | set(self.task_files)) & set(conflicts) - set(self.plugins)):
             raise ConfigError(env_conflict_message(name, "envs.mix" if name in self.mix else f"envs.task_files.{name}"))
         for name, path in self.task_files.items():
             if name not in plugin_names:
-                raise ConfigError(f"envs.task_files.{name}: got {path!r}, expected a plugin environment's name "
-                                  f"(known plugins: {', '.join(sorted(plugin_names)) or 'none'}); built-ins "
-                                  "generate their own tasks")
+                raise ConfigError(
+                    f"envs.task_files.{name}: got {path!r}, expected a plugin environment's name "
+                    f"(known plugins: {', '.join(sorted(plugin_names)) or 'none'}); built-ins "
+                    "generate their own tasks"
+                )
             if not Path(path).is_file():
                 raise ConfigError(f"envs.task_files.{name}: got {path!r}, expected an existing JSON Lines file")

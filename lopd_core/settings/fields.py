@@ -9,6 +9,7 @@ field's type and range and then the section's rules across keys (`check`). The h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -19,8 +20,14 @@ from typing import Any, ClassVar
 from lopd_core.settings.checks import Check, ConfigError
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = None,
-            factory: Any = dataclasses.MISSING, key_help: dict[str, str] | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    check: Check | None = None,
+    factory: Any = dataclasses.MISSING,
+    key_help: dict[str, str] | None = None,
+) -> Any:
     """A dataclass field with its help text and optional check. A list, dict or section default goes in `factory`
     (a fresh one per instance). `key_help` documents the keys of a mapping setting (compare.presets)."""
     metadata = {"help": help, "check": check, "key_help": key_help or {}}
@@ -109,10 +116,8 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as a string
-        try:
+        with contextlib.suppress(ValueError):  # a real string: reported below
             value = float(value)
-        except ValueError:
-            pass  # a real string: reported below
     if tp is float and isinstance(value, float) and not math.isfinite(value):
         # nan passes every `<`/`>` range check and inf trains a model of NaNs: no setting takes either
         raise ConfigError(f"{key}: got {value!r}, expected a finite number")
@@ -137,6 +142,8 @@ def build(cls, raw: dict, prefix: str):
         if key in MOVED:
             raise ConfigError(f"{key}: moved to {MOVED[key]} (value {raw[unknown[0]]!r}); set it there")
         raise ConfigError(f"{key}: unknown key (value {raw[unknown[0]]!r}); expected one of: {', '.join(fields)}")
-    kwargs = {name: check_value(cls, fields[name], value, f"{prefix}.{name}" if prefix else name)
-              for name, value in raw.items()}
+    kwargs = {
+        name: check_value(cls, fields[name], value, f"{prefix}.{name}" if prefix else name)
+        for name, value in raw.items()
+    }
     return cls(**kwargs)

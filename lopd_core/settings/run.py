@@ -21,18 +21,29 @@ class EvalConfig(Section):
         factory=lambda: ["test_id", "test_ood", "pretrain_test"],
         check=subset_of("train", "test_id", "test_ood", "pretrain_test"),
         help="test_id and test_ood in the deployment worlds; pretrain_test: held-out tasks of the pretraining "
-        "worlds (what adaptation forgets)")
-    modes: list[str] = setting(factory=lambda: ["greedy", "sampled"], check=subset_of("greedy", "sampled"),
-                               help="decoding modes: greedy | sampled")
+        "worlds (what adaptation forgets)",
+    )
+    modes: list[str] = setting(
+        factory=lambda: ["greedy", "sampled"],
+        check=subset_of("greedy", "sampled"),
+        help="decoding modes: greedy | sampled",
+    )
     temperature: float = setting(1.0, help="the sampled mode's temperature", check=positive())
-    with_experience: bool = setting(True, help="also report success with 1..num_experiences same-world oracle "
-                                    "successes as text in the first user turn, under <split>+experience")
-    num_experiences: int = setting(3, help="same-world successes in context for the +experience splits",
-                                   check=positive())
+    with_experience: bool = setting(
+        True,
+        help="also report success with 1..num_experiences same-world oracle "
+        "successes as text in the first user turn, under <split>+experience",
+    )
+    num_experiences: int = setting(
+        3, help="same-world successes in context for the +experience splits", check=positive()
+    )
     out: str = setting("metrics/eval.json", help="the metrics file")
-    benchmarks: list[str] = setting(factory=list, check=any_of("bfcl", "acebench", "humaneval"),
-                                    help="external benchmarks also run: bfcl, acebench, humaneval (settings under "
-                                    "bench); scores under their own names in out")
+    benchmarks: list[str] = setting(
+        factory=list,
+        check=any_of("bfcl", "acebench", "humaneval"),
+        help="external benchmarks also run: bfcl, acebench, humaneval (settings under "
+        "bench); scores under their own names in out",
+    )
 
 
 @dataclass(frozen=True)
@@ -57,17 +68,29 @@ class CycleConfig(Section):
 
     SECTION = "cycle"
 
-    dir: str = setting("data/cycles", help="per-cycle work (content-addressed), champion.json, history.json, "
-                       "task cache")
-    refresh_teacher: bool = setting(True, help="the teacher of each cycle is the champion the student starts from "
-                                    "(false: the first base, every cycle)")
-    gate_metric: str = setting("reward_mean", help="success_rate | reward_mean (a weak base rarely succeeds: reward "
-                               "moves first)", check=one_of("success_rate", "reward_mean"))
-    gate_splits: list[str] = setting(factory=lambda: ["test_id", "test_ood"], check=subset_of("test_id", "test_ood"),
-                                     help="held-out splits the gate averages, judged without experience in context")
+    dir: str = setting(
+        "data/cycles", help="per-cycle work (content-addressed), champion.json, history.json, task cache"
+    )
+    refresh_teacher: bool = setting(
+        True,
+        help="the teacher of each cycle is the champion the student starts from (false: the first base, every cycle)",
+    )
+    gate_metric: str = setting(
+        "reward_mean",
+        help="success_rate | reward_mean (a weak base rarely succeeds: reward moves first)",
+        check=one_of("success_rate", "reward_mean"),
+    )
+    gate_splits: list[str] = setting(
+        factory=lambda: ["test_id", "test_ood"],
+        check=subset_of("test_id", "test_ood"),
+        help="held-out splits the gate averages, judged without experience in context",
+    )
     gate_mode: str = setting("greedy", help="greedy | sampled", check=one_of("greedy", "sampled"))
-    min_gain: float = setting(0.0, help="promote only if new > champion + min_gain on the gate's average (negative: "
-                              "promote whatever the numbers)", check=in_range(-1.0, 1.0))
+    min_gain: float = setting(
+        0.0,
+        help="promote only if new > champion + min_gain on the gate's average (negative: promote whatever the numbers)",
+        check=in_range(-1.0, 1.0),
+    )
     stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())
     report_dir: str = setting("reports/cycles", help="`lopd cycle`'s report (the DVC pipeline's: reports/run)")
 
@@ -85,16 +108,29 @@ class BenchConfig(Section):
 
     bfcl_dir: str = setting("", help="empty: the data of the installed bfcl-eval package (pip install --no-deps)")
     bfcl_categories: list[str] = setting(
-        factory=lambda: ["simple", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
-                         "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
-                         "multi_turn_base"],
-        check=subset_of(*BFCL_CATEGORIES), help="BFCL categories run")
+        factory=lambda: [
+            "simple",
+            "multiple",
+            "parallel",
+            "parallel_multiple",
+            "irrelevance",
+            "live_simple",
+            "live_multiple",
+            "live_parallel",
+            "live_parallel_multiple",
+            "live_irrelevance",
+            "multi_turn_base",
+        ],
+        check=subset_of(*BFCL_CATEGORIES),
+        help="BFCL categories run",
+    )
     acebench_dir: str = setting("", help="a copy of ACEBench's data_all/ (holding data_en/, data_zh/)")
-    acebench_categories: list[str] = setting(factory=lambda: ["normal", "special"],
-                                             check=subset_of(*ACEBENCH_GROUPS, *ACEBENCH_CATEGORIES),
-                                             help="groups or single categories (agent is not supported)")
-    acebench_languages: list[str] = setting(factory=lambda: ["en", "zh"], check=subset_of("en", "zh"),
-                                            help="en | zh")
+    acebench_categories: list[str] = setting(
+        factory=lambda: ["normal", "special"],
+        check=subset_of(*ACEBENCH_GROUPS, *ACEBENCH_CATEGORIES),
+        help="groups or single categories (agent is not supported)",
+    )
+    acebench_languages: list[str] = setting(factory=lambda: ["en", "zh"], check=subset_of("en", "zh"), help="en | zh")
     limit: int = setting(0, help="test cases per category in a run (0: all)", check=non_negative())
     max_new_tokens: int = setting(256, help="tokens per model answer", check=positive())
     batch_size: int = setting(8, help="answers generated together", check=positive())

@@ -21,31 +21,38 @@ class ServeConfig(Section):
     model: str = setting("", help="a checkpoint folder; empty: the registry's champion (tracking section)")
     host: str = setting("127.0.0.1", help="bind address; any but loopback needs an API key in api_key_env")
     port: int = setting(8000, help="TCP port", check=positive())
-    api_key_env: str = setting("LOPD_API_KEY", help="the environment variable holding the API key (a key is never "
-                               "written in a file)")
+    api_key_env: str = setting(
+        "LOPD_API_KEY", help="the environment variable holding the API key (a key is never written in a file)"
+    )
     store_dir: str = setting("data/traces", help="the trace store (append-only segments)")
-    store_segment_bytes: int = setting(64 * 2**20, help="a segment is closed at this size and the next one opened",
-                                       check=positive())
-    store_max_bytes: int = setting(2**30, help="the store's bound: beyond it requests get 503 until it is cleared",
-                                   check=positive())
-    batch_window_ms: float = setting(10.0, help="how long the first request of a batch waits for others to join",
-                                     check=non_negative())
+    store_segment_bytes: int = setting(
+        64 * 2**20, help="a segment is closed at this size and the next one opened", check=positive()
+    )
+    store_max_bytes: int = setting(
+        2**30, help="the store's bound: beyond it requests get 503 until it is cleared", check=positive()
+    )
+    batch_window_ms: float = setting(
+        10.0, help="how long the first request of a batch waits for others to join", check=non_negative()
+    )
     max_batch: int = setting(16, help="requests decoded together", check=positive())
     max_body_bytes: int = setting(2**20, help="largest request body (413 beyond)", check=positive())
     max_messages: int = setting(64, help="messages in one chat request", check=positive())
     max_tokens_limit: int = setting(512, help="the largest max_tokens a request may ask for", check=positive())
     default_max_tokens: int = setting(128, help="max_tokens of a request that names none", check=positive())
     max_context: int = setting(2048, help="prompt + max_tokens must fit", check=positive())
-    max_sessions: int = setting(1024, help="sessions held in memory; beyond it new sessions get 429",
-                                check=positive())
-    max_top_logprobs: int = setting(20, help="the most top_logprobs / prompt_logprobs a request may ask for",
-                                    check=at_least(0))
-    poll_s: float = setting(30.0, help="seconds between checks of the registry alias for a new champion (0: never)",
-                            check=non_negative())
+    max_sessions: int = setting(1024, help="sessions held in memory; beyond it new sessions get 429", check=positive())
+    max_top_logprobs: int = setting(
+        20, help="the most top_logprobs / prompt_logprobs a request may ask for", check=at_least(0)
+    )
+    poll_s: float = setting(
+        30.0, help="seconds between checks of the registry alias for a new champion (0: never)", check=non_negative()
+    )
     model_cache_dir: str = setting("data/serve/models", help="registry versions are downloaded here")
     device: str = setting("auto", help="auto (cuda when available), cpu, cuda, cuda:N or mps", check=device_name())
 
     def check(self) -> None:
         if self.default_max_tokens > self.max_tokens_limit:
-            raise ConfigError(f"serve.default_max_tokens: got {self.default_max_tokens}, expected at most "
-                              f"serve.max_tokens_limit ({self.max_tokens_limit})")
+            raise ConfigError(
+                f"serve.default_max_tokens: got {self.default_max_tokens}, expected at most "
+                f"serve.max_tokens_limit ({self.max_tokens_limit})"
+            )

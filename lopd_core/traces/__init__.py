@@ -4,5 +4,17 @@ from lopd_core.traces.schema import TRACE_SCHEMA, traces_as_trajectories, valida
 from lopd_core.traces.source import as_trajectories, load_traces, trace_table
 from lopd_core.traces.store import StoreFull, TraceStore, TraceStoreError, read_records, read_traces, snapshot
 
-__all__ = ["TRACE_SCHEMA", "StoreFull", "TraceStore", "TraceStoreError", "as_trajectories", "load_traces",
-           "read_records", "read_traces", "snapshot", "trace_table", "traces_as_trajectories", "validate_traces"]
+__all__ = [
+    "TRACE_SCHEMA",
+    "StoreFull",
+    "TraceStore",
+    "TraceStoreError",
+    "as_trajectories",
+    "load_traces",
+    "read_records",
+    "read_traces",
+    "snapshot",
+    "trace_table",
+    "traces_as_trajectories",
+    "validate_traces",
+]

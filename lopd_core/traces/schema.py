@@ -105,14 +105,18 @@ def episode_records(messages: list[dict]) -> list[dict]:
         except ValueError:
             arguments = fn.get("arguments")
         reply = None  # the tool message the client sent back before the next assistant turn (none: cut off)
-        for later in messages[i + 1:]:
+        for later in messages[i + 1 :]:
             if later.get("role") == "assistant":
                 break
             if later.get("role") == "tool":
                 reply = later
                 break
-        records.append({"call": {"name": fn.get("name", ""), "arguments": arguments},
-                        "observation": (reply or {}).get("content") or ""})
+        records.append(
+            {
+                "call": {"name": fn.get("name", ""), "arguments": arguments},
+                "observation": (reply or {}).get("content") or "",
+            }
+        )
     return records
 
 
@@ -123,10 +127,21 @@ def _task_json(row, world: str) -> str:
     messages = json.loads(row["messages"])
     user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
     system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
-    task = Task(task_id=row["trajectory_id"], env=SERVE_ENV, split="train", template=SERVE_ENV, world=world,
-                instruction=user, spec={"system": system, "tools": json.loads(row["tools"]),
-                                        "session": row["session"], "model_version": row["model_version"]},
-                max_turns=min(max(int(row["num_turns"]), 1), MAX_TURNS))
+    task = Task(
+        task_id=row["trajectory_id"],
+        env=SERVE_ENV,
+        split="train",
+        template=SERVE_ENV,
+        world=world,
+        instruction=user,
+        spec={
+            "system": system,
+            "tools": json.loads(row["tools"]),
+            "session": row["session"],
+            "model_version": row["model_version"],
+        },
+        max_turns=min(max(int(row["num_turns"]), 1), MAX_TURNS),
+    )
     return task.to_json()
 
 

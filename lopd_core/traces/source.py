@@ -23,8 +23,10 @@ def load_traces(path: str | Path) -> pd.DataFrame:
     """The validated trace table at `path`: a store folder or a snapshot parquet file."""
     path = Path(path)
     if not str(path) or not path.exists():
-        raise FileNotFoundError(f"no traces at {path!s}: point lopd.traces at a `lopd serve` store folder or a "
-                                "snapshot file (`lopd serve snapshot --out FILE`)")
+        raise FileNotFoundError(
+            f"no traces at {path!s}: point lopd.traces at a `lopd serve` store folder or a "
+            "snapshot file (`lopd serve snapshot --out FILE`)"
+        )
     return read_snapshot(path) if path.is_file() else read_traces(path)
 
 
@@ -36,10 +38,20 @@ def trace_table(path: str | Path, *, labeled_only: bool = True) -> pd.DataFrame:
 
 def as_trajectories(frame: pd.DataFrame) -> list[Trajectory]:
     """Rows of the rollout table back as Trajectories (what a training step consumes)."""
-    return [Trajectory(task=Task.from_json(r.task), sample_index=int(r.sample_index),
-                       experiences=tuple(json.loads(r.experiences)), token_ids=[int(i) for i in r.token_ids],
-                       action_mask=[int(m) for m in r.action_mask],
-                       sample_logprobs=[float(v) for v in r.sample_logprobs], prompt_length=int(r.prompt_length),
-                       reward=float(r.reward), success=bool(r.success), stop_reason=str(r.stop_reason),
-                       num_turns=int(r.num_turns), episode=json.loads(r.episode))
-            for r in frame.itertuples(index=False)]
+    return [
+        Trajectory(
+            task=Task.from_json(r.task),
+            sample_index=int(r.sample_index),
+            experiences=tuple(json.loads(r.experiences)),
+            token_ids=[int(i) for i in r.token_ids],
+            action_mask=[int(m) for m in r.action_mask],
+            sample_logprobs=[float(v) for v in r.sample_logprobs],
+            prompt_length=int(r.prompt_length),
+            reward=float(r.reward),
+            success=bool(r.success),
+            stop_reason=str(r.stop_reason),
+            num_turns=int(r.num_turns),
+            episode=json.loads(r.episode),
+        )
+        for r in frame.itertuples(index=False)
+    ]

@@ -89,9 +89,11 @@ class TraceStore:
 
     def ensure_room(self) -> None:
         if self.total_bytes >= self.max_bytes:
-            raise StoreFull(f"trace store {self.dir} is full ({self.total_bytes} bytes of max {self.max_bytes}): "
-                            "snapshot it (`lopd serve snapshot`), move its segments away, or raise "
-                            "serve.store_max_bytes")
+            raise StoreFull(
+                f"trace store {self.dir} is full ({self.total_bytes} bytes of max {self.max_bytes}): "
+                "snapshot it (`lopd serve snapshot`), move its segments away, or raise "
+                "serve.store_max_bytes"
+            )
 
     def append(self, record: dict) -> None:
         line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
@@ -126,8 +128,11 @@ def read_records(store_dir: str | Path) -> Iterator[dict]:
                 raise TraceStoreError(f"{path}:{number}: not a trace record")
             yield record
         if tail:  # its request was never answered: the line's fsync had not returned
-            warnings.warn(f"{path}: skipped a torn last record (line {len(complete) + 1}, {len(tail)} bytes): "
-                          "a write cut by a crash", stacklevel=2)
+            warnings.warn(
+                f"{path}: skipped a torn last record (line {len(complete) + 1}, {len(tail)} bytes): "
+                "a write cut by a crash",
+                stacklevel=2,
+            )
 
 
 def _assemble(records: Iterator[dict]) -> list[dict]:
@@ -140,12 +145,26 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
                 if rec["turn"] != 0:
                     raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} without its turn 0")
                 row = rows[tid] = {
-                    "trajectory_id": tid, "session": rec["session"], "parent": rec.get("parent") or "",
-                    "origin": rec["origin"], "model_version": rec["model_version"],
-                    "tools": json.dumps(rec.get("tools") or []), "token_ids": [], "action_mask": [],
-                    "sample_logprobs": [], "prompt_length": int(rec["prompt_length"]), "num_turns": 0,
-                    "finish_reason": "", "labeled": False, "reward": math.nan, "success": False,
-                    "checks": "null", "messages": [], "started": float(rec["time"]), "ended": float(rec["time"])}
+                    "trajectory_id": tid,
+                    "session": rec["session"],
+                    "parent": rec.get("parent") or "",
+                    "origin": rec["origin"],
+                    "model_version": rec["model_version"],
+                    "tools": json.dumps(rec.get("tools") or []),
+                    "token_ids": [],
+                    "action_mask": [],
+                    "sample_logprobs": [],
+                    "prompt_length": int(rec["prompt_length"]),
+                    "num_turns": 0,
+                    "finish_reason": "",
+                    "labeled": False,
+                    "reward": math.nan,
+                    "success": False,
+                    "checks": "null",
+                    "messages": [],
+                    "started": float(rec["time"]),
+                    "ended": float(rec["time"]),
+                }
             elif rec["turn"] != row["num_turns"]:
                 raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} follows turn {row['num_turns'] - 1}")
             row["token_ids"] += rec["token_ids"]
@@ -158,11 +177,17 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
         elif rec["kind"] == "feedback":
             row = rows.get(rec["trajectory_id"])
             if row is None:  # its turns are in segments moved away (after a snapshot): nothing to label here
-                warnings.warn(f"feedback for trajectory {rec['trajectory_id']} whose turns are not in this store: "
-                              "skipped", stacklevel=2)
+                warnings.warn(
+                    f"feedback for trajectory {rec['trajectory_id']} whose turns are not in this store: skipped",
+                    stacklevel=2,
+                )
                 continue
-            row.update(labeled=True, reward=float(rec["reward"]), success=bool(rec["success"]),
-                       checks=json.dumps(rec.get("checks")))  # the latest feedback wins
+            row.update(
+                labeled=True,
+                reward=float(rec["reward"]),
+                success=bool(rec["success"]),
+                checks=json.dumps(rec.get("checks")),
+            )  # the latest feedback wins
         else:
             raise TraceStoreError(f"unknown record kind {rec['kind']!r}")
     for row in rows.values():

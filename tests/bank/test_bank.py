@@ -76,9 +76,20 @@ class CountingEmbedder:
 
 
 def _traj(task, episode, reward=1.0):
-    return Trajectory(task=task, sample_index=0, experiences=(), token_ids=[1, 2, 3], action_mask=[0, 1, 1],
-                      sample_logprobs=[0.0, -0.1, -0.2], prompt_length=1, reward=reward, success=reward == 1.0,
-                      stop_reason="answer", num_turns=max(1, len(episode)), episode=episode)
+    return Trajectory(
+        task=task,
+        sample_index=0,
+        experiences=(),
+        token_ids=[1, 2, 3],
+        action_mask=[0, 1, 1],
+        sample_logprobs=[0.0, -0.1, -0.2],
+        prompt_length=1,
+        reward=reward,
+        success=reward == 1.0,
+        stop_reason="answer",
+        num_turns=max(1, len(episode)),
+        episode=episode,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +194,9 @@ def test_schema_lists_every_failure(solved):
 def test_parquet_round_trip_and_atomic_write(tmp_path, solved, monkeypatch):
     from lopd_core.bank.store import trajectories_to_rows
 
-    rows, _ = trajectories_to_rows(_frame([(t, e, 1.0) for t, e in solved[:5]]), min_reward=1.0,
-                                   policy_version="base", cycle=2, created_at=T0)
+    rows, _ = trajectories_to_rows(
+        _frame([(t, e, 1.0) for t, e in solved[:5]]), min_reward=1.0, policy_version="base", cycle=2, created_at=T0
+    )
     rows = rows.reset_index(drop=True)
     path = write_bank(rows, tmp_path / "b" / "bank.parquet")
     back = read_bank(path)
@@ -208,8 +220,9 @@ def test_parquet_round_trip_and_atomic_write(tmp_path, solved, monkeypatch):
 def filled(tmp_path, solved):
     path = tmp_path / "bank.parquet"
     items = [(t, e, 1.0) for t, e in solved[:30]] + [(solved[0][0], _variant(solved[0][1]), 1.0)]
-    ExperienceBank(path, embedder=object()).refresh(_frame(items), min_reward=1.0, policy_version="base", cycle=0,
-                                                   created_at=T0)
+    ExperienceBank(path, embedder=object()).refresh(
+        _frame(items), min_reward=1.0, policy_version="base", cycle=0, created_at=T0
+    )
     return path
 
 
@@ -231,8 +244,9 @@ def test_index_rebuilt_when_missing_or_stale_not_when_unchanged(tmp_path, filled
     # The parquet changes (another process appended): the stored hash is stale, so the index is rebuilt and only
     # the new text is embedded.
     (t, e) = solved[31]
-    ExperienceBank(filled, embedder=object()).refresh(_frame([(t, e, 1.0)]), min_reward=1.0,
-                                                      policy_version="p", cycle=1)
+    ExperienceBank(filled, embedder=object()).refresh(
+        _frame([(t, e, 1.0)]), min_reward=1.0, policy_version="p", cycle=1
+    )
     counting.calls.clear()
     with ExperienceBank(filled, index_dir=index_dir, embedder=counting) as bank:
         assert bank.index.is_current(bank.content_hash(), counting.model_id) is False
@@ -274,7 +288,11 @@ def test_top_j_matches_exact_cosine_and_self_exclusion(tmp_path, filled, embedde
                 np.testing.assert_allclose(h.similarity, sims[i, by_id[h.row_id]], atol=1e-4)
                 row = frame.iloc[by_id[h.row_id]]
                 assert (h.task_id, h.world, h.template, h.experience_text) == (
-                    row["task_id"], row["world"], row["template"], row["experience_text"])
+                    row["task_id"],
+                    row["world"],
+                    row["template"],
+                    row["experience_text"],
+                )
         for task, task_hits in zip(own, hits[-3:]):
             assert task_hits[0].similarity > 0.999
             assert any(h.task_id == task.task_id for h in task_hits) or task_hits[j - 1].similarity > 0.999
@@ -292,8 +310,11 @@ def test_top_j_matches_exact_cosine_and_self_exclusion(tmp_path, filled, embedde
 
 def test_embeddings_offline_and_normalised(embedder):
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # set by importing lopd_core
-    texts = ["[aurora] Send 265 to Zoe from my checking account.", "[aurora] Send 120 to Ann from my savings.",
-             "[borealis] What is on my calendar tomorrow?"]
+    texts = [
+        "[aurora] Send 265 to Zoe from my checking account.",
+        "[aurora] Send 120 to Ann from my savings.",
+        "[borealis] What is on my calendar tomorrow?",
+    ]
     with _NoNetwork():
         vecs = embedder.encode(texts)
     assert vecs.shape == (3, 384) and vecs.dtype == np.float32
@@ -317,8 +338,12 @@ def test_http_client_selected_when_url_configured(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         client_spec(None, "ftp://x")
 
-    bank = ExperienceBank(tmp_path / "bank.parquet", index_dir=tmp_path / "idx",
-                          chroma_url="http://chroma.internal:9000", embedder=object())
+    bank = ExperienceBank(
+        tmp_path / "bank.parquet",
+        index_dir=tmp_path / "idx",
+        chroma_url="http://chroma.internal:9000",
+        embedder=object(),
+    )
     assert bank.index.client == "http-client"
     kind, kw = made[-1]
     assert kind == "http" and (kw["host"], kw["port"], kw["ssl"]) == ("chroma.internal", 9000, False)
@@ -335,8 +360,8 @@ def test_method_retriever_follows_the_method(tmp_path, filled, embedder, solved)
     reads random bank rows (not the nearest), LOPD the nearest (of the task's own world unless
     bank.same_world is off), a method without a bank reads nothing."""
     from lopd_core.config import Params
-    from lopd_core.methods import method_spec
     from lopd_core.drivers.distill import method_retriever
+    from lopd_core.methods import method_spec
 
     params = Params()
     tasks = make_tasks("toolworld", "train", 60, seed=1)[40:46]

@@ -3,15 +3,35 @@
 from lopd_core.bench.acebench.checker import base_name, check_normal, check_special
 from lopd_core.bench.tool_calls import ToolCall
 
-DOC = {"name": "plan_trip", "parameters": {"type": "object", "required": ["city"], "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}, "budget": {"type": "number"},
-    "pets": {"type": "boolean"}, "stops": {"type": "array", "items": {"type": "string"}},
-    "notes": {"type": "array"},
-    "hotel": {"type": "object", "properties": {"name": {"type": "string"}, "stars": {"type": "integer"}}},
-    "legs": {"type": "array", "items": {"type": "object"}}}}}
-ANSWER = {"plan_trip": {"city": "Paris", "days": 3, "budget": 1200.5, "pets": True, "stops": ["Lyon", "Dijon"],
-                        "notes": ["quiet"], "hotel": {"name": "Ritz", "stars": 5},
-                        "legs": [{"from": "Paris", "to": "Lyon"}]}}
+DOC = {
+    "name": "plan_trip",
+    "parameters": {
+        "type": "object",
+        "required": ["city"],
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "budget": {"type": "number"},
+            "pets": {"type": "boolean"},
+            "stops": {"type": "array", "items": {"type": "string"}},
+            "notes": {"type": "array"},
+            "hotel": {"type": "object", "properties": {"name": {"type": "string"}, "stars": {"type": "integer"}}},
+            "legs": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+}
+ANSWER = {
+    "plan_trip": {
+        "city": "Paris",
+        "days": 3,
+        "budget": 1200.5,
+        "pets": True,
+        "stops": ["Lyon", "Dijon"],
+        "notes": ["quiet"],
+        "hotel": {"name": "Ritz", "stars": 5},
+        "legs": [{"from": "Paris", "to": "Lyon"}],
+    }
+}
 
 
 def check(answer=ANSWER, **arguments):
@@ -73,12 +93,16 @@ def test_alternative_answers():
 def test_special_answers():
     assert check_special("special_irrelevant", "Due to the limitations of the function, I cannot solve this.", "").valid
     incomplete = {"plan_trip": ["city", "days"]}
-    assert check_special("special_incomplete",
-                         "Missing necessary parameters (city, days) for the api (plan_trip)", incomplete).valid
-    assert check_special("special_incomplete", "Missing necessary parameters (city)", incomplete).error_type == \
-        "error_correction"
+    assert check_special(
+        "special_incomplete", "Missing necessary parameters (city, days) for the api (plan_trip)", incomplete
+    ).valid
+    assert (
+        check_special("special_incomplete", "Missing necessary parameters (city)", incomplete).error_type
+        == "error_correction"
+    )
     assert check_special("special_incomplete", "[plan_trip(city='x')]", incomplete).error_type == "error_detection"
     wrong = {"date": ["31-02-2024"]}
-    assert check_special("special_error_param", 'There is incorrect value (31-02-2024) for the parameters (date)',
-                         wrong).valid
+    assert check_special(
+        "special_error_param", "There is incorrect value (31-02-2024) for the parameters (date)", wrong
+    ).valid
     assert not check_special("special_error_param", "There is incorrect value (x)", wrong).valid

@@ -29,8 +29,23 @@ def predictions(path, languages, categories, prefix=True):
 
 def test_score_both_languages_with_prefixed_ids(tmp_path):
     file = predictions(tmp_path / "p.jsonl", ["en", "zh"], ["normal_atom_bool", "special_irrelevant"])
-    code = main(["bench", "score", "acebench", "--category", "normal_atom_bool", "--category", "special_irrelevant",
-                 "--predictions", str(file), "--data-dir", DATA_SETTING, "--out", str(tmp_path / "eval.json")])
+    code = main(
+        [
+            "bench",
+            "score",
+            "acebench",
+            "--category",
+            "normal_atom_bool",
+            "--category",
+            "special_irrelevant",
+            "--predictions",
+            str(file),
+            "--data-dir",
+            DATA_SETTING,
+            "--out",
+            str(tmp_path / "eval.json"),
+        ]
+    )
     assert code == 0
     result = json.loads((tmp_path / "eval.json").read_text())["acebench"]
     for language in ("en", "zh"):
@@ -41,28 +56,77 @@ def test_score_both_languages_with_prefixed_ids(tmp_path):
 
 def test_multi_turn_scores_conversations(tmp_path):
     file = predictions(tmp_path / "p.jsonl", ["en"], ["normal_multi_turn_user_switch"], prefix=False)
-    assert main(["bench", "score", "acebench", "--category", "normal_multi_turn_user_switch", "--language", "en",
-                 "--predictions", str(file), "--data-dir", DATA_SETTING, "--out", str(tmp_path / "eval.json")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "score",
+                "acebench",
+                "--category",
+                "normal_multi_turn_user_switch",
+                "--language",
+                "en",
+                "--predictions",
+                str(file),
+                "--data-dir",
+                DATA_SETTING,
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 0
+    )
     scores = json.loads((tmp_path / "eval.json").read_text())["acebench"]["en"]["normal_multi_turn_user_switch"]
     assert scores == {"accuracy": 1.0, "process_accuracy": 1.0, "conversations": 50, "correct": 100, "n": 100}
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--category", "normal_atom_bool"], "have no language prefix"),
-    (["--category", "agent_multi_turn", "--language", "en"], "(agent) is not supported"),
-    (["--category", "atomic", "--language", "en"], "unknown ACEBench category 'atomic'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--category", "normal_atom_bool"], "have no language prefix"),
+        (["--category", "agent_multi_turn", "--language", "en"], "(agent) is not supported"),
+        (["--category", "atomic", "--language", "en"], "unknown ACEBench category 'atomic'"),
+    ],
+)
 def test_clear_errors(tmp_path, capsys, args, message):
     file = predictions(tmp_path / "p.jsonl", ["en"], ["normal_atom_bool"], prefix=False)
-    assert main(["bench", "score", "acebench", *args, "--predictions", str(file), "--data-dir", DATA_SETTING,
-                 "--out", str(tmp_path / "eval.json")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "score",
+                "acebench",
+                *args,
+                "--predictions",
+                str(file),
+                "--data-dir",
+                DATA_SETTING,
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 2
+    )
     assert message in capsys.readouterr().err
 
 
 def test_data_dir_is_a_setting(tmp_path, capsys):
     (tmp_path / "p.jsonl").write_text("")
-    code = main(["bench", "score", "acebench", "--category", "normal", "--language", "en",
-                 "--predictions", str(tmp_path / "p.jsonl"), "--set", 'bench.acebench_dir=""'])
+    code = main(
+        [
+            "bench",
+            "score",
+            "acebench",
+            "--category",
+            "normal",
+            "--language",
+            "en",
+            "--predictions",
+            str(tmp_path / "p.jsonl"),
+            "--set",
+            'bench.acebench_dir=""',
+        ]
+    )
     assert code == 1 and "set bench.acebench_dir" in capsys.readouterr().err
 
 
@@ -78,9 +142,29 @@ def test_run_saves_answers_per_language(tmp_path, tiny_model, tiny_tokenizer):
     model_dir = tmp_path / "model"
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    code = main(["bench", "run", "acebench", "--model", str(model_dir), "--category", "special_irrelevant",
-                 "--language", "en", "--limit", "2", "--data-dir", DATA_SETTING, "--predictions-out",
-                 str(tmp_path / "answers"), "--out", str(tmp_path / "eval.json"), "--set", "bench.max_new_tokens=4"])
+    code = main(
+        [
+            "bench",
+            "run",
+            "acebench",
+            "--model",
+            str(model_dir),
+            "--category",
+            "special_irrelevant",
+            "--language",
+            "en",
+            "--limit",
+            "2",
+            "--data-dir",
+            DATA_SETTING,
+            "--predictions-out",
+            str(tmp_path / "answers"),
+            "--out",
+            str(tmp_path / "eval.json"),
+            "--set",
+            "bench.max_new_tokens=4",
+        ]
+    )
     assert code == 0
     rows = (tmp_path / "answers" / "en" / "special_irrelevant.jsonl").read_text().splitlines()
     assert len(rows) == 2

@@ -45,8 +45,14 @@ def assert_ground_truth_passes(language, category, limit):
 
 
 def _swap_type(value, type_name):
-    return {"string": 12345, "integer": f"{value}", "number": f"{value}", "boolean": "yes", "array": "x",
-            "object": "x"}.get(type_name)
+    return {
+        "string": 12345,
+        "integer": f"{value}",
+        "number": f"{value}",
+        "boolean": "yes",
+        "array": "x",
+        "object": "x",
+    }.get(type_name)
 
 
 def _other_value(value):
@@ -63,15 +69,21 @@ def _other_value(value):
 def mutations(entry):
     gt = ground_truth_prediction(entry)
     if entry.category in SPECIAL:
-        return [("no_sentence", {"id": entry.id, "text": "I am not sure."}, False),
-                ("call_instead", {"id": entry.id, "text": "[some_api(x=1)]"}, False)]
+        return [
+            ("no_sentence", {"id": entry.id, "text": "I am not sure."}, False),
+            ("call_instead", {"id": entry.id, "text": "[some_api(x=1)]"}, False),
+        ]
     calls = gt["calls"]
     first = calls[0]
-    out = [("wrong_function", {**gt, "calls": [{**first, "name": first["name"] + "_zz"}, *calls[1:]]}, False),
-           ("extra_call", {**gt, "calls": [*calls, first]}, False)]
+    out = [
+        ("wrong_function", {**gt, "calls": [{**first, "name": first["name"] + "_zz"}, *calls[1:]]}, False),
+        ("extra_call", {**gt, "calls": [*calls, first]}, False),
+    ]
     if len(calls) > 1:
-        out += [("dropped_call", {**gt, "calls": calls[:-1]}, False),
-                ("swapped_order", {**gt, "calls": calls[::-1]}, True)]
+        out += [
+            ("dropped_call", {**gt, "calls": calls[:-1]}, False),
+            ("swapped_order", {**gt, "calls": calls[::-1]}, True),
+        ]
     doc = find_doc(entry.functions, first["name"]) or {}
     schema = parameter_schema(doc)
     required = [p for p in schema.get("required", []) if p in first["arguments"]]
@@ -83,8 +95,10 @@ def mutations(entry):
         type_name = schema.get("properties", {}).get(param, {}).get("type")
         if type_name not in PY_TYPES or type(value) is not PY_TYPES[type_name] or len(calls) > 1:
             continue  # only where the answer has the document's type (else ACEBench checks the answer's type)
-        for kind, (new, expected) in (("wrong_type", (_swap_type(value, type_name), False)),
-                                      ("wrong_value", _other_value(value))):
+        for kind, (new, expected) in (
+            ("wrong_type", (_swap_type(value, type_name), False)),
+            ("wrong_value", _other_value(value)),
+        ):
             if new is not None:
                 args = {**first["arguments"], param: new}
                 out.append((kind, {**gt, "calls": [{**first, "arguments": args}]}, expected))
@@ -118,11 +132,24 @@ def test_mutations_sample(language, category):
 
 def test_mutations_cover_every_kind():
     kinds = set()
-    for category in ("normal_single_turn_parallel_function", "normal_atom_number", "normal_atom_bool",
-                     "normal_atom_list", "special_incomplete"):
+    for category in (
+        "normal_single_turn_parallel_function",
+        "normal_atom_number",
+        "normal_atom_bool",
+        "normal_atom_list",
+        "special_incomplete",
+    ):
         kinds |= assert_mutations("en", category, 5)
-    assert {"wrong_function", "missing_required", "wrong_type", "wrong_value", "extra_call", "dropped_call",
-            "swapped_order", "no_sentence"} <= kinds
+    assert {
+        "wrong_function",
+        "missing_required",
+        "wrong_type",
+        "wrong_value",
+        "extra_call",
+        "dropped_call",
+        "swapped_order",
+        "no_sentence",
+    } <= kinds
 
 
 @pytest.mark.slow

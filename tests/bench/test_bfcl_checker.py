@@ -3,13 +3,33 @@
 from lopd_core.bench.bfcl.checker import check_call, check_single_turn, normalize
 from lopd_core.bench.tool_calls import ToolCall
 
-DOC = {"name": "book", "parameters": {"type": "dict", "required": ["city", "nights"], "properties": {
-    "city": {"type": "string"}, "nights": {"type": "integer"}, "price": {"type": "float"},
-    "pets": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
-    "room": {"type": "dict"}, "guests": {"type": "array", "items": {"type": "dict"}}}}}
-ANSWER = {"book": {"city": ["Paris", "paris, france"], "nights": [2], "price": [99.5, ""], "pets": [False, ""],
-                   "tags": [["Quiet", "sea view"], ""], "room": [{"kind": ["double"], "floor": [2, ""]}, ""],
-                   "guests": [[{"name": ["Ann"]}, {"name": ["Bo"]}], ""]}}
+DOC = {
+    "name": "book",
+    "parameters": {
+        "type": "dict",
+        "required": ["city", "nights"],
+        "properties": {
+            "city": {"type": "string"},
+            "nights": {"type": "integer"},
+            "price": {"type": "float"},
+            "pets": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "room": {"type": "dict"},
+            "guests": {"type": "array", "items": {"type": "dict"}},
+        },
+    },
+}
+ANSWER = {
+    "book": {
+        "city": ["Paris", "paris, france"],
+        "nights": [2],
+        "price": [99.5, ""],
+        "pets": [False, ""],
+        "tags": [["Quiet", "sea view"], ""],
+        "room": [{"kind": ["double"], "floor": [2, ""]}, ""],
+        "guests": [[{"name": ["Ann"]}, {"name": ["Bo"]}], ""],
+    }
+}
 
 
 def check(**arguments):
@@ -28,8 +48,11 @@ def test_string_normalization():
 
 def test_int_accepted_for_float_but_not_the_reverse():
     assert check(city="Paris", nights=2, price=99.5).valid
-    assert check_call(DOC, ToolCall("book", {"city": "Paris", "nights": 2, "price": 100}),
-                      {"book": {**ANSWER["book"], "price": [100.0]}}).valid
+    assert check_call(
+        DOC,
+        ToolCall("book", {"city": "Paris", "nights": 2, "price": 100}),
+        {"book": {**ANSWER["book"], "price": [100.0]}},
+    ).valid
     assert check(city="Paris", nights=2.0).error_type == "type_error"
 
 

@@ -6,8 +6,11 @@ import pytest
 
 from lopd_core.bench.bfcl.data import BfclDataError, category_file, load_category, resolve_data_dir
 
-ROW = {"id": "simple_0", "question": [[{"role": "user", "content": "hi"}]],
-       "function": [{"name": "f", "parameters": {"type": "dict", "properties": {}, "required": []}}]}
+ROW = {
+    "id": "simple_0",
+    "question": [[{"role": "user", "content": "hi"}]],
+    "function": [{"name": "f", "parameters": {"type": "dict", "properties": {}, "required": []}}],
+}
 
 
 def write(folder, name, rows):

@@ -17,8 +17,13 @@ pytestmark = pytest.mark.skipif(DATA is None or not DATA.is_dir(), reason="bfcl-
 SAMPLE = 15
 # Answers no call can meet under BFCL's rules (a required parameter without an acceptable value, or one the
 # document does not declare). BFCL's own checker fails them too (test_bfcl_agreement).
-UNSATISFIABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_507-149-4",
-                 "live_multiple_862-181-3", "live_multiple_964-207-0"}
+UNSATISFIABLE = {
+    "live_simple_106-63-0",
+    "live_simple_112-68-0",
+    "live_multiple_507-149-4",
+    "live_multiple_862-181-3",
+    "live_multiple_964-207-0",
+}
 
 
 def assert_ground_truth_passes(category: str, limit: int) -> None:
@@ -53,10 +58,22 @@ def test_mutations_sample(category):
 
 
 def test_mutation_suite_covers_every_kind():
-    kinds = {m.kind for c in ("parallel_multiple", "simple", "irrelevance", "live_relevance")
-             for e in load_category(c, DATA, 5) for m in mutations(e)}
-    assert {"wrong_function", "missing_required", "wrong_type", "wrong_value", "extra_call", "dropped_call",
-            "swapped_order", "no_call"} <= kinds
+    kinds = {
+        m.kind
+        for c in ("parallel_multiple", "simple", "irrelevance", "live_relevance")
+        for e in load_category(c, DATA, 5)
+        for m in mutations(e)
+    }
+    assert {
+        "wrong_function",
+        "missing_required",
+        "wrong_type",
+        "wrong_value",
+        "extra_call",
+        "dropped_call",
+        "swapped_order",
+        "no_call",
+    } <= kinds
 
 
 def test_unsatisfiable_answers_are_exactly_the_known_ones():

@@ -39,24 +39,61 @@ def test_ground_truth_passes(entry):
     assert verdict(entry, entry.answer).valid
 
 
-@pytest.mark.parametrize("turn,calls,valid,error_type", [
-    # order matters here: mkdir before cd creates temp in the wrong folder, and the mv then fails
-    (0, ["mkdir(dir_name='temp')", "cd(folder='document')", "mv(source='final_report.pdf', destination='temp')"],
-     False, "state_mismatch"),
-    (0, ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')",
-         "ls()"], True, ""),  # an extra read-only call leaves the state equal: BFCL allows it
-    (0, ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')",
-         "mkdir(dir_name='junk')"], False, "state_mismatch"),  # an extra call that changes the state
-    (1, ["cd(folder='temp')"], False, "response_mismatch"),  # dropped grep: its result is missing
-    (1, ["cd(folder='temp')", "grep(file_name='final_report.pdf', pattern='previous')"], False,
-     "response_mismatch"),  # wrong value: another pattern finds other lines
-    (0, ["cd(folder='document')", "mkdir(dir_name='temp')", "move(source='final_report.pdf', destination='temp')"],
-     False, "state_mismatch"),  # wrong function name
-    (0, ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf')"],
-     False, "state_mismatch"),  # missing required argument: the call errors, nothing moves
-    (2, [], False, "empty_turn"),
-    (2, ["sort(file_name='final_report.pdf')"], True, ""),  # keyword or positional, the same call
-])
+@pytest.mark.parametrize(
+    "turn,calls,valid,error_type",
+    [
+        # order matters here: mkdir before cd creates temp in the wrong folder, and the mv then fails
+        (
+            0,
+            ["mkdir(dir_name='temp')", "cd(folder='document')", "mv(source='final_report.pdf', destination='temp')"],
+            False,
+            "state_mismatch",
+        ),
+        (
+            0,
+            [
+                "cd(folder='document')",
+                "mkdir(dir_name='temp')",
+                "mv(source='final_report.pdf', destination='temp')",
+                "ls()",
+            ],
+            True,
+            "",
+        ),  # an extra read-only call leaves the state equal: BFCL allows it
+        (
+            0,
+            [
+                "cd(folder='document')",
+                "mkdir(dir_name='temp')",
+                "mv(source='final_report.pdf', destination='temp')",
+                "mkdir(dir_name='junk')",
+            ],
+            False,
+            "state_mismatch",
+        ),  # an extra call that changes the state
+        (1, ["cd(folder='temp')"], False, "response_mismatch"),  # dropped grep: its result is missing
+        (
+            1,
+            ["cd(folder='temp')", "grep(file_name='final_report.pdf', pattern='previous')"],
+            False,
+            "response_mismatch",
+        ),  # wrong value: another pattern finds other lines
+        (
+            0,
+            ["cd(folder='document')", "mkdir(dir_name='temp')", "move(source='final_report.pdf', destination='temp')"],
+            False,
+            "state_mismatch",
+        ),  # wrong function name
+        (
+            0,
+            ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf')"],
+            False,
+            "state_mismatch",
+        ),  # missing required argument: the call errors, nothing moves
+        (2, [], False, "empty_turn"),
+        (2, ["sort(file_name='final_report.pdf')"], True, ""),  # keyword or positional, the same call
+    ],
+)
 def test_known_verdicts(entry, turn, calls, valid, error_type):
     result = verdict(entry, with_turn(entry, turn, calls))
     assert (result.valid, result.error_type) == (valid, error_type), result.error

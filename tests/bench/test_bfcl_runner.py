@@ -41,8 +41,9 @@ def test_multi_turn_loop_with_a_model_that_answers_the_ground_truth():
     model = ScriptedModel(script)
     verdicts, records = run_category([entry], model, DATA)
     assert verdicts[entry.id].valid, verdicts[entry.id].error
-    assert [[parse_call_string(c) for c in t] for t in records[entry.id]["turns"]] == \
-        [[parse_call_string(c) for c in t] for t in entry.answer]
+    assert [[parse_call_string(c) for c in t] for t in records[entry.id]["turns"]] == [
+        [parse_call_string(c) for c in t] for t in entry.answer
+    ]
     last = model.conversations[-1]
     assert sum(m["role"] == "tool" for m in last) == sum(len(t) for t in entry.answer)  # every result came back
     assert any("More functions are available now" in m["content"] for m in last if m["role"] == "user")
@@ -52,8 +53,15 @@ def test_multi_turn_loop_with_a_model_that_answers_the_ground_truth():
 def test_single_turn_run_scores_parsed_output():
     entries = load_category("parallel", DATA, 2)
     first = entries[0].answer
-    text = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v[0]!r}" for k, v in p.items() if v[0] != "") + ")"
-                           for e in first for n, p in e.items()) + "]"
+    text = (
+        "["
+        + ", ".join(
+            f"{n}(" + ", ".join(f"{k}={v[0]!r}" for k, v in p.items() if v[0] != "") + ")"
+            for e in first
+            for n, p in e.items()
+        )
+        + "]"
+    )
     verdicts, records = run_category(entries, ScriptedModel([text, "no idea"]), DATA)
     assert verdicts[entries[0].id].valid, verdicts[entries[0].id].error
     assert not verdicts[entries[1].id].valid
@@ -61,10 +69,22 @@ def test_single_turn_run_scores_parsed_output():
 
 
 def test_prompt_carries_functions_and_keeps_a_system_message():
-    doc = {"name": "add", "description": "add", "parameters": {"type": "dict", "properties": {
-        "a": {"type": "float"}, "xs": {"type": "tuple", "items": {"type": "any"}}}, "required": ["a"]}}
-    entry = BfclEntry("live_simple_0", "live_simple", [[{"role": "system", "content": "Be brief."},
-                                                        {"role": "user", "content": "1+1?"}]], [doc], None)
+    doc = {
+        "name": "add",
+        "description": "add",
+        "parameters": {
+            "type": "dict",
+            "properties": {"a": {"type": "float"}, "xs": {"type": "tuple", "items": {"type": "any"}}},
+            "required": ["a"],
+        },
+    }
+    entry = BfclEntry(
+        "live_simple_0",
+        "live_simple",
+        [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]],
+        [doc],
+        None,
+    )
     messages = opening_messages(entry, native_tools=False)
     assert messages[0]["role"] == "system" and '"name": "add"' in messages[0]["content"]
     assert messages[0]["content"].endswith("Be brief.") and len(messages) == 2
@@ -74,10 +94,14 @@ def test_prompt_carries_functions_and_keeps_a_system_message():
 
 
 def test_real_generation_on_the_tiny_model(tiny_model, tiny_tokenizer):
-    doc = {"name": "ping", "description": "ping a host", "parameters": {
-        "type": "dict", "properties": {"host": {"type": "string"}}, "required": ["host"]}}
-    entry = BfclEntry("simple_python_0", "simple", [[{"role": "user", "content": "ping a"}]], [doc],
-                      [{"ping": {"host": ["a"]}}])
+    doc = {
+        "name": "ping",
+        "description": "ping a host",
+        "parameters": {"type": "dict", "properties": {"host": {"type": "string"}}, "required": ["host"]},
+    }
+    entry = BfclEntry(
+        "simple_python_0", "simple", [[{"role": "user", "content": "ping a"}]], [doc], [{"ping": {"host": ["a"]}}]
+    )
     generator = ChatGenerator(tiny_model, tiny_tokenizer, max_new_tokens=8, batch_size=2)
     assert not generator.native_tools  # the embedded template has no tool support: functions go in the prompt
     verdicts, records = run_category([entry], generator, DATA)

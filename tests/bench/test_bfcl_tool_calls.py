@@ -13,8 +13,10 @@ from lopd_core.bench.tool_calls import (
 
 def test_python_list_of_calls_with_literals():
     calls = parse_calls("[get_weather(city='Paris', days=3, units=None), math.hypot(x=-4, y=5.5, tags=['a', 'b'])]")
-    assert calls == [ToolCall("get_weather", {"city": "Paris", "days": 3, "units": None}),
-                     ToolCall("math.hypot", {"x": -4, "y": 5.5, "tags": ["a", "b"]})]
+    assert calls == [
+        ToolCall("get_weather", {"city": "Paris", "days": 3, "units": None}),
+        ToolCall("math.hypot", {"x": -4, "y": 5.5, "tags": ["a", "b"]}),
+    ]
 
 
 def test_bare_call_fences_and_empty_list():
@@ -46,8 +48,10 @@ def test_positional_arguments_are_kept_apart():
 
 
 def test_json_tool_call_blocks_and_objects():
-    text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": "{\\"y\\": [2]}"}</tool_call>')
+    text = (
+        '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": "{\\"y\\": [2]}"}</tool_call>'
+    )
     assert parse_calls(text) == [ToolCall("a", {"x": 1}), ToolCall("b", {"y": [2]})]
     assert parse_calls('[{"name": "a", "parameters": {"x": 1}}]') == [ToolCall("a", {"x": 1})]
     assert parse_calls('{"type": "function", "function": {"name": "a", "arguments": {}}}') == [ToolCall("a", {})]

@@ -38,8 +38,12 @@ def test_cli_scores_all_164_canonical_solutions_and_0_stubs(tmp_path, capsys):
     metrics.write_text(json.dumps({"toolworld": {"test_id": {}}}))
     for name, completion, expected in (("canonical", None, 1.0), ("stub", "    return None\n", 0.0)):
         preds = tmp_path / f"{name}.jsonl"
-        preds.write_text("".join(json.dumps({"task_id": k, "completion": completion or p["canonical_solution"]})
-                                 + "\n" for k, p in problems.items()))
+        preds.write_text(
+            "".join(
+                json.dumps({"task_id": k, "completion": completion or p["canonical_solution"]}) + "\n"
+                for k, p in problems.items()
+            )
+        )
         assert main(["bench", "score", "humaneval", "--predictions", str(preds), "--out", str(metrics)]) == 0
         capsys.readouterr()
         merged = json.loads(metrics.read_text())

@@ -32,9 +32,13 @@ CASES = {"lopd_full": ("lopd", "full"), "lopd_lora": ("lopd", "lora"), "grpo_ful
 def result(d, rows: list[dict]) -> dict:
     whole = SH.whole_state_dict(d.trainable)
     names = [n for n, _ in d.trainable.named_parameters()]
-    return {"rows": rows, "beta": d.state.beta, "step": d.state.step,
-            "theta": {n: whole[n].detach().clone() for n in names} if D.is_main() else {},
-            "phi": {n: p.detach().clone() for n, p in d.composer.named_parameters()}}
+    return {
+        "rows": rows,
+        "beta": d.state.beta,
+        "step": d.state.step,
+        "theta": {n: whole[n].detach().clone() for n in names} if D.is_main() else {},
+        "phi": {n: p.detach().clone() for n, p in d.composer.named_parameters()},
+    }
 
 
 def row(r) -> dict:
@@ -48,8 +52,9 @@ def main(mode: str, out: Path) -> None:
     tasks, trajs = my_slice(tasks, trajs)
     for case, (method, student_mode) in CASES.items():
         if mode == "train":
-            d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
-                          out_dir=str(out / case))
+            d = distiller(
+                base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method, out_dir=str(out / case)
+            )
             rows = []
             for k in range(3):
                 rows.append(row(d.update(tasks, trajs)))
@@ -60,8 +65,9 @@ def main(mode: str, out: Path) -> None:
             continue
         # resume: the 2-rank sharded checkpoint, then the one-process replicated one (test_fsdp.py wrote it)
         for source, name in ((out / case, "resume"), (out / "one" / case, "resume_replicated")):
-            d = distiller(base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method,
-                          out_dir=str(source))
+            d = distiller(
+                base, tokenizer, texts, sharding="fsdp2", mode=student_mode, method=method, out_dir=str(source)
+            )
             assert d.load_checkpoint(), f"no checkpoint to resume in {source}"
             save(out / f"{case}_{name}.pt", result(d, [row(d.update(tasks, trajs))]))
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lopd_core.config import EnvsConfig, Params
-from lopd_core.envs import registry
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.envs import registry
 
 
 @pytest.fixture(autouse=True)
@@ -24,15 +24,23 @@ def test_every_teacher_row_fits_max_context_with_its_latents(tmp_path, tiny_mode
     p = Params()
     p.envs = EnvsConfig(mix={"flood": 1.0}, plugins={"flood": "_faulty_envs:FloodEnv"})
     p.rollout = replace(p.rollout, max_new_tokens=8, max_context=200, max_observation_tokens=64)
-    p.lopd = replace(p.lopd, tasks_per_step=2, samples_per_task=2, steps=1, out_dir=str(tmp_path / "lopd"),
-                     csv=str(tmp_path / "distill.csv"))
+    p.lopd = replace(
+        p.lopd,
+        tasks_per_step=2,
+        samples_per_task=2,
+        steps=1,
+        out_dir=str(tmp_path / "lopd"),
+        csv=str(tmp_path / "distill.csv"),
+    )
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     texts = ["search(query) found: lorem ipsum", "search(query) found: dolor"]
-    d = trainer_mod.Distiller(p, model, tiny_tokenizer, lambda tasks: [texts for _ in tasks], composer=composer,
-                              log=lambda m: None)
+    d = trainer_mod.Distiller(
+        p, model, tiny_tokenizer, lambda tasks: [texts for _ in tasks], composer=composer, log=lambda m: None
+    )
     seen = []
     score = trainer_mod.S.score_teacher
 

@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from lopd_core.config import FORWARD_KL_METHODS, KL_MIX_METHODS, ConfigError, Params, load_params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
-from lopd_core.distill import losses as L
 from lopd_core import methods as M
+from lopd_core.config import FORWARD_KL_METHODS, KL_MIX_METHODS, ConfigError, Params, load_params
+from lopd_core.distill import losses as L
 from lopd_core.distill import step as S
 from lopd_core.distill import teacher_refresh as R
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 
 LN2 = math.log(2.0)
@@ -57,9 +57,10 @@ def test_forward_kl_by_hand_on_three_tokens():
     logits = torch.log(P_S).clone().requires_grad_(True)
     fwd = L.forward_kl_topk(logits, t_lp, ids)
     torch.testing.assert_close(fwd.detach(), torch.tensor([FORWARD], dtype=torch.float64))
-    assert FORWARD != pytest.approx(REVERSE)  # the two directions differ here
-    torch.testing.assert_close(L.reverse_kl_topk(logits, t_lp, ids).detach(),
-                               torch.tensor([REVERSE], dtype=torch.float64))
+    assert pytest.approx(REVERSE) != FORWARD  # the two directions differ here
+    torch.testing.assert_close(
+        L.reverse_kl_topk(logits, t_lp, ids).detach(), torch.tensor([REVERSE], dtype=torch.float64)
+    )
     fwd.sum().backward()
     torch.testing.assert_close(logits.grad, torch.tensor([[-0.25, -0.05, 0.3]], dtype=torch.float64))
 
@@ -80,10 +81,14 @@ def test_mixed_kl_by_hand_and_its_ends_are_the_pure_losses_exactly():
     torch.manual_seed(0)
     s_logits, teacher = torch.randn(7, 13), torch.log_softmax(torch.randn(7, 13), -1)
     top = teacher.topk(4, -1)
-    assert torch.equal(L.mixed_kl_topk(s_logits, top.values, top.indices, weight=0.0),
-                       L.reverse_kl_topk(s_logits, top.values, top.indices))
-    assert torch.equal(L.mixed_kl_topk(s_logits, top.values, top.indices, weight=1.0),
-                       L.forward_kl_topk(s_logits, top.values, top.indices))
+    assert torch.equal(
+        L.mixed_kl_topk(s_logits, top.values, top.indices, weight=0.0),
+        L.reverse_kl_topk(s_logits, top.values, top.indices),
+    )
+    assert torch.equal(
+        L.mixed_kl_topk(s_logits, top.values, top.indices, weight=1.0),
+        L.forward_kl_topk(s_logits, top.values, top.indices),
+    )
     with pytest.raises(ValueError, match="weight"):
         L.mixed_kl_topk(s_logits, top.values, top.indices, weight=1.5)
 
@@ -105,23 +110,32 @@ def test_each_method_resolves_its_mix_and_the_step_loss_takes_it():
     top = teacher.topk(3, -1)
     actions = torch.randint(0, 11, (5,))
     targets = S.StudentTargets(top.values, top.indices, teacher.gather(-1, actions[:, None]).squeeze(-1))
-    assert torch.equal(S.student_token_loss(logits, actions, targets, _loss("lopd")),
-                       L.reverse_kl_topk(logits, top.values, top.indices))
-    torch.testing.assert_close(S.student_token_loss(logits, actions, targets, _loss("lopd_mixed_kl")),
-                               L.mixed_kl_topk(logits, top.values, top.indices, weight=0.5))
-    torch.testing.assert_close(S.student_token_loss(logits, actions, targets, _loss("lopd_forward_kl")),
-                               L.forward_kl_topk(logits, top.values, top.indices))
+    assert torch.equal(
+        S.student_token_loss(logits, actions, targets, _loss("lopd")),
+        L.reverse_kl_topk(logits, top.values, top.indices),
+    )
+    torch.testing.assert_close(
+        S.student_token_loss(logits, actions, targets, _loss("lopd_mixed_kl")),
+        L.mixed_kl_topk(logits, top.values, top.indices, weight=0.5),
+    )
+    torch.testing.assert_close(
+        S.student_token_loss(logits, actions, targets, _loss("lopd_forward_kl")),
+        L.forward_kl_topk(logits, top.values, top.indices),
+    )
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    (["lopd.method=grpo", "lopd.kl_mix=0.5"], ["lopd.kl_mix", "GRPO"]),
-    (["lopd.method=lopd_forward_kl", "lopd.student_loss=full"], ["lopd.student_loss", "'topk'"]),
-    (["lopd.kl_mix=0.5", "lopd.student_loss=sampled"], ["lopd.student_loss", "top-k"]),
-    (["lopd.method=lopd_forward_kl", "lopd.kl_mix=0.3"], ["lopd.kl_mix", "lopd_mixed_kl"]),
-    (["lopd.kl_mix=1.5"], ["lopd.kl_mix"]),
-    (["baselines.switch_fraction=1.5"], ["baselines.switch_fraction"]),
-    (["baselines.refresh_metric=loss"], ["baselines.refresh_metric"]),
-])
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["lopd.method=grpo", "lopd.kl_mix=0.5"], ["lopd.kl_mix", "GRPO"]),
+        (["lopd.method=lopd_forward_kl", "lopd.student_loss=full"], ["lopd.student_loss", "'topk'"]),
+        (["lopd.kl_mix=0.5", "lopd.student_loss=sampled"], ["lopd.student_loss", "top-k"]),
+        (["lopd.method=lopd_forward_kl", "lopd.kl_mix=0.3"], ["lopd.kl_mix", "lopd_mixed_kl"]),
+        (["lopd.kl_mix=1.5"], ["lopd.kl_mix"]),
+        (["baselines.switch_fraction=1.5"], ["baselines.switch_fraction"]),
+        (["baselines.refresh_metric=loss"], ["baselines.refresh_metric"]),
+    ],
+)
 def test_meaningless_mixes_and_settings_fail_at_load(overrides, fragments):
     with pytest.raises(ConfigError) as info:
         load_params("params.yaml", overrides)
@@ -143,11 +157,17 @@ def test_every_new_method_is_in_params_yaml_and_its_presets():
         assert set(params.compare.presets[preset].methods) == set(M.METHOD_NAMES)
     text = Path("params.yaml").read_text()
     start = text.index("\nlopd:")
-    listing = text[start:text.index("\n  steps:", start)]  # the comment listing lopd.method's values
+    listing = text[start : text.index("\n  steps:", start)]  # the comment listing lopd.method's values
     assert all(name in listing for name in M.METHOD_NAMES)
     b = params.baselines
-    assert (b.switch_fraction, b.refresh_check_every, b.refresh_check_n, b.refresh_min_gain,
-            b.refresh_metric, params.lopd.kl_mix) == (0.5, 16, 16, 0.0, "success", 0.0)
+    assert (
+        b.switch_fraction,
+        b.refresh_check_every,
+        b.refresh_check_n,
+        b.refresh_min_gain,
+        b.refresh_metric,
+        params.lopd.kl_mix,
+    ) == (0.5, 16, 16, 0.0, "success", 0.0)
 
 
 # ---- the trainer: tiny runs ---------------------------------------------------------------------------------
@@ -157,8 +177,16 @@ def _params(tmp_path, method: str, steps: int = 4, **baselines) -> Params:
     p = Params()
     p.seed = 0
     p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
-    p.lopd = replace(p.lopd, method=method, tasks_per_step=2, samples_per_task=2, steps=steps, checkpoint_every=1,
-                     out_dir=str(tmp_path / "lopd"), csv=str(tmp_path / "plots" / "distill.csv"))
+    p.lopd = replace(
+        p.lopd,
+        method=method,
+        tasks_per_step=2,
+        samples_per_task=2,
+        steps=steps,
+        checkpoint_every=1,
+        out_dir=str(tmp_path / "lopd"),
+        csv=str(tmp_path / "plots" / "distill.csv"),
+    )
     p.baselines = replace(p.baselines, **baselines)
     return p
 
@@ -175,8 +203,9 @@ def retriever():
 def _distiller(params, tiny_model, tiny_tokenizer, retriever):
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     return trainer_mod.Distiller(params, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
 
 
@@ -199,8 +228,9 @@ def _count_teacher_passes(monkeypatch):
     return calls, counting
 
 
-def test_lopd_then_grpo_trains_lopd_then_grpo_without_a_teacher(tmp_path, tiny_model, tiny_tokenizer, retriever,
-                                                               monkeypatch):
+def test_lopd_then_grpo_trains_lopd_then_grpo_without_a_teacher(
+    tmp_path, tiny_model, tiny_tokenizer, retriever, monkeypatch
+):
     params = _params(tmp_path, "lopd_then_grpo", steps=4, switch_fraction=0.5)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     calls, counting = _count_teacher_passes(monkeypatch)
@@ -261,10 +291,12 @@ def test_the_switch_step_is_a_share_of_lopd_steps():
 
 def _scripted(scores: list[float], seen: list):
     """A scorer that returns success rates in the order asked, recording which model it scored."""
+
     def score(lm):
         seen.append(lm)
         value = scores.pop(0)
         return R.CheckScore(value, value, 4)
+
     return score
 
 
@@ -394,8 +426,13 @@ def test_greedy_score_plays_the_tasks_greedily(tiny_model, tiny_tokenizer):
     tasks = make_tasks("toolworld", "train", 3, seed=7)
     codec = ChatCodec(tiny_tokenizer)
     score = R.greedy_score(tiny_model, codec, tasks, p.rollout, seed=0)
-    trajs = rollout(tiny_model, codec, [RolloutRequest(t) for t in tasks],
-                    sampling=Sampling(temperature=0.0, max_new_tokens=24, max_context=640), seed=5)
+    trajs = rollout(
+        tiny_model,
+        codec,
+        [RolloutRequest(t) for t in tasks],
+        sampling=Sampling(temperature=0.0, max_new_tokens=24, max_context=640),
+        seed=5,
+    )
     want = summarize(trajs)
     assert score.n == 3 and score.success_rate == pytest.approx(want["success_rate"], abs=1e-4)
     assert score.reward_mean == pytest.approx(want["reward_mean"], abs=1e-4)

@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from lopd_core.envs import make_tasks
 from lopd_core.distill import losses as L
 from lopd_core.distill.coldstart import train_coldstart
 from lopd_core.distill.coldstart_data import oracle_trajectory
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 
 
@@ -20,8 +20,9 @@ def test_forward_kl_full_is_the_teacher_weighted_divergence_by_hand():
     student, teacher = torch.log(torch.tensor([[0.5, 0.5]])), torch.log(torch.tensor([[0.9, 0.1]]))
     forward = 0.9 * math.log(1.8) + 0.1 * math.log(0.2)
     torch.testing.assert_close(L.forward_kl_full(student, teacher), torch.tensor([forward]))
-    torch.testing.assert_close(L.reverse_kl_full(student, teacher),
-                               torch.tensor([0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(5.0)]))
+    torch.testing.assert_close(
+        L.reverse_kl_full(student, teacher), torch.tensor([0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(5.0)])
+    )
 
 
 def _coldstart(tiny_model, tiny_tokenizer, *, kl_weight, logs, steps=2):
@@ -30,11 +31,23 @@ def _coldstart(tiny_model, tiny_tokenizer, *, kl_weight, logs, steps=2):
     texts = [f"search(query) found: row {i}" for i in range(2)]
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     before = {n: p.detach().clone() for n, p in composer.named_parameters()}
-    run = train_coldstart(model, tiny_tokenizer, composer, successes, lambda ts: [texts for _ in ts], steps=steps,
-                          batch_size=2, lr=1e-2, kl_weight=kl_weight, seed=0, log=logs.append)
+    run = train_coldstart(
+        model,
+        tiny_tokenizer,
+        composer,
+        successes,
+        lambda ts: [texts for _ in ts],
+        steps=steps,
+        batch_size=2,
+        lr=1e-2,
+        kl_weight=kl_weight,
+        seed=0,
+        log=logs.append,
+    )
     moved = {n for n, p in composer.named_parameters() if not torch.equal(p, before[n])}
     return run, moved, set(before)
 

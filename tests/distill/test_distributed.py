@@ -30,15 +30,42 @@ ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 TINY = [
-    "rollout.max_new_tokens=20", "rollout.max_context=512", "bank.seed_tasks=2", "bank.samples_per_task=1",
-    "coldstart.oracle_tasks=12", "envs.pretrain_worlds=2", "composer.num_queries=4", "composer.num_layers=1", "composer.num_heads=2",
-    "coldstart.steps=2", "coldstart.batch_size=4", "lopd.steps=3", "lopd.tasks_per_step=4",
-    "lopd.samples_per_task=2", "lopd.micro_batch=3", "lopd.checkpoint_every=1",
+    "rollout.max_new_tokens=20",
+    "rollout.max_context=512",
+    "bank.seed_tasks=2",
+    "bank.samples_per_task=1",
+    "coldstart.oracle_tasks=12",
+    "envs.pretrain_worlds=2",
+    "composer.num_queries=4",
+    "composer.num_layers=1",
+    "composer.num_heads=2",
+    "coldstart.steps=2",
+    "coldstart.batch_size=4",
+    "lopd.steps=3",
+    "lopd.tasks_per_step=4",
+    "lopd.samples_per_task=2",
+    "lopd.micro_batch=3",
+    "lopd.checkpoint_every=1",
     # the paper's LOPD at its constant m: φ trains and β moves, so their agreement across ranks says something
-    "lopd.method=lopd", "lopd.margin=0.05",
+    "lopd.method=lopd",
+    "lopd.margin=0.05",
 ]
-COMPARED = ["distill_loss", "kl_phi", "delta", "beta", "anchor", "reward_mean", "success_rate", "student_entropy",
-            "teacher_entropy", "topk_mass", "grad_norm_theta", "grad_norm_phi", "latent_norm_ratio", "rollouts"]
+COMPARED = [
+    "distill_loss",
+    "kl_phi",
+    "delta",
+    "beta",
+    "anchor",
+    "reward_mean",
+    "success_rate",
+    "student_entropy",
+    "teacher_entropy",
+    "topk_mass",
+    "grad_norm_theta",
+    "grad_norm_phi",
+    "latent_norm_ratio",
+    "rollouts",
+]
 RTOL, ATOL = 1e-3, 1e-5  # float32 sums in another order, through 3 AdamW steps
 
 
@@ -62,9 +89,24 @@ def _lopd(work: Path, *args: str, procs: int = 1, sets: list[str] = ()) -> subpr
     for s in [*TINY, f"model.name_or_path={work / 'model'}", *sets]:
         cli += ["--set", s]
     if procs > 1:
-        cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(procs), "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
-               "--main_process_port", str(_free_port()), *cli]
+        cmd = [
+            str(ACCELERATE),
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(procs),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(_free_port()),
+            *cli,
+        ]
     else:
         cmd = [sys.executable, *cli]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -88,7 +130,9 @@ def _compare(label: str, ref: list[dict], got: list[dict], columns: list[str]) -
         for c in columns:
             diff = abs(a[c] - b[c])
             worst = max(worst, diff / max(abs(a[c]), 1e-12) if diff > ATOL else 0.0)
-            assert b[c] == pytest.approx(a[c], rel=RTOL, abs=ATOL), f"{label} step {a['step']:.0f} {c}: {a[c]} vs {b[c]}"
+            assert b[c] == pytest.approx(a[c], rel=RTOL, abs=ATOL), (
+                f"{label} step {a['step']:.0f} {c}: {a[c]} vs {b[c]}"
+            )
     print(f"{label}: worst relative difference {worst:.2e} over {len(ref)} steps")
     return worst
 
@@ -114,8 +158,12 @@ def test_two_processes_match_one(work):
     # Cold start: 1 process, then 2 processes on the same draws; φ0 and the logged losses agree.
     _lopd(work, "coldstart", sets=["coldstart.out=data/composer/phi0_1.pt", "lopd.csv=plots/one/distill.csv"])
     _lopd(work, "coldstart", procs=2, sets=["coldstart.out=data/composer/phi0.pt", "lopd.csv=plots/two/distill.csv"])
-    cold = _compare("coldstart", _rows(work / "plots/one/coldstart.csv"), _rows(work / "plots/two/coldstart.csv"),
-                    ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"])
+    cold = _compare(
+        "coldstart",
+        _rows(work / "plots/one/coldstart.csv"),
+        _rows(work / "plots/two/coldstart.csv"),
+        ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"],
+    )
     phi1 = torch.load(work / "data/composer/phi0_1.pt", weights_only=True)
     phi2 = torch.load(work / "data/composer/phi0.pt", weights_only=True)
     worst_phi = max(float((phi1[k] - phi2[k]).abs().max()) for k in phi1)
@@ -146,16 +194,24 @@ def test_fsdp2_under_accelerate_matches_one_process(work):
 
     fsdp = ["lopd.sharding=fsdp2"]
     _lopd(work, "coldstart", sets=["coldstart.out=data/composer/phi0_f1.pt", "lopd.csv=plots/f1/distill.csv"])
-    _lopd(work, "coldstart", procs=2, sets=[*fsdp, "coldstart.out=data/composer/phi0.pt",
-                                            "lopd.csv=plots/f2/distill.csv"])
-    _compare("coldstart fsdp2", _rows(work / "plots/f1/coldstart.csv"), _rows(work / "plots/f2/coldstart.csv"),
-             ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"])
+    _lopd(
+        work, "coldstart", procs=2, sets=[*fsdp, "coldstart.out=data/composer/phi0.pt", "lopd.csv=plots/f2/distill.csv"]
+    )
+    _compare(
+        "coldstart fsdp2",
+        _rows(work / "plots/f1/coldstart.csv"),
+        _rows(work / "plots/f2/coldstart.csv"),
+        ["nll", "kl", "loss", "latent_norm_ratio", "grad_norm"],
+    )
     _lopd(work, "distill", "--fresh", sets=["lopd.out_dir=data/f_one", "lopd.csv=plots/f1/distill.csv"])
-    _lopd(work, "distill", "--fresh", procs=2,
-          sets=[*fsdp, "lopd.out_dir=data/f_two", "lopd.csv=plots/f2/distill.csv"])
+    _lopd(work, "distill", "--fresh", procs=2, sets=[*fsdp, "lopd.out_dir=data/f_two", "lopd.csv=plots/f2/distill.csv"])
     assert len(list((work / "data/f_two/theta").iterdir())) == 1  # earlier steps' shards removed
-    _compare("distill fsdp2 (2 processes)", _rows(work / "plots/f1/distill.csv"),
-             _rows(work / "plots/f2/distill.csv"), COMPARED)
+    _compare(
+        "distill fsdp2 (2 processes)",
+        _rows(work / "plots/f1/distill.csv"),
+        _rows(work / "plots/f2/distill.csv"),
+        COMPARED,
+    )
     one = load_file(work / "data/f_one/student/model.safetensors")
     two = load_file(work / "data/f_two/student/model.safetensors")
     assert one.keys() == two.keys()

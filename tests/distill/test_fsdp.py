@@ -69,8 +69,14 @@ def test_served_rollouts_with_reload_are_refused_sharded(tiny_model, tiny_tokeni
     p.lopd = replace(p.lopd, sharding="fsdp2", method="grpo")
     composer = Composer(tiny_model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=1.0)
     with pytest.raises(ConfigError, match=r"rollout\.sync"):
-        Distiller(p, copy.deepcopy(tiny_model), tiny_tokenizer, lambda ts: [[] for _ in ts], composer=composer,
-                  log=lambda m: None)
+        Distiller(
+            p,
+            copy.deepcopy(tiny_model),
+            tiny_tokenizer,
+            lambda ts: [[] for _ in ts],
+            composer=composer,
+            log=lambda m: None,
+        )
 
 
 def _free_port() -> int:
@@ -81,38 +87,55 @@ def _free_port() -> int:
 
 def _launch(procs: int, mode: str, out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [str(TORCHRUN), "--nproc_per_node", str(procs), "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(WORKER), mode, str(out)]
+    cmd = [
+        str(TORCHRUN),
+        "--nproc_per_node",
+        str(procs),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(WORKER),
+        mode,
+        str(out),
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 def _reference(case: str, out: Path) -> dict:
     """The same three updates in this process, unsharded, and update 3 resumed from the sharded checkpoint."""
+    from tests.lopd.fsdp_worker import CASES
+
     from benchmarks.sharded_update import distiller
     from benchmarks.update_fingerprint import setup
     from lopd_core.distill.loop import export
-    from tests.lopd.fsdp_worker import CASES
 
     method, mode = CASES[case]
     base, tokenizer, tasks, trajs, texts = setup()
-    d = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method,
-                  out_dir=str(out / "one" / case))
+    d = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method, out_dir=str(out / "one" / case))
     rows = []
     for i in range(3):
         rows.append({k: v for k, v in asdict(d.update(tasks, trajs).row).items() if k != "step_seconds"})
         if i == 1:
             d.save_checkpoint()  # replicated, after update 2: the 1-rank launch resumes it sharded
     export(d, out / "one" / case / "student")
-    ref = {"rows": rows, "beta": d.state.beta, "theta": dict(d.trainable.named_parameters()),
-           "phi": dict(d.composer.named_parameters())}
+    ref = {
+        "rows": rows,
+        "beta": d.state.beta,
+        "theta": dict(d.trainable.named_parameters()),
+        "phi": dict(d.composer.named_parameters()),
+    }
     # the two processes' sharded checkpoint (after update 2), resumed here in one unsharded process
     resumed = distiller(base, tokenizer, texts, sharding="none", mode=mode, method=method, out_dir=str(out / case))
     assert resumed.load_checkpoint() and resumed.state.step == 2
     r = resumed.update(tasks, trajs)
-    ref["resumed"] = {"rows": [{k: v for k, v in asdict(r.row).items() if k != "step_seconds"}],
-                      "beta": resumed.state.beta, "theta": dict(resumed.trainable.named_parameters()),
-                      "phi": dict(resumed.composer.named_parameters())}
+    ref["resumed"] = {
+        "rows": [{k: v for k, v in asdict(r.row).items() if k != "step_seconds"}],
+        "beta": resumed.state.beta,
+        "theta": dict(resumed.trainable.named_parameters()),
+        "phi": dict(resumed.composer.named_parameters()),
+    }
     return ref
 
 
@@ -135,7 +158,6 @@ def _compare(label: str, ref: dict, got: dict) -> None:
 @pytest.mark.slow
 def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
     from safetensors.torch import load_file
-
     from tests.lopd.fsdp_worker import CASES
 
     _launch(2, "train", tmp_path)  # sharded over 2 ranks; checkpoint after update 2
@@ -149,10 +171,14 @@ def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
             assert any(r["grad_norm_phi"] > 0 for r in trained["rows"]) and ref["beta"] != 0.5
         last = {"rows": ref["rows"][2:], "beta": ref["beta"], "theta": ref["theta"], "phi": ref["phi"]}
         _compare(f"{case} resumed in 1 unsharded process", last, ref["resumed"])
-        _compare(f"{case} resumed in 1 sharded process", last, torch.load(tmp_path / f"{case}_resume.pt",
-                                                                          weights_only=True))
-        _compare(f"{case} replicated checkpoint resumed sharded", last,
-                 torch.load(tmp_path / f"{case}_resume_replicated.pt", weights_only=True))
+        _compare(
+            f"{case} resumed in 1 sharded process", last, torch.load(tmp_path / f"{case}_resume.pt", weights_only=True)
+        )
+        _compare(
+            f"{case} replicated checkpoint resumed sharded",
+            last,
+            torch.load(tmp_path / f"{case}_resume_replicated.pt", weights_only=True),
+        )
         # the exported Hugging Face student (LoRA merged) is the one-process run's
         one = load_file(tmp_path / "one" / case / "student" / "model.safetensors")
         two = load_file(tmp_path / case / "student" / "model.safetensors")

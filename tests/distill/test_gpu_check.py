@@ -29,8 +29,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gets")
 def test_without_cuda_the_check_stops_at_preflight(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "LOPD_PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 3
     assert "no usable CUDA device" in done.stderr and "--cpu" in done.stderr
     preflight = json.loads((tmp_path / "preflight.json").read_text())
@@ -40,14 +46,28 @@ def test_without_cuda_the_check_stops_at_preflight(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_dry_run_of_the_in_process_checks(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--cpu",
-                           "--model", str(tmp_path / "none"), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--cpu",
+            "--model",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     checks = json.loads((tmp_path / "checks.json").read_text())
     assert checks["ok"]
-    assert {"env", "rollout_cuda", "rollout_bf16", "lopd_step_full", "lopd_step_lora",
-            "lopd_step_lora_bf16"} <= set(checks)
+    assert {"env", "rollout_cuda", "rollout_bf16", "lopd_step_full", "lopd_step_lora", "lopd_step_lora_bf16"} <= set(
+        checks
+    )
 
 
 @pytest.mark.gpu
@@ -56,15 +76,24 @@ def test_cpu_dry_run_of_the_in_process_checks(tmp_path):
 def test_shared_prefill_on_cuda_plays_the_unshared_ids(tiny_model, tiny_tokenizer, seeded):
     model = copy.deepcopy(tiny_model).to("cuda")
     codec = ChatCodec(tiny_tokenizer)
-    requests = [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", 3, seed=7)
-                for g in range(4)]
+    requests = [
+        RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", 3, seed=7) for g in range(4)
+    ]
     sampling = Sampling(temperature=1.0, max_new_tokens=12, max_context=768)
     seeds = list(range(len(requests))) if seeded else None
 
     def play(shared: bool):
         with mock.patch.object(engine, "generate_turn", partial(engine.generate_turn, share_prompts=shared)):
-            return rollout(model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds,
-                           keep_cache=False)  # the path that calls generate_turn every turn
+            return rollout(
+                model,
+                codec,
+                requests,
+                sampling=sampling,
+                batch_size=len(requests),
+                seed=3,
+                seeds=seeds,
+                keep_cache=False,
+            )  # the path that calls generate_turn every turn
 
     assert [t.token_ids for t in play(True)] == [t.token_ids for t in play(False)]
 

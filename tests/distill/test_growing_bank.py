@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pandas as pd
 
 from lopd_core.bank import ExperienceBank
-from lopd_core.envs import make_tasks
 from lopd_core.distill.coldstart_data import oracle_trajectory
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, stage_bank_paths
+from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 
 

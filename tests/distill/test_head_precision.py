@@ -15,9 +15,9 @@ from unittest import mock
 
 import torch
 
-from lopd_core.envs import make_tasks
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.head import head_logits, uses_float32_head
 from lopd_core.rollout.engine import RolloutRequest, Sampling, generate_turn, rollout
@@ -33,10 +33,16 @@ def _sharp_copy(model, dtype=torch.float32, scale=12.0):
 
 
 def _rollouts(model, tokenizer, n=2, samples=2):
-    reqs = [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", n, seed=5)
-            for g in range(samples)]
-    trajs = rollout(model, ChatCodec(tokenizer), reqs, sampling=Sampling(temperature=1.0, max_new_tokens=10,
-                                                                        max_context=640), seed=1)
+    reqs = [
+        RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", n, seed=5) for g in range(samples)
+    ]
+    trajs = rollout(
+        model,
+        ChatCodec(tokenizer),
+        reqs,
+        sampling=Sampling(temperature=1.0, max_new_tokens=10, max_context=640),
+        seed=1,
+    )
     return [t.token_ids for t in trajs], [t.action_mask for t in trajs], trajs
 
 
@@ -70,8 +76,7 @@ def test_bf16_head_matmul_is_float32_accurate(tiny_model):
     bf16_err = (model.lm_head(hidden).double() - exact).abs().max().item()
     assert ours_err < 1e-4
     assert bf16_err > 100 * ours_err
-    torch.testing.assert_close(torch.log_softmax(ours.double(), -1), torch.log_softmax(exact, -1),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.log_softmax(ours.double(), -1), torch.log_softmax(exact, -1), atol=1e-4, rtol=0)
 
 
 def test_bf16_model_scores_near_its_float32_twin(tiny_model, tiny_tokenizer):
@@ -102,9 +107,14 @@ def test_bf16_rollout_samples_with_the_float32_head(tiny_model, tiny_tokenizer):
     ids, _, trajs = _rollouts(half, tiny_tokenizer, n=1, samples=1)
     prompt = ids[0][: trajs[0].prompt_length]
     with mock.patch.object(half.lm_head, "forward", side_effect=AssertionError("bf16 head used")):
-        [(turn_ids, turn_lps)] = generate_turn(half, [prompt], sampling=Sampling(temperature=0.0, max_new_tokens=1),
-                                               stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                                               generator=torch.Generator().manual_seed(0))
+        [(turn_ids, turn_lps)] = generate_turn(
+            half,
+            [prompt],
+            sampling=Sampling(temperature=0.0, max_new_tokens=1),
+            stop_id=codec.im_end_id,
+            pad_id=codec.pad_id,
+            generator=torch.Generator().manual_seed(0),
+        )
     with torch.no_grad():
         batch = build_batch(half, [prompt + turn_ids], [[0] * len(prompt) + [1]])
         scored = _action_logprobs(action_logits(half, batch), batch.action_ids)

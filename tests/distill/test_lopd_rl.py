@@ -32,8 +32,9 @@ def test_lopd_rl_is_lopds_loss_plus_the_weighted_grpo_term():
     assert hybrid.kind == "topk" and hybrid.rl_weight == 0.3 and hybrid.reads_sample_logprobs
     got = S.student_token_loss(logits, actions, targets, hybrid, pg_advantage=adv, sample_logprobs=sample_lp)
     s_action = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
-    want = (L.reverse_kl_topk(logits, top.values, top.indices)
-            + 0.3 * L.clipped_policy_loss(s_action, sample_lp, adv, clip=hybrid.clip))
+    want = L.reverse_kl_topk(logits, top.values, top.indices) + 0.3 * L.clipped_policy_loss(
+        s_action, sample_lp, adv, clip=hybrid.clip
+    )
     torch.testing.assert_close(got, want)
     lopd = _loss("lopd")
     assert lopd.rl_weight == 0 and not lopd.reads_sample_logprobs  # plain LOPD is untouched

@@ -210,9 +210,7 @@ def test_advantages_all_kinds():
     assert advantages(rewards, kind="binary", successes=successes).tolist() == [1.0, -1.0, 1.0, -1.0]
     # group means: group 7 -> (1 + 0)/2 = 0.5, group 3 -> (0.5 + 0.25)/2 = 0.375
     groups = torch.tensor([7, 7, 3, 3])
-    assert advantages(rewards, kind="group", group_ids=groups).tolist() == pytest.approx(
-        [0.5, -0.5, 0.125, -0.125]
-    )
+    assert advantages(rewards, kind="group", group_ids=groups).tolist() == pytest.approx([0.5, -0.5, 0.125, -0.125])
     with pytest.raises(ValueError, match="'ppo'"):
         advantages(rewards, kind="ppo")
     with pytest.raises(ValueError, match="successes"):
@@ -278,6 +276,4 @@ def test_gradients_match_finite_differences():
     t_lp = t_lp.detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda s, t: reverse_kl_topk(s, t, t_ids), (student, t_lp))
     teacher_logits = teacher.clone().requires_grad_()
-    assert torch.autograd.gradcheck(
-        lambda s, t: reverse_kl_full(s, t, chunk_size=2), (student, teacher_logits)
-    )
+    assert torch.autograd.gradcheck(lambda s, t: reverse_kl_full(s, t, chunk_size=2), (student, teacher_logits))

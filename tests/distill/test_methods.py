@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from lopd_core import methods as M
 from lopd_core.config import Params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
-from lopd_core import methods as M
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -47,10 +47,24 @@ def test_reference_kl_k3_is_zero_at_equality_and_positive_elsewhere():
 
 
 def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
-    assert set(M.METHOD_NAMES) == {"lopd", "grpo", "opsd", "sdpo", "skill_sd", "text_experience",
-                                   "lopd_frozen_composer", "lopd_no_margin", "lopd_no_anchor",
-                                   "sharpened_teacher", "lopd_random_retrieval", "lopd_rl", "lopd_then_grpo",
-                                   "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl"}
+    assert set(M.METHOD_NAMES) == {
+        "lopd",
+        "grpo",
+        "opsd",
+        "sdpo",
+        "skill_sd",
+        "text_experience",
+        "lopd_frozen_composer",
+        "lopd_no_margin",
+        "lopd_no_anchor",
+        "sharpened_teacher",
+        "lopd_random_retrieval",
+        "lopd_rl",
+        "lopd_then_grpo",
+        "lopd_gated_refresh",
+        "lopd_forward_kl",
+        "lopd_mixed_kl",
+    }
     p = Params()
     assert M.method_spec("sharpened_teacher", p.baselines).teacher.temperature == 0.5
     assert M.method_spec("sdpo", p.baselines).teacher.weights == "ema"
@@ -62,8 +76,10 @@ def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
 def test_the_methods_table_is_a_leaf_the_configuration_can_import():
     # lopd_core.config validates lopd.method against METHOD_NAMES: importing the table must not load the
     # configuration (a cycle), torch or the trainer
-    code = ("import sys, lopd_core.methods as m; "
-            "print(sorted(k for k in sys.modules if k.startswith(('lopd_core.', 'torch'))))")
+    code = (
+        "import sys, lopd_core.methods as m; "
+        "print(sorted(k for k in sys.modules if k.startswith(('lopd_core.', 'torch'))))"
+    )
     root = Path(__file__).resolve().parents[2]  # `python -c` puts its working folder on the path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert out.strip() == "['lopd_core.methods', 'lopd_core.offline']"
@@ -76,8 +92,12 @@ def test_every_text_context_has_one_builder():
 
 
 def test_skill_text_keeps_the_tool_sequence_only():
-    exp = [("[aurora] pay Bob 5\nlookup_contact {\"name\": \"Bob\"} -> {\"id\": \"c1\"}\n"
-            "bank_transfer {\"to\": \"c1\"} -> ok\nanswer: done")]
+    exp = [
+        (
+            '[aurora] pay Bob 5\nlookup_contact {"name": "Bob"} -> {"id": "c1"}\n'
+            'bank_transfer {"to": "c1"} -> ok\nanswer: done'
+        )
+    ]
     assert B.skill_text(exp * 2) == "skill: lookup_contact -> bank_transfer -> answer"
     assert B.skill_text([]) == ""
 
@@ -94,8 +114,13 @@ def batch(tiny_model, tiny_tokenizer):
     """Four trajectories (2 tasks × 2 samples): group 0 has a success and a failure, group 1 two failures."""
     tasks = make_tasks("toolworld", "train", 2, seed=11)
     reqs = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(2)]
-    trajs = rollout(tiny_model, ChatCodec(tiny_tokenizer), reqs,
-                    sampling=Sampling(temperature=1.0, max_new_tokens=16, max_context=640), seed=3)
+    trajs = rollout(
+        tiny_model,
+        ChatCodec(tiny_tokenizer),
+        reqs,
+        sampling=Sampling(temperature=1.0, max_new_tokens=16, max_context=640),
+        seed=3,
+    )
     for i, t in enumerate(trajs):
         t.reward, t.success = [1.0, 0.0, 0.25, 0.0][i], i == 0
     texts = []
@@ -108,12 +133,21 @@ def batch(tiny_model, tiny_tokenizer):
 def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, method):
     p = Params()
     p.seed = 0
-    p.lopd = replace(p.lopd, method=method, tasks_per_step=2, samples_per_task=2, steps=1,
-                     out_dir=str(tmp_path / "lopd"), csv=str(tmp_path / "distill.csv"), beta_init=0.5)
+    p.lopd = replace(
+        p.lopd,
+        method=method,
+        tasks_per_step=2,
+        samples_per_task=2,
+        steps=1,
+        out_dir=str(tmp_path / "lopd"),
+        csv=str(tmp_path / "distill.csv"),
+        beta_init=0.5,
+    )
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     d = trainer_mod.Distiller(p, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
     g = torch.Generator().manual_seed(1)  # a student that differs from the base, as after some training
     with torch.no_grad():

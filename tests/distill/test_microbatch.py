@@ -22,7 +22,7 @@ def batch(tiny_model, tiny_tokenizer):
     """Six trajectories (3 tasks × 2 samples) of different lengths, and two experiences per task."""
     tasks, trajs = six_trajectories(tiny_model, tiny_tokenizer)
     texts = oracle_texts(4)
-    per_task = {t.instruction: texts[i % 3: i % 3 + 2] for i, t in enumerate(tasks)}  # shared rows across tasks
+    per_task = {t.instruction: texts[i % 3 : i % 3 + 2] for i, t in enumerate(tasks)}  # shared rows across tasks
     return tasks, trajs, lambda ts: [per_task[t.instruction] for t in ts]
 
 
@@ -31,13 +31,24 @@ def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
     p.seed = 0
     # the paper's LOPD, φ trained (the default method keeps φ = φ0); β > 0, so the δ̄ term reaches the composer's
     # gradient
-    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 3, "samples_per_task": 2, "steps": 1,
-                                "out_dir": str(tmp_path / "lopd"), "csv": str(tmp_path / "distill.csv"),
-                                "beta_init": 0.7, **lopd})
+    p.lopd = replace(
+        p.lopd,
+        **{
+            "method": "lopd",
+            "tasks_per_step": 3,
+            "samples_per_task": 2,
+            "steps": 1,
+            "out_dir": str(tmp_path / "lopd"),
+            "csv": str(tmp_path / "distill.csv"),
+            "beta_init": 0.7,
+            **lopd,
+        },
+    )
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     d = trainer_mod.Distiller(p, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
     # A student that already differs from the teacher (as after some training): with student == base the KL is
     # ~1e-6, pure float32 rounding, and no comparison of it would mean anything.
@@ -56,20 +67,35 @@ def _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, **lopd):
     return d
 
 
-@pytest.mark.parametrize("mode, loss, separate", [("full", "topk", False), ("lora", "topk", False),
-                                                  ("full", "sampled", False), ("lora", "full", False),
-                                                  ("lora", "topk", True), ("lora", "topk", 1), ("full", "full", 1)])
-def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, loss,
-                                                   separate):
+@pytest.mark.parametrize(
+    "mode, loss, separate",
+    [
+        ("full", "topk", False),
+        ("lora", "topk", False),
+        ("full", "sampled", False),
+        ("lora", "full", False),
+        ("lora", "topk", True),
+        ("lora", "topk", 1),
+        ("full", "full", 1),
+    ],
+)
+def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, loss, separate):
     """`separate`: True — low memory (s_old from a no-grad student forward, the teacher's graph consumed by the
     composer before the student's is built); 1 — also teacher passes of one trajectory (lopd.teacher_micro_batch),
     so a task's two samples no longer share one prompt pass."""
     tasks, trajs, retriever = batch
     kw = {"student_mode": mode, "student_loss": loss, "importance_weight": loss == "sampled"}
     whole = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=0, **kw)
-    chunked = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2,
-                         low_memory=separate is not False,
-                         teacher_micro_batch=0 if isinstance(separate, bool) else separate, **kw)
+    chunked = _distiller(
+        tiny_model,
+        tiny_tokenizer,
+        retriever,
+        tmp_path / "b",
+        micro_batch=2,
+        low_memory=separate is not False,
+        teacher_micro_batch=0 if isinstance(separate, bool) else separate,
+        **kw,
+    )
     assert chunked.low_memory == (separate is not False)  # lopd.low_memory, read at construction
     assert len(chunked._chunks([t.token_ids for t in trajs])) == 3
     theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
@@ -101,8 +127,9 @@ def test_tail_logsumexp_is_the_tail_of_topk_support_logprobs():
     torch.testing.assert_close(L.tail_logsumexp(lp, ids), tail)
 
 
-def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whole(tiny_model, tiny_tokenizer,
-                                                                                   batch, tmp_path):
+def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whole(
+    tiny_model, tiny_tokenizer, batch, tmp_path
+):
     """`lopd.composer_fraction` < 1: only the picked chunks back-propagate into φ (rescaled to the batch), so φ
     moves differently from the full-batch update, while the student, δ̄ and β — computed on every chunk — do
     not change at all."""
@@ -124,10 +151,10 @@ def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whol
     assert any(not torch.allclose(p, fa[n], atol=1e-7) for n, p in part.composer.named_parameters())
 
 
-@pytest.mark.parametrize("mode, method", [("lora", "lopd"), ("full", "lopd"), ("full", "text_experience"),
-                                          ("full", "sdpo")])
-def test_sharing_the_prompt_changes_no_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, method,
-                                              monkeypatch):
+@pytest.mark.parametrize(
+    "mode, method", [("lora", "lopd"), ("full", "lopd"), ("full", "text_experience"), ("full", "sdpo")]
+)
+def test_sharing_the_prompt_changes_no_update(tiny_model, tiny_tokenizer, batch, tmp_path, mode, method, monkeypatch):
     """lopd.share_prompt runs each task's prompt (and its latents or text) once for its samples: the update,
     β and every logged number must equal scoring every row from its first token."""
     tasks, trajs, retriever = batch

@@ -21,11 +21,11 @@ import pytest
 import torch
 from _batches import oracle_texts, six_trajectories, step_params
 
+from lopd_core import methods as M
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.distill import losses as L
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing
-from lopd_core import methods as M
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 
@@ -46,10 +46,12 @@ def _params(tmp_path, **lopd) -> Params:
 def _distiller(params, tiny_model, tiny_tokenizer, retriever, *, pricing=None, log=None):
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
-    d = trainer_mod.Distiller(params, model, tiny_tokenizer, retriever, composer=composer, pricing=pricing,
-                              log=log or (lambda m: None))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
+    d = trainer_mod.Distiller(
+        params, model, tiny_tokenizer, retriever, composer=composer, pricing=pricing, log=log or (lambda m: None)
+    )
     # a student well off the base that sampled the batch and teaches: the teacher's gap on successes is > 0
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -59,8 +61,9 @@ def _distiller(params, tiny_model, tiny_tokenizer, retriever, *, pricing=None, l
 
 
 def _pricing(trajs, retriever):
-    return MG.PricingSource([MG.PricingTrajectory(t.task, t.token_ids, t.action_mask) for t in trajs if t.success],
-                            retriever)
+    return MG.PricingSource(
+        [MG.PricingTrajectory(t.task, t.token_ids, t.action_mask) for t in trajs if t.success], retriever
+    )
 
 
 def _success_gap(out) -> float:
@@ -88,8 +91,14 @@ def test_price_is_the_fraction_of_the_success_gap_and_zero_when_privilege_shows_
 def test_auto_prices_on_stored_successes_before_step_one(tmp_path, tiny_model, tiny_tokenizer, batch):
     tasks, trajs, retriever = batch
     logs = []
-    d = _distiller(_params(tmp_path, margin_fraction=0.5), tiny_model, tiny_tokenizer, retriever,
-                   pricing=_pricing(trajs, retriever), log=logs.append)
+    d = _distiller(
+        _params(tmp_path, margin_fraction=0.5),
+        tiny_model,
+        tiny_tokenizer,
+        retriever,
+        pricing=_pricing(trajs, retriever),
+        log=logs.append,
+    )
     assert d.margin is None and M.resolve_method(d.cfg, d.params.baselines).margin is None
     d.price_margin()
     pricing = d.state.margin_pricing
@@ -120,8 +129,9 @@ def test_auto_prices_on_the_first_steps_successes_without_stored_ones(tmp_path, 
 def test_a_gap_at_or_below_zero_prices_zero_and_says_so(tmp_path, tiny_model, tiny_tokenizer, batch, monkeypatch):
     tasks, trajs, retriever = batch
     logs = []
-    d = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever),
-                   log=logs.append)
+    d = _distiller(
+        _params(tmp_path), tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever), log=logs.append
+    )
     monkeypatch.setattr(margin_pricing, "seed_gap", lambda d, rows, retriever: (-0.004, len(rows)))
     d.price_margin()
     assert d.margin == 0.0 and any("cannot be met by privilege" in line for line in logs)
@@ -172,7 +182,7 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
 
 def test_the_csv_has_the_margin_and_deltas_parts(tmp_path, tiny_model, tiny_tokenizer, batch):
     cols = trainer_mod.CSV_COLUMNS
-    assert cols[cols.index("beta") + 1:cols.index("beta") + 4] == ["margin", "delta_success", "delta_failure"]
+    assert cols[cols.index("beta") + 1 : cols.index("beta") + 4] == ["margin", "delta_success", "delta_failure"]
     tasks, trajs, retriever = batch
     d = _distiller(_params(tmp_path, margin=0.05), tiny_model, tiny_tokenizer, retriever)
     out = d.update(tasks, trajs)
@@ -183,7 +193,8 @@ def test_the_csv_has_the_margin_and_deltas_parts(tmp_path, tiny_model, tiny_toke
     advantage = [2 * r - 1 for r in (1.0, 0.0, 0.5, 1.0, 0.0, 0.25)]
     failures = [i for i in range(6) if i not in SUCCESSES]
     assert row.delta_failure == pytest.approx(
-        sum(advantage[i] * out.trajectory_gaps[i] for i in failures) / len(failures), abs=1e-6)
+        sum(advantage[i] * out.trajectory_gaps[i] for i in failures) / len(failures), abs=1e-6
+    )
     # δ̄ is one vote per trajectory: the parts mixed by their trajectory counts
     assert row.delta == pytest.approx((2 * row.delta_success + 4 * row.delta_failure) / 6, abs=1e-6)
     trainer_mod._write_rows(tmp_path / "d.csv", cols, [{**dataclasses.asdict(row), "delta_success": math.nan}])
@@ -244,12 +255,23 @@ def test_beta_unbounded_when_it_rose_to_the_end_and_ended_high():
 # --- settings --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, ok", [
-    ("lopd.margin=auto", True), ("lopd.margin=0", True), ("lopd.margin=0.2", True),
-    ("lopd.margin=-0.1", False), ("lopd.margin=.nan", False), ("lopd.margin=.inf", False),
-    ("lopd.margin=automatic", False), ("lopd.margin=true", False), ("lopd.margin=1e9", False),
-    ("lopd.margin_fraction=1", True), ("lopd.margin_fraction=0", False), ("lopd.margin_fraction=1.5", False),
-])
+@pytest.mark.parametrize(
+    "override, ok",
+    [
+        ("lopd.margin=auto", True),
+        ("lopd.margin=0", True),
+        ("lopd.margin=0.2", True),
+        ("lopd.margin=-0.1", False),
+        ("lopd.margin=.nan", False),
+        ("lopd.margin=.inf", False),
+        ("lopd.margin=automatic", False),
+        ("lopd.margin=true", False),
+        ("lopd.margin=1e9", False),
+        ("lopd.margin_fraction=1", True),
+        ("lopd.margin_fraction=0", False),
+        ("lopd.margin_fraction=1.5", False),
+    ],
+)
 def test_the_margin_settings_are_checked_at_load(override, ok):
     if ok:
         load_params("params.yaml", [override])

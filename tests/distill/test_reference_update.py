@@ -37,13 +37,21 @@ COMPARED = {
     "grpo": "no teacher pass: θ by GRPO's clipped loss; φ and β unchanged; the teacher's columns NaN in both",
     "opsd": "text teacher (the oracle's solution): θ and the row (KL, δ̄ of the text teacher); φ, β unchanged",
     "sdpo": "text teacher (a sibling success), EMA weights: θ, the EMA and the row; a group without success "
-            "gives no signal in both",
+    "gives no signal in both",
     "skill_sd": "text teacher (a skill), the live student's weights: θ by GRPO + its KL, and the row",
     "text_experience": "text teacher (the retrieved texts): θ and the row; φ, β unchanged",
     "sharpened_teacher": "teacher without context at temperature 0.5: θ and the row; φ, β unchanged",
 }
-SLOW = {"lopd_no_margin", "lopd_no_anchor", "lopd_random_retrieval", "lopd_then_grpo", "lopd_gated_refresh",
-        "lopd_mixed_kl", "text_experience", "skill_sd"}  # each shares its path with a fast-tier method
+SLOW = {
+    "lopd_no_margin",
+    "lopd_no_anchor",
+    "lopd_random_retrieval",
+    "lopd_then_grpo",
+    "lopd_gated_refresh",
+    "lopd_mixed_kl",
+    "text_experience",
+    "skill_sd",
+}  # each shares its path with a fast-tier method
 TOL = 1e-5
 
 
@@ -62,8 +70,9 @@ def _distiller(tmp_path, method, tiny_model, tiny_tokenizer, retriever):
     params = step_params(tmp_path, method=method, micro_batch=2)  # the optimised path runs chunks of 2
     model = copy.deepcopy(tiny_model).double()
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model)).double()
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    ).double()
     d = trainer_mod.Distiller(params, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
     # A student that differs from the teacher and the sampler, and a composer away from φ0 (as after some
     # training), so that the anchor term has a gradient to compare.
@@ -80,8 +89,9 @@ def _close(a, b) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL * max(1.0, abs(b))
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m
-                                    for m in M.METHOD_NAMES], ids=str)
+@pytest.mark.parametrize(
+    "method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in M.METHOD_NAMES], ids=str
+)
 def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_tokenizer, batch, method):
     tasks, trajs, retriever = batch
     fast = _distiller(tmp_path / "fast", method, tiny_model, tiny_tokenizer, retriever)

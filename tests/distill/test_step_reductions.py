@@ -101,8 +101,9 @@ def test_composer_terms_from_reductions_equal_the_terms_from_full_log_probs():
     def old_terms(t_lp):
         """What step 4 computed from both models' (n, V) log-probs."""
         s_action = s_lp.gather(-1, action_ids[:, None]).squeeze(-1)
-        kl = L.support_kl(s_lp.gather(-1, top_ids), _old_tail(s_lp, top_ids), t_lp.gather(-1, top_ids),
-                          _old_tail(t_lp, top_ids))
+        kl = L.support_kl(
+            s_lp.gather(-1, top_ids), _old_tail(s_lp, top_ids), t_lp.gather(-1, top_ids), _old_tail(t_lp, top_ids)
+        )
         t_action = t_lp.gather(-1, action_ids[:, None]).squeeze(-1)
         return kl, L.privileged_margin_delta(t_action, s_action, advantage, rows, 3)
 
@@ -111,9 +112,17 @@ def test_composer_terms_from_reductions_equal_the_terms_from_full_log_probs():
         x = teacher_logits.clone().requires_grad_(True)
         t_lp = torch.log_softmax(x, -1)
         if reduced:
-            scores = S.TeacherScores(action_ids, rows, None, t_lp.gather(-1, top_ids), L.tail_logsumexp(t_lp, top_ids),
-                                     t_lp.gather(-1, action_ids[:, None]).squeeze(-1), t_lp.detach().gather(-1, top_ids),
-                                     top_ids, 0.0)
+            scores = S.TeacherScores(
+                action_ids,
+                rows,
+                None,
+                t_lp.gather(-1, top_ids),
+                L.tail_logsumexp(t_lp, top_ids),
+                t_lp.gather(-1, action_ids[:, None]).squeeze(-1),
+                t_lp.detach().gather(-1, top_ids),
+                top_ids,
+                0.0,
+            )
             terms = S.composer_terms(scores, S.StudentOld.of(s_lp, top_ids, action_ids), advantage)
             kl, delta = terms.kl_tokens, terms.delta
         else:
@@ -132,8 +141,9 @@ def test_teacher_scores_hold_no_vocabulary_sized_tensor_unless_asked(tiny_model,
     with torch.no_grad():
         plain = torch.log_softmax(action_logits(tiny_model, build_batch(tiny_model, ids, masks)), -1)
         scores = S.score_teacher(tiny_model, ids, masks, None, None, framing=None, share_prompt=False, top_k=5)
-        kept = S.score_teacher(tiny_model, ids, masks, None, None, framing=None, share_prompt=False, top_k=5,
-                               keep_logits=True)
+        kept = S.score_teacher(
+            tiny_model, ids, masks, None, None, framing=None, share_prompt=False, top_k=5, keep_logits=True
+        )
     vocab = plain.shape[-1]
     assert scores.logits is None and kept.logits.shape == plain.shape
     tensors = [v for v in vars(scores).values() if isinstance(v, torch.Tensor)]

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from lopd_core.config import Params
-from lopd_core.envs import make_tasks, run_oracle
-from lopd_core.experience import format_experience
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
 from lopd_core.distill.teacher import Framing, action_logits, build_batch, splice_position
+from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 
 
@@ -45,17 +45,16 @@ def test_latent_slot_matches_the_text_experience_format(tiny_model, tiny_tokeniz
     text_ids = tiny_tokenizer("\n".join(exp), add_special_tokens=False)["input_ids"]
     latents = [tiny_model.get_input_embeddings()(torch.tensor(text_ids))]
     with torch.no_grad():
-        spliced = action_logits(tiny_model, build_batch(tiny_model, [plain.token_ids], [plain.action_mask],
-                                                        latents, framing))
-        reference = action_logits(tiny_model, build_batch(tiny_model, [with_text.token_ids],
-                                                          [with_text.action_mask]))
+        spliced = action_logits(
+            tiny_model, build_batch(tiny_model, [plain.token_ids], [plain.action_mask], latents, framing)
+        )
+        reference = action_logits(tiny_model, build_batch(tiny_model, [with_text.token_ids], [with_text.action_mask]))
     torch.testing.assert_close(spliced, reference, atol=1e-4, rtol=1e-4)
 
 
 def test_composer_latents_have_the_embedding_norm_and_cache(tiny_model, tiny_tokenizer):
     norm = mean_embedding_norm(tiny_model)
-    composer = Composer(tiny_model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=norm)
+    composer = Composer(tiny_model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=norm)
     encoder = ExperienceEncoder(TeacherView(tiny_model), tiny_tokenizer)
     out = compose_latents(composer, encoder, [["a success", "another one"], [], ["a success"]])
     assert [o.shape for o in out] == [(8, 32), (0, 32), (4, 32)]
@@ -88,9 +87,20 @@ def _params(tmp_path, **lopd):
     p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
     # the paper's LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m: what these tests
     # exercise (the default prices it: auto)
-    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 2, "samples_per_task": 2, "steps": 3,
-                                "checkpoint_every": 1, "out_dir": str(tmp_path / "lopd"), "margin": 0.05,
-                                "csv": str(tmp_path / "plots" / "distill.csv"), **lopd})
+    p.lopd = replace(
+        p.lopd,
+        **{
+            "method": "lopd",
+            "tasks_per_step": 2,
+            "samples_per_task": 2,
+            "steps": 3,
+            "checkpoint_every": 1,
+            "out_dir": str(tmp_path / "lopd"),
+            "margin": 0.05,
+            "csv": str(tmp_path / "plots" / "distill.csv"),
+            **lopd,
+        },
+    )
     return p
 
 
@@ -106,10 +116,12 @@ def _retriever():
 def _distiller(params, tiny_model, tiny_tokenizer):
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
-    return trainer_mod.Distiller(params, model, tiny_tokenizer, _retriever(), composer=composer,
-                                 initial_rollouts=10, log=lambda m: None)
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
+    return trainer_mod.Distiller(
+        params, model, tiny_tokenizer, _retriever(), composer=composer, initial_rollouts=10, log=lambda m: None
+    )
 
 
 def _rows(path):
@@ -187,8 +199,9 @@ def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
     return params
 
 
-def test_checkpoint_is_read_with_weights_only_and_records_its_settings(tmp_path, tiny_model, tiny_tokenizer,
-                                                                       monkeypatch):
+def test_checkpoint_is_read_with_weights_only_and_records_its_settings(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     path = _distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()
     payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
@@ -297,8 +310,9 @@ def test_cli_prints_a_checkpoint_error_without_traceback(monkeypatch, capsys):
     from lopd_core.drivers import distill
 
     def refuse(*_a, **_k):
-        raise trainer_mod.CheckpointError("data/lopd/checkpoint.pt: unreadable checkpoint (EOFError: ); rerun "
-                                          "with --fresh to start over")
+        raise trainer_mod.CheckpointError(
+            "data/lopd/checkpoint.pt: unreadable checkpoint (EOFError: ); rerun with --fresh to start over"
+        )
 
     monkeypatch.setattr(distill, "run_lopd", refuse)
     assert main(["distill"]) == 1

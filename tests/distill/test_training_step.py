@@ -17,9 +17,9 @@ import pytest
 import torch
 from _batches import oracle_texts, six_trajectories, step_params
 
+from lopd_core import methods as M
 from lopd_core.config import POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS, ConfigError, Params, load_params
 from lopd_core.distill import losses as L
-from lopd_core import methods as M
 from lopd_core.distill import step as S
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
@@ -42,8 +42,9 @@ def _params(tmp_path, **lopd) -> Params:
 def _distiller(params, tiny_model, tiny_tokenizer, retriever):
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     d = trainer_mod.Distiller(params, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
     g = torch.Generator().manual_seed(1)  # a student that differs from the sampler and the base
     with torch.no_grad():
@@ -55,12 +56,15 @@ def _distiller(params, tiny_model, tiny_tokenizer, retriever):
 # --- a. the importance weight --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    (["lopd.importance_weight=true"], ["lopd.importance_weight", "lopd.student_loss='topk'", "sampled"]),
-    (["lopd.importance_weight=true", "lopd.student_loss=full"], ["lopd.importance_weight", "'full'"]),
-    (["lopd.importance_weight=true", "lopd.method=grpo"], ["lopd.importance_weight", "GRPO's clipped ratio"]),
-    (["lopd.teacher_micro_batch=2"], ["lopd.teacher_micro_batch", "lopd.low_memory"]),
-])
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["lopd.importance_weight=true"], ["lopd.importance_weight", "lopd.student_loss='topk'", "sampled"]),
+        (["lopd.importance_weight=true", "lopd.student_loss=full"], ["lopd.importance_weight", "'full'"]),
+        (["lopd.importance_weight=true", "lopd.method=grpo"], ["lopd.importance_weight", "GRPO's clipped ratio"]),
+        (["lopd.teacher_micro_batch=2"], ["lopd.teacher_micro_batch", "lopd.low_memory"]),
+    ],
+)
 def test_meaningless_combinations_fail_at_load_naming_the_keys(overrides, fragments):
     with pytest.raises(ConfigError) as info:
         load_params("params.yaml", overrides)
@@ -89,11 +93,13 @@ def test_importance_weight_scales_the_sampled_estimator_by_hand():
     # token 0: s − q = 0 -> w 1, d = −1 − (−2) = 1 -> 1; token 1: s − q = ln 4 -> w capped at 2, d = 0.5 -> 1.0
     s_logits = torch.log(torch.tensor([[0.5, 0.5], [0.8, 0.2]]))  # log p_S of tokens 0, 0: ln 0.5, ln 0.8
     action = torch.tensor([0, 0])
-    teacher = S.StudentTargets(torch.zeros(2, 1), torch.zeros(2, 1, dtype=torch.long),
-                               torch.tensor([math.log(0.5) - 1.0, math.log(0.8) - 0.5]))
+    teacher = S.StudentTargets(
+        torch.zeros(2, 1), torch.zeros(2, 1, dtype=torch.long), torch.tensor([math.log(0.5) - 1.0, math.log(0.8) - 0.5])
+    )
     sample = torch.tensor([math.log(0.5), math.log(0.2)])
-    weighted = S.student_token_loss(s_logits, action, teacher, S.StudentLoss("sampled", importance_cap=2.0),
-                                    sample_logprobs=sample)
+    weighted = S.student_token_loss(
+        s_logits, action, teacher, S.StudentLoss("sampled", importance_cap=2.0), sample_logprobs=sample
+    )
     assert weighted.tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
     plain = S.student_token_loss(s_logits, action, teacher, S.StudentLoss("sampled"))
     assert plain.tolist() == pytest.approx([1.0, 0.5], abs=1e-6)
@@ -194,8 +200,7 @@ def test_a_longer_run_draws_fresh_tasks(tmp_path, tiny_model, tiny_tokenizer, ba
 # --- f. the margin the run trained with ----------------------------------------------------------------------
 
 
-def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, tiny_tokenizer, batch,
-                                                         monkeypatch):
+def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, tiny_tokenizer, batch, monkeypatch):
     params = _params(tmp_path, method="lopd_no_margin")
     assert params.lopd.margin == 0.05
     d = _distiller(params, tiny_model, tiny_tokenizer, batch[2])

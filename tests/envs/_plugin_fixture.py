@@ -29,8 +29,14 @@ def _count(state: dict, prefix: str = "") -> int:
     return sum(1 for t in state["notes"] if t.startswith(prefix))
 
 
-COUNT = ToolSpec({"name": "count_notes", "description": "How many notes there are.",
-                  "parameters": {"type": "object", "properties": {"prefix": {"type": "string"}}}}, _count)
+COUNT = ToolSpec(
+    {
+        "name": "count_notes",
+        "description": "How many notes there are.",
+        "parameters": {"type": "object", "properties": {"prefix": {"type": "string"}}},
+    },
+    _count,
+)
 
 
 class NotesEnv(DeclarativeToolEnv):
@@ -49,10 +55,19 @@ class CounterEnv(DeclarativeToolEnv):
 
     @classmethod
     def make_tasks(cls, split, n, seed):
-        return [Task(task_id=f"{cls.name}/{split}/{seed}/{i}", env=cls.name, split=split, template="add",
-                     world=cls.name, instruction=f"Add a note called n{i}.",
-                     spec={"state": {"notes": {}}, "checks": [{"op": "present", "path": ["notes", f"n{i}"]}]},
-                     max_turns=3) for i in range(n)]
+        return [
+            Task(
+                task_id=f"{cls.name}/{split}/{seed}/{i}",
+                env=cls.name,
+                split=split,
+                template="add",
+                world=cls.name,
+                instruction=f"Add a note called n{i}.",
+                spec={"state": {"notes": {}}, "checks": [{"op": "present", "path": ["notes", f"n{i}"]}]},
+                max_turns=3,
+            )
+            for i in range(n)
+        ]
 
 
 class EchoEnv(CounterEnv):
@@ -85,12 +100,17 @@ def solve_library(task: Task) -> list[str]:
         first, rest = task.instruction.split(" returns ", 1)
         second = rest.split(" and ", 1)[1].split(" borrows")[0]
         book = title[words[1]]
-        return [format_call("return_book", {"book": book, "member": member[first]}),
-                format_call("lend_book", {"book": book, "member": member[second]}), "Done."]
+        return [
+            format_call("return_book", {"book": book, "member": member[first]}),
+            format_call("lend_book", {"book": book, "member": member[second]}),
+            "Done.",
+        ]
     if task.template == "by_author":
         author = task.instruction.removeprefix("Which of our books are by ").rstrip("?")
-        return [format_call("books_by", {"author": author}),
-                ", ".join(sorted(b["title"] for b in state["books"].values() if b["author"] == author))]
+        return [
+            format_call("books_by", {"author": author}),
+            ", ".join(sorted(b["title"] for b in state["books"].values() if b["author"] == author)),
+        ]
     if task.template == "loans_of":
         titles = [state["books"][loan["book"]]["title"] for loan in state["loans"]]
         return [format_call("find_member", {"name": task.instruction.split(" ")[2]}), ", ".join(titles)]

@@ -14,7 +14,14 @@ from lopd_core.envs.codegen import FAMILIES, CodegenEnv, families_for, run_codeg
 def test_families_cover_the_topics_and_hold_some_out():
     assert len(FAMILIES) >= 25
     assert {f.topic for f in FAMILIES.values()} == {
-        "arithmetic", "conditionals", "loops", "strings", "dicts", "lists", "algorithms"}
+        "arithmetic",
+        "conditionals",
+        "loops",
+        "strings",
+        "dicts",
+        "lists",
+        "algorithms",
+    }
     train, ood = families_for("train"), families_for("test_ood")
     assert len(ood) >= 5 and not {f.name for f in train} & {f.name for f in ood}
     assert ENVS["codegen"] is CodegenEnv
@@ -46,6 +53,7 @@ def test_splits_are_deterministic_disjoint_and_json_exact():
     test_id = make_tasks("codegen", "test_id", 32, 0)
     ood = make_tasks("codegen", "test_ood", 14, 0)
     assert [t.to_json() for t in train[:10]] == [t.to_json() for t in make_tasks("codegen", "train", 10, 0)]
+
     def content(tasks):
         return {json.dumps([t.template, t.spec["tests"]]) for t in tasks}
 

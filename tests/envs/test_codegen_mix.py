@@ -10,13 +10,13 @@ import torch
 
 from lopd_core.bank.store import BankStore
 from lopd_core.config import Params, load_params
+from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.envs import make_tasks
 from lopd_core.envs.codegen import FAMILIES, families_for, oracle_action
 from lopd_core.envs.mix import interleave, mix_counts, mixed_tasks
 from lopd_core.experience import experience_text
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.coldstart_data import oracle_trajectory
-from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.codegen_demos import (
     CodegenExperiencePool,
@@ -58,7 +58,7 @@ def test_every_slice_of_a_mixed_stream_holds_both_envs():
     assert sum(t.env == "codegen" for t in tasks) == 12
     assert [t for t in tasks if t.env == "codegen"] == make_tasks("codegen", "train", 12, 0)
     for start in range(0, 40, 8):  # a distillation step of 8 tasks
-        envs = [t.env for t in tasks[start:start + 8]]
+        envs = [t.env for t in tasks[start : start + 8]]
         assert 2 <= envs.count("codegen") <= 3, envs
 
 
@@ -108,8 +108,9 @@ def test_codegen_oracle_seeds_reach_the_bank_with_their_whole_code(tmp_path, tin
     tasks = mixed_tasks({"toolworld": 1.0, "codegen": 1.0}, "train", 4, 0)
     trajs = [oracle_trajectory(codec, t) for t in tasks]
     assert all(t.success for t in trajs) and {t.task.env for t in trajs} == {"toolworld", "codegen"}
-    report = BankStore(tmp_path / "bank.parquet").refresh(trajectories_to_frame(trajs), min_reward=1.0,
-                                                          policy_version="oracle", cycle=0)
+    report = BankStore(tmp_path / "bank.parquet").refresh(
+        trajectories_to_frame(trajs), min_reward=1.0, policy_version="oracle", cycle=0
+    )
     assert report.added == 4
     rows = BankStore(tmp_path / "bank.parquet").load()
     code_rows = rows[rows["env"] == "codegen"]
@@ -133,8 +134,14 @@ def test_a_tiny_mixed_distillation_draws_both_envs(tmp_path, tiny_model, tiny_to
     params.seed = 0
     params.envs = replace(params.envs, mix={"toolworld": 0.5, "codegen": 0.5})
     params.rollout = replace(params.rollout, max_new_tokens=16, max_context=512)
-    params.lopd = replace(params.lopd, tasks_per_step=2, samples_per_task=2, steps=2, out_dir=str(tmp_path / "lopd"),
-                          csv=str(tmp_path / "distill.csv"))
+    params.lopd = replace(
+        params.lopd,
+        tasks_per_step=2,
+        samples_per_task=2,
+        steps=2,
+        out_dir=str(tmp_path / "lopd"),
+        csv=str(tmp_path / "distill.csv"),
+    )
     seen = []
     real_rollout = trainer_mod.rollout
 
@@ -145,8 +152,9 @@ def test_a_tiny_mixed_distillation_draws_both_envs(tmp_path, tiny_model, tiny_to
     monkeypatch.setattr(trainer_mod, "rollout", recording_rollout)
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
     code_pool = CodegenExperiencePool(make_tasks("codegen", "train", 40, 9))
     rng = random.Random(0)
 
@@ -157,7 +165,7 @@ def test_a_tiny_mixed_distillation_draws_both_envs(tmp_path, tiny_model, tiny_to
     state = trainer_mod.run_distill(distiller)
     assert state.step == 2
     assert seen.count("codegen") == seen.count("toolworld") == 4  # 2 steps x (1 task of each env x 2 samples)
-    per_step = [seen[i:i + 4] for i in (0, 4)]
+    per_step = [seen[i : i + 4] for i in (0, 4)]
     assert all(set(step) == {"toolworld", "codegen"} for step in per_step)
 
 

@@ -16,9 +16,16 @@ LibraryEnv = library.LibraryEnv
 
 
 def notes_task(checks, state=None, max_turns=4):
-    return Task(task_id="notes/t/0", env="notes", split="train", template="t", world="notes",
-                instruction="Add a note.", spec={"state": state or {"notes": {}}, "checks": checks},
-                max_turns=max_turns)
+    return Task(
+        task_id="notes/t/0",
+        env="notes",
+        split="train",
+        template="t",
+        world="notes",
+        instruction="Add a note.",
+        spec={"state": state or {"notes": {}}, "checks": checks},
+        max_turns=max_turns,
+    )
 
 
 def play(env_class, task, actions):
@@ -48,11 +55,23 @@ def test_bad_tool_declarations_fail_when_the_class_is_defined():
     with pytest.raises(TypeError, match="first parameter must be `state`"):
         tool_table([no_state])
     with pytest.raises(TypeError, match="type must be one of"):
-        tool_table([ToolSpec({"name": "t", "parameters": {"type": "object", "properties": {"x": {"type": "tuple"}}}},
-                             lambda state, x: x)])
+        tool_table(
+            [
+                ToolSpec(
+                    {"name": "t", "parameters": {"type": "object", "properties": {"x": {"type": "tuple"}}}},
+                    lambda state, x: x,
+                )
+            ]
+        )
     with pytest.raises(TypeError, match="required must list declared"):
-        tool_table([ToolSpec({"name": "t", "parameters": {"type": "object", "properties": {}, "required": ["y"]}},
-                             lambda state: 0)])
+        tool_table(
+            [
+                ToolSpec(
+                    {"name": "t", "parameters": {"type": "object", "properties": {}, "required": ["y"]}},
+                    lambda state: 0,
+                )
+            ]
+        )
     with pytest.raises(TypeError, match="declared twice"):
         tool_table([library.find_book, library.find_book])
     with pytest.raises(TypeError, match="needs a `name`"):
@@ -63,18 +82,24 @@ def test_only_declared_tools_are_callable_and_bad_calls_are_observations():
     task = notes_task([{"op": "count", "path": ["notes"], "value": 0}], max_turns=20)
     probes = {
         "_count": "unknown tool",  # the spec's implementation is not itself a tool
-        "__class__": "unknown tool", "reset": "unknown tool", "step": "unknown tool", "state": "unknown tool",
-        "_table": "unknown tool", "validate_spec": "unknown tool",
+        "__class__": "unknown tool",
+        "reset": "unknown tool",
+        "step": "unknown tool",
+        "state": "unknown tool",
+        "_table": "unknown tool",
+        "validate_spec": "unknown tool",
     }
     env = NotesEnv()
     env.reset(task)
     for name, error in probes.items():
         r = env.step(format_call(name, {}))
         assert not r.done and r.info["error"] == error, name
-    for arguments, error in [({"title": "a"}, "missing argument: text"),
-                             ({"title": "a", "text": "b", "colour": "red"}, "unexpected argument: colour"),
-                             ({"title": 3, "text": "b"}, "bad type for title: expected string"),
-                             ({"title": "a", "text": "b", "tags": "x"}, "bad type for tags: expected array")]:
+    for arguments, error in [
+        ({"title": "a"}, "missing argument: text"),
+        ({"title": "a", "text": "b", "colour": "red"}, "unexpected argument: colour"),
+        ({"title": 3, "text": "b"}, "bad type for title: expected string"),
+        ({"title": "a", "text": "b", "tags": "x"}, "bad type for tags: expected array"),
+    ]:
         r = env.step(format_call("add_note", arguments))
         assert r.info["error"] == error and json.loads(r.observation) == {"error": error}
     assert env.state() == {"notes": {}}  # no rejected call touched the state
@@ -87,14 +112,23 @@ def test_only_declared_tools_are_callable_and_bad_calls_are_observations():
 
 
 def test_reward_is_the_share_of_checks_and_the_task_is_never_mutated():
-    checks = [{"op": "present", "path": ["notes", "a"]}, {"op": "eq", "path": ["notes", "a", "text"], "value": "hi"},
-              {"op": "answer_contains", "value": "done"}]
+    checks = [
+        {"op": "present", "path": ["notes", "a"]},
+        {"op": "eq", "path": ["notes", "a", "text"], "value": "hi"},
+        {"op": "answer_contains", "value": "done"},
+    ]
     task = notes_task(checks)
     before = task.to_json()
     _, (_, end) = play(NotesEnv, task, [format_call("add_note", {"title": "a", "text": "hello"}), "done."])
     assert end.done and end.reward == pytest.approx(2 / 3)
-    assert end.info == {"success": False, "stop_reason": "answer", "checks_passed": 2,
-                                          "checks_total": 3, "error": None, "call": None}
+    assert end.info == {
+        "success": False,
+        "stop_reason": "answer",
+        "checks_passed": 2,
+        "checks_total": 3,
+        "error": None,
+        "call": None,
+    }
     _, (_, win) = play(NotesEnv, task, [format_call("add_note", {"title": "a", "text": "hi"}), "done"])
     assert win.reward == 1.0 and win.info["success"]
     assert task.to_json() == before
@@ -107,15 +141,18 @@ def test_check_values_are_data_never_code():
     assert r.info["checks_passed"] == 1  # the answer equals the string; nothing ran
 
 
-@pytest.mark.parametrize("spec, why", [
-    ({"state": {}, "checks": [{"op": "eval", "value": "1"}]}, "unknown check op 'eval'"),
-    ({"state": {}, "checks": [{"op": "eq", "path": ["a"]}]}, "needs path, value"),
-    ({"state": {}, "checks": [{"op": "eq", "path": "a.b", "value": 1}]}, "path must be a list"),
-    ({"state": {}, "checks": [{"op": "count", "path": [], "value": "2"}]}, "must be an integer"),
-    ({"state": {}, "checks": []}, "non-empty list"),
-    ({"state": [], "checks": [{"op": "present", "path": []}]}, "state must be an object"),
-    ({"state": {}, "checks": [{"op": "present", "path": []}], "solution": "x"}, "unexpected key 'solution'"),
-])
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ({"state": {}, "checks": [{"op": "eval", "value": "1"}]}, "unknown check op 'eval'"),
+        ({"state": {}, "checks": [{"op": "eq", "path": ["a"]}]}, "needs path, value"),
+        ({"state": {}, "checks": [{"op": "eq", "path": "a.b", "value": 1}]}, "path must be a list"),
+        ({"state": {}, "checks": [{"op": "count", "path": [], "value": "2"}]}, "must be an integer"),
+        ({"state": {}, "checks": []}, "non-empty list"),
+        ({"state": [], "checks": [{"op": "present", "path": []}]}, "state must be an object"),
+        ({"state": {}, "checks": [{"op": "present", "path": []}], "solution": "x"}, "unexpected key 'solution'"),
+    ],
+)
 def test_task_specs_are_validated(spec, why):
     assert why in DeclarativeToolEnv.validate_spec(spec)
 

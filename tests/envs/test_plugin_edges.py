@@ -45,8 +45,16 @@ class RatioEnv(DeclarativeToolEnv):
 
 
 def test_a_non_finite_tool_result_never_reaches_an_observation_as_bare_nan():
-    task = Task(task_id="r/0", env="ratio", split="train", template="t", world="ratio", instruction="Divide.",
-                spec={"state": {}, "checks": [{"op": "answer_eq", "value": "1"}]}, max_turns=3)
+    task = Task(
+        task_id="r/0",
+        env="ratio",
+        split="train",
+        template="t",
+        world="ratio",
+        instruction="Divide.",
+        spec={"state": {}, "checks": [{"op": "answer_eq", "value": "1"}]},
+        max_turns=3,
+    )
     env = RatioEnv()
     env.reset(task)
     result = env.step('<tool_call>{"name": "ratio", "arguments": {"x": -1}}</tool_call>')

@@ -21,8 +21,9 @@ SECRET = "LOPD_TEST_SECRET_TOKEN"
 
 
 def use(plugins, *, isolate=False, timeout_s=30.0):
-    registry.use_config(SimpleNamespace(plugins=plugins, task_files={}, isolate_tools=isolate,
-                                        step_timeout_s=timeout_s))
+    registry.use_config(
+        SimpleNamespace(plugins=plugins, task_files={}, isolate_tools=isolate, step_timeout_s=timeout_s)
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -105,8 +106,9 @@ def test_a_step_that_blocks_is_stopped_with_one_line_naming_env_and_task(isolate
         env.step("done")
     assert time.perf_counter() - started < 10  # the step sleeps for an hour
     message = str(caught.value)
-    assert "\n" not in message and message.startswith(f"env 'sleepy' task {task.task_id}: step did not return "
-                                                      "within 0.5 s (envs.step_timeout_s)")
+    assert "\n" not in message and message.startswith(
+        f"env 'sleepy' task {task.task_id}: step did not return within 0.5 s (envs.step_timeout_s)"
+    )
     with pytest.raises(EnvironmentStepFailed):  # the env is unusable afterwards, never half-played on
         env.step("done")
     if isolate:  # the child's whole process group is dead (zombies wait for whoever reaps them)
@@ -134,23 +136,40 @@ def live_members(pgid: int) -> list[int]:
 @pytest.mark.parametrize("isolate", ["false", "true"])
 def test_envs_check_of_a_blocking_step_fails_in_seconds(capsys, isolate):
     started = time.perf_counter()
-    code = main(["envs", "check", "sleepy", "--n", "1", "--set", "envs.plugins={sleepy: '_plugin_fixture:SleepyEnv'}",
-                 "--set", "envs.step_timeout_s=0.5", "--set", f"envs.isolate_tools={isolate}"])
+    code = main(
+        [
+            "envs",
+            "check",
+            "sleepy",
+            "--n",
+            "1",
+            "--set",
+            "envs.plugins={sleepy: '_plugin_fixture:SleepyEnv'}",
+            "--set",
+            "envs.step_timeout_s=0.5",
+            "--set",
+            f"envs.isolate_tools={isolate}",
+        ]
+    )
     assert code == 1 and time.perf_counter() - started < 30
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and lines[-1].startswith("note: ")
     for line, split in zip(lines, ("train", "test_id")):
-        assert line.startswith(f"FAIL sleepy {split}: EnvironmentStepFailed: env 'sleepy' task sleepy/{split}/0/0: "
-                               "step did not return within 0.5 s (envs.step_timeout_s)")
+        assert line.startswith(
+            f"FAIL sleepy {split}: EnvironmentStepFailed: env 'sleepy' task sleepy/{split}/0/0: "
+            "step did not return within 0.5 s (envs.step_timeout_s)"
+        )
 
 
 def test_envs_check_says_where_tools_run_and_checks_isolated_as_a_run_plays(capsys):
     assert main(["envs", "check", "library", "--n", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("OK library: the contract holds on 3 tasks")
-    assert out[1] == ("note: library's tools are trusted code: they run inside the trainer's process with the "
-                      "arguments the model chose, and may read your files, environment variables and network; set "
-                      "envs.isolate_tools: true to run them in the sandbox")
+    assert out[1] == (
+        "note: library's tools are trusted code: they run inside the trainer's process with the "
+        "arguments the model chose, and may read your files, environment variables and network; set "
+        "envs.isolate_tools: true to run them in the sandbox"
+    )
     assert main(["envs", "check", "library", "--n", "1", "--set", "envs.isolate_tools=true"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("OK library: the contract holds on 3 tasks")

@@ -84,14 +84,17 @@ def test_task_files_splits_order_repeats_and_held_out_caps(tmp_path):
         check_env_contract(lambda: make_env("notes"), train[:3] + [ood])
 
 
-@pytest.mark.parametrize("line, why", [
-    ("{not json", ":3: not JSON"),
-    ('["a"]', ":3: a task must be a JSON object"),
-    ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, test_id"),
-    ('{"split": "train", "instruction": ""}', "instruction must be a non-empty string"),
-    ('{"split": "train", "instruction": "x", "max_turns": 0, "state": {}, "checks": []}', "max_turns must be"),
-    ('{"split": "train", "instruction": "x", "state": {}, "checks": [{"op": "exec"}]}', "unknown check op 'exec'"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ("{not json", ":3: not JSON"),
+        ('["a"]', ":3: a task must be a JSON object"),
+        ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, test_id"),
+        ('{"split": "train", "instruction": ""}', "instruction must be a non-empty string"),
+        ('{"split": "train", "instruction": "x", "max_turns": 0, "state": {}, "checks": []}', "max_turns must be"),
+        ('{"split": "train", "instruction": "x", "state": {}, "checks": [{"op": "exec"}]}', "unknown check op 'exec'"),
+    ],
+)
 def test_bad_task_lines_name_the_file_and_line(tmp_path, line, why):
     path = tmp_path / "bad.jsonl"
     path.write_text("# header\n\n" + line + "\n")
@@ -110,8 +113,11 @@ def test_duplicate_task_ids_are_refused(tmp_path):
 def test_configuration_accepts_plugins_and_names_what_is_known(tmp_path):
     assert EnvsConfig(mix={"toolworld": 1.0, "library": 0.5}).mix["library"] == 0.5
     EnvsConfig(mix={"notes": 1.0}, plugins={"notes": "_plugin_fixture:NotesEnv"})
-    with pytest.raises(ConfigError, match=r"envs.mix: got 'nope', expected one of the known environments: codegen, "
-                                          r"toolworld, library"):
+    with pytest.raises(
+        ConfigError,
+        match=r"envs.mix: got 'nope', expected one of the known environments: codegen, "
+        r"toolworld, library",
+    ):
         EnvsConfig(mix={"nope": 1.0})
     with pytest.raises(ConfigError, match=r"envs.plugins.codegen"):
         EnvsConfig(plugins={"codegen": "m:C"})
@@ -140,8 +146,14 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
     params.eval = replace(params.eval, modes=["greedy"])
     shards = {(s.env, s.variant) for s in eval_shards(params)}
     assert {v for e, v in shards if e == "library"} == {"test_id", "test_ood"}
-    assert {v for e, v in shards if e == "toolworld"} == {"test_id", "test_ood", "pretrain_test", "test_id+experience",
-                                                          "test_ood+experience", "pretrain_test+experience"}
+    assert {v for e, v in shards if e == "toolworld"} == {
+        "test_id",
+        "test_ood",
+        "pretrain_test",
+        "test_id+experience",
+        "test_ood+experience",
+        "pretrain_test+experience",
+    }
 
 
 def test_lopd_envs_check_prints_ok_or_every_failure(capsys):
@@ -149,8 +161,10 @@ def test_lopd_envs_check_prints_ok_or_every_failure(capsys):
 
     assert main(["envs", "check", "library"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("OK library: the contract holds on 9 tasks (train 3, test_id 3, test_ood 3); "
-                      "entry point lopd.envs: lopd_example_env:LibraryEnv")
+    assert out[0] == (
+        "OK library: the contract holds on 9 tasks (train 3, test_id 3, test_ood 3); "
+        "entry point lopd.envs: lopd_example_env:LibraryEnv"
+    )
     assert len(out) == 2 and out[1].startswith("note: library's tools are trusted code")  # test_plugin_isolation.py
     assert main(["envs", "check", "echo", "--set", "envs.plugins={echo: '_plugin_fixture:EchoEnv'}"]) == 1
     out = capsys.readouterr().out.splitlines()
@@ -177,9 +191,20 @@ def test_plugin_successes_bank_and_retrieve_within_their_world(tmp_path):
         for action in actions:
             r = env.step(action)
         assert r.info["success"]
-        return Trajectory(task=task, sample_index=0, experiences=(), token_ids=[1, 2, 3], action_mask=[0, 1, 1],
-                          sample_logprobs=[0.0, -0.1, -0.2], prompt_length=1, reward=1.0, success=True,
-                          stop_reason="answer", num_turns=len(actions), episode=env.episode)
+        return Trajectory(
+            task=task,
+            sample_index=0,
+            experiences=(),
+            token_ids=[1, 2, 3],
+            action_mask=[0, 1, 1],
+            sample_logprobs=[0.0, -0.1, -0.2],
+            prompt_length=1,
+            reward=1.0,
+            success=True,
+            stop_reason="answer",
+            num_turns=len(actions),
+            episode=env.episode,
+        )
 
     trajs = [won(t, solve_library(t)) for t in make_tasks("library", "train", 6, seed=0)]
     trajs += [won(t, run_oracle(t)[0]) for t in make_tasks("toolworld", "train", 6, seed=0)]
@@ -188,8 +213,10 @@ def test_plugin_successes_bank_and_retrieve_within_their_world(tmp_path):
         rows = bank.store.load()
         library_rows = rows[rows["env"] == "library"]
         assert len(library_rows) == 6 and set(library_rows["world"]) == {"library"}
-        assert all("lend_book {" in text or "return_book {" in text or "books_by {" in text
-                   for text in library_rows["experience_text"])
+        assert all(
+            "lend_book {" in text or "return_book {" in text or "books_by {" in text
+            for text in library_rows["experience_text"]
+        )
         query = make_tasks("library", "test_id", 2, seed=0)
         hits = bank.retrieve(query, 3, False, same_world=True)
         assert [[h.world for h in task_hits] for task_hits in hits] == [["library"] * 3] * 2

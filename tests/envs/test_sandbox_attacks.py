@@ -20,8 +20,9 @@ import pytest
 
 from lopd_core.envs.sandbox import SandboxLimits, run_job
 
-FAST = SandboxLimits(timeout_s=1.5, cpu_s=1.5, memory_mb=256, max_processes=8, max_file_mb=1.0,
-                     max_open_files=32, max_output_bytes=4096)
+FAST = SandboxLimits(
+    timeout_s=1.5, cpu_s=1.5, memory_mb=256, max_processes=8, max_file_mb=1.0, max_open_files=32, max_output_bytes=4096
+)
 LAYERS = [pytest.param(True, id="all-layers"), pytest.param(False, id="kernel-layers-only")]
 
 
@@ -51,12 +52,19 @@ def assert_not_ok(result):
 
 
 # ----------------------------------------------------------------- runaway code
-@pytest.mark.parametrize("source", [
-    "while True: pass",
-    "import time\ntime.sleep(30)",
-    ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
-     "signal.alarm(1)\nwhile True: pass"),
-], ids=["infinite-loop", "long-sleep", "ignores-sigterm-sigalrm"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "while True: pass",
+        "import time\ntime.sleep(30)",
+        (
+            "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+            "signal.alarm(1)\nwhile True: pass"
+        ),
+    ],
+    ids=["infinite-loop", "long-sleep", "ignores-sigterm-sigalrm"],
+)
 def test_runaway_code_times_out(source):
     started = time.perf_counter()
     result = run(source)
@@ -83,14 +91,17 @@ def test_memory_bombs(audit_hook):
 
 @pytest.mark.parametrize("audit_hook", LAYERS)
 def test_fork_bomb(audit_hook):
-    result = run("""
+    result = run(
+        """
         import os
         while True:
             try:
                 os.fork()
             except BlockingIOError:
                 pass
-    """, audit_hook)
+    """,
+        audit_hook,
+    )
     assert_not_ok(result)
     if audit_hook:
         assert result.error == "PermissionError: sandbox: os.fork is not allowed"
@@ -102,10 +113,14 @@ def test_huge_output_is_truncated_and_stopped():
     assert len(result.stdout) <= FAST.max_output_bytes and result.stdout_truncated
 
 
-@pytest.mark.parametrize("source", [
-    "def f(n):\n    return f(n + 1)\nf(0)",
-    "import sys\nsys.setrecursionlimit(10 ** 8)\ndef f(n):\n    return f(n + 1)\nf(0)",
-], ids=["recursion-error", "unlimited-recursion"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(n):\n    return f(n + 1)\nf(0)",
+        "import sys\nsys.setrecursionlimit(10 ** 8)\ndef f(n):\n    return f(n + 1)\nf(0)",
+    ],
+    ids=["recursion-error", "unlimited-recursion"],
+)
 def test_deep_recursion(source):
     assert_not_ok(run(source))
 
@@ -124,7 +139,8 @@ def test_writing_outside_the_private_directory(tmp_path, audit_hook):
     os.chmod(tmp_path, 0o777)  # even a world-writable directory stays out of reach
     os.chmod(victim, 0o666)
     target = tmp_path / "planted.txt"
-    result = run(f"""
+    result = run(
+        f"""
         import os
         for attempt in (lambda: open({str(target)!r}, 'w').write('x'),
                         lambda: open({str(victim)!r}, 'a').write('x'),
@@ -136,7 +152,9 @@ def test_writing_outside_the_private_directory(tmp_path, audit_hook):
                 print('ESCAPED')
             except OSError:
                 pass
-    """, audit_hook)
+    """,
+        audit_hook,
+    )
     assert "ESCAPED" not in result.stdout
     assert victim.read_text() == "keep me" and not target.exists()
     assert not Path("/tmp/lopd-sandbox-planted").exists()
@@ -149,7 +167,8 @@ def test_reading_files_and_environment_it_has_no_business_reading(tmp_path, monk
     os.chmod(tmp_path, 0o755)
     os.chmod(secret, 0o644)  # world-readable: only the sandbox stands in the way
     monkeypatch.setenv("LOPD_TEST_SECRET", "TOPSECRET-ENV")
-    result = run(f"""
+    result = run(
+        f"""
         import os
         print(dict(os.environ))
         for path in ({str(secret)!r}, '/etc/passwd', '/proc/1/environ', '/proc/%d/environ' % os.getppid()):
@@ -157,7 +176,9 @@ def test_reading_files_and_environment_it_has_no_business_reading(tmp_path, monk
                 print(open(path).read())
             except OSError:
                 pass
-    """, audit_hook)
+    """,
+        audit_hook,
+    )
     assert "TOPSECRET" not in result.stdout + result.stderr
     assert "root:" not in result.stdout
 
@@ -171,7 +192,8 @@ def test_no_network(audit_hook):
     listener.settimeout(0.2)
     port = listener.getsockname()[1]
     try:
-        result = run(f"""
+        result = run(
+            f"""
             import socket
             for target in (('127.0.0.1', {port}), ('1.1.1.1', 53)):
                 try:
@@ -179,7 +201,9 @@ def test_no_network(audit_hook):
                     print('CONNECTED')
                 except OSError:
                     pass
-        """, audit_hook)
+        """,
+            audit_hook,
+        )
         assert "CONNECTED" not in result.stdout
         with pytest.raises(socket.timeout):
             listener.accept()
@@ -193,7 +217,8 @@ def test_signalling_the_parent(audit_hook):
     received = []
     previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(True))
     try:
-        result = run(f"""
+        result = run(
+            f"""
             import os, signal
             for attempt in (lambda: os.kill({os.getpid()}, signal.SIGUSR1),
                             lambda: os.killpg(os.getpgid({os.getpid()}), signal.SIGUSR1),
@@ -202,7 +227,9 @@ def test_signalling_the_parent(audit_hook):
                     attempt()
                 except OSError:
                     pass
-        """, audit_hook)
+        """,
+            audit_hook,
+        )
         time.sleep(0.1)
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -248,7 +275,8 @@ def test_a_setsid_double_fork_does_not_outlive_the_run(audit_hook, ending):
 def test_ctypes_subprocess_and_posix_calls(tmp_path, audit_hook):
     os.chmod(tmp_path, 0o777)
     marker = tmp_path / "ran"
-    result = run(f"""
+    result = run(
+        f"""
         attempts = [
             "import ctypes; ctypes.CDLL(None).system(b'touch {marker}')",
             "import subprocess; subprocess.run(['touch', '{marker}'])",
@@ -261,7 +289,9 @@ def test_ctypes_subprocess_and_posix_calls(tmp_path, audit_hook):
                 exec(code)
             except Exception:
                 pass
-    """, audit_hook)
+    """,
+        audit_hook,
+    )
     time.sleep(0.1)
     assert not marker.exists(), result.to_dict()
 

@@ -24,8 +24,7 @@ def clean_registry():
 
 
 def use(**plugins):
-    registry.use_config(SimpleNamespace(plugins={k: f"_plugin_fixture:{v}" for k, v in plugins.items()},
-                                        task_files={}))
+    registry.use_config(SimpleNamespace(plugins={k: f"_plugin_fixture:{v}" for k, v in plugins.items()}, task_files={}))
 
 
 def check(name: str, n: int = 2) -> int:
@@ -41,16 +40,24 @@ def test_an_env_whose_every_tool_raises_fails_the_check_naming_the_tool():
 
 def test_a_tool_that_keeps_state_outside_the_episode_fails_the_check():
     use(global_state="GlobalStateEnv")
-    with pytest.raises(AssertionError, match=r"tool ticket answered '\{\"result\": \d+\}', then '\{\"result\": \d+\}'"
-                                             r" in a fresh instance .* keep state outside the episode"):
+    with pytest.raises(
+        AssertionError,
+        match=r"tool ticket answered '\{\"result\": \d+\}', then '\{\"result\": \d+\}'"
+        r" in a fresh instance .* keep state outside the episode",
+    ):
         check("global_state")
 
 
 def test_a_toolspec_whose_schema_names_another_parameter_fails_when_the_class_is_defined():
-    schema = {"name": "find", "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
-                                             "required": ["query"]}}
-    with pytest.raises(TypeError, match=r"tool find: the schema declares parameter 'query', which its function "
-                                        r"<lambda>\(state, title\) does not take"):
+    schema = {
+        "name": "find",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    }
+    with pytest.raises(
+        TypeError,
+        match=r"tool find: the schema declares parameter 'query', which its function "
+        r"<lambda>\(state, title\) does not take",
+    ):
         tool_table([ToolSpec(schema, lambda state, title: title)])
     with pytest.raises(TypeError, match="tool find: the schema declares parameter 'query'"):
         tools = (ToolSpec(schema, lambda state, title: 0),)
@@ -61,8 +68,12 @@ def test_a_toolspec_whose_schema_names_another_parameter_fails_when_the_class_is
     with pytest.raises(TypeError, match="first positional parameter"):
         tool_table([ToolSpec(schema, lambda *, query: query)])
     # what fits: the parameters agree, optional ones have defaults, or the function takes **kwargs
-    tool_table([ToolSpec(schema, lambda state, query, limit=3: query), ToolSpec({**schema, "name": "g"},
-                                                                                lambda state, **kw: kw)])
+    tool_table(
+        [
+            ToolSpec(schema, lambda state, query, limit=3: query),
+            ToolSpec({**schema, "name": "g"}, lambda state, **kw: kw),
+        ]
+    )
 
 
 def _strict_lookup(state: dict, book: str) -> str:
@@ -71,8 +82,13 @@ def _strict_lookup(state: dict, book: str) -> str:
     return book
 
 
-LOOKUP = ToolSpec({"name": "lookup", "parameters": {"type": "object", "properties": {"book": {"type": "string"}},
-                                                   "required": ["book"]}}, _strict_lookup)
+LOOKUP = ToolSpec(
+    {
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {"book": {"type": "string"}}, "required": ["book"]},
+    },
+    _strict_lookup,
+)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -113,15 +129,30 @@ def test_a_rollout_that_meets_a_tool_bug_warns_once_naming_the_tool(monkeypatch)
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_envs_check_reports_tool_bugs(capsys):
-    assert main(["envs", "check", "broken_tools", "--n", "1",
-                 "--set", "envs.plugins={broken_tools: '_plugin_fixture:BrokenToolsEnv'}"]) == 1
+    assert (
+        main(
+            [
+                "envs",
+                "check",
+                "broken_tools",
+                "--n",
+                "1",
+                "--set",
+                "envs.plugins={broken_tools: '_plugin_fixture:BrokenToolsEnv'}",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("FAIL broken_tools train: [env contract] task broken_tools/train/0/0: a tool raised "
-                             "inside (broken_add: KeyError('no such key'))")
+    assert out[0].startswith(
+        "FAIL broken_tools train: [env contract] task broken_tools/train/0/0: a tool raised "
+        "inside (broken_add: KeyError('no such key'))"
+    )
 
 
 def test_a_tool_error_is_not_a_bug():
     """A tool that refuses a made-up argument with ToolError is doing its job: the example library passes."""
+
     def strict(state: dict, book: str) -> str:
         """Look a book up.
 

@@ -20,9 +20,7 @@ def test_deterministic_per_seed_and_prefix_stable():
     a = make_tasks("toolworld", "train", 150, seed=11)
     b = make_tasks("toolworld", "train", 150, seed=11)
     assert [t.to_json() for t in a] == [t.to_json() for t in b]
-    assert [t.to_json() for t in make_tasks("toolworld", "train", 60, seed=11)] == [
-        t.to_json() for t in a[:60]
-    ]
+    assert [t.to_json() for t in make_tasks("toolworld", "train", 60, seed=11)] == [t.to_json() for t in a[:60]]
 
 
 def test_different_across_seeds():
@@ -36,9 +34,7 @@ def test_splits_disjoint_and_use_the_right_templates():
     test_id = make_tasks("toolworld", "test_id", 300, seed=0)
     test_id_other_seed = make_tasks("toolworld", "test_id", 300, seed=5)
     ood = make_tasks("toolworld", "test_ood", 80, seed=0)
-    train_keys = {_content(t) for t in train} | {
-        _content(t) for t in make_tasks("toolworld", "train", 600, seed=5)
-    }
+    train_keys = {_content(t) for t in train} | {_content(t) for t in make_tasks("toolworld", "train", 600, seed=5)}
     assert not train_keys & {_content(t) for t in test_id + test_id_other_seed}
     assert (
         {t.template for t in train}

@@ -184,8 +184,9 @@ def test_fuzzed_well_typed_calls_never_crash_a_tool():
 def test_records_name_themselves_before_their_id():
     payload = {"result": [{"id": "a1", "label": "checking"}, {"id": "a2", "owner": "Theo", "nested": {"id": "x"}}]}
     text = observation_text(payload)
-    assert text == ('{"result": [{"label": "checking", "id": "a1"}, '
-                    '{"owner": "Theo", "nested": {"id": "x"}, "id": "a2"}]}')
+    assert text == (
+        '{"result": [{"label": "checking", "id": "a1"}, {"owner": "Theo", "nested": {"id": "x"}, "id": "a2"}]}'
+    )
     assert json.loads(text) == payload  # the same content: only the order an agent reads it in changes
     task = next(t for t in make_tasks("toolworld", "train", 200, 0) if t.template == "bank_balance_answer")
     env = make_env(task)

@@ -57,6 +57,7 @@ def test_deployment_and_pretraining_streams_never_mix_worlds():
     assert {t.world for t in held_out} == set(split.pretrain)  # world-major: 128 tasks visit all 64 twice
     train = pretraining_tasks(envs, 400, seed=5)
     assert {t.world for t in train} <= set(split.pretrain)
+
     def content(t):
         return (t.world, t.template, t.instruction, str(t.spec))
 
@@ -72,14 +73,15 @@ def test_world_major_order_spreads_any_prefix_over_the_worlds():
 
 def test_warm_start_never_plays_a_deployment_world_and_names_them_only_as_aliases():
     worlds = pretrain_worlds(8, seed=0)
-    demos = build_demos(n=400, experience_fraction=0.7, max_experiences=3, convention_noise=0.15, slip=0.0,
-                        seed=0, worlds=worlds)
+    demos = build_demos(
+        n=400, experience_fraction=0.7, max_experiences=3, convention_noise=0.15, slip=0.0, seed=0, worlds=worlds
+    )
     assert {d.world_followed for d in demos} <= set(worlds)
     named = [d for d in demos if any(f"[{w}]" in d.user for w in WORLDS)]
     assert named, "the deployment candidates' names must be trained tokens"
     assert all(d.experiences for d in named)  # only ever beside experiences that show another world's rules
     for d in named:
-        alias = d.user[1:d.user.index("]")]
+        alias = d.user[1 : d.user.index("]")]
         assert alias in WORLDS and d.world_followed in worlds
         assert all(e.startswith(f"[{alias}]") or f"[{alias}]" in e for e in d.experiences)
 

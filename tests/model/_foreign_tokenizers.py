@@ -20,7 +20,7 @@ HERMES_TEMPLATE = (
     "{%- if m.role == 'user' %}{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + (m.content or '') }}"
     "{%- for c in (m.tool_calls or []) %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson)"
+    '{{- \'<tool_call>\\n{"name": "\' + c.function.name + \'", "arguments": \' + (c.function.arguments | tojson)'
     " + '}\\n</tool_call>' }}"
     "{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif m.role == 'tool' %}"
@@ -32,13 +32,13 @@ HERMES_TEMPLATE = (
 LLAMA_TEMPLATE = (
     "{{- bos_token + '<|start_header_id|>system<|end_header_id|>\\n\\n' + messages[0].content }}"
     "{%- if tools %}"
-    "{{- '\\n\\nTo call a function, reply with only {\"name\": function name, \"parameters\": arguments}.' }}"
+    '{{- \'\\n\\nTo call a function, reply with only {"name": function name, "parameters": arguments}.\' }}'
     "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
     "{%- endif %}"
     "{{- '<|eot_id|>' }}"
     "{%- for m in messages[1:] %}"
     "{%- if m.role == 'assistant' and m.tool_calls %}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{\"name\": \"' + m.tool_calls[0].function.name"
+    '{{- \'<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "\' + m.tool_calls[0].function.name'
     " + '\", \"parameters\": ' + (m.tool_calls[0].function.arguments | tojson) + '}<|eot_id|>' }}"
     "{%- elif m.role == 'tool' %}"
     "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}"
@@ -63,13 +63,19 @@ CORPUS = [
 
 def _bpe(specials: list[str], split: str, vocab_size: int, corpus: list[str]) -> Tokenizer:
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(corpus * 20, trainer=trainer)
     return bpe
 
@@ -79,8 +85,9 @@ def hermes_tokenizer() -> PreTrainedTokenizerFast:
     tokens but not special ones (as in Qwen3)."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = _bpe(specials, r"\n+| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+| +", 420, CORPUS)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  clean_up_tokenization_spaces=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+    )
     tok.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
     tok.chat_template = HERMES_TEMPLATE
     return tok
@@ -91,7 +98,8 @@ def llama_tokenizer() -> PreTrainedTokenizerFast:
     token (the end of turn pads)."""
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     bpe = _bpe(specials, r"\n+|[A-Za-z]+|[0-9]{1,3}| ?[^\sA-Za-z0-9]+| +", 380, CORPUS[::-1])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                  clean_up_tokenization_spaces=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", clean_up_tokenization_spaces=False
+    )
     tok.chat_template = LLAMA_TEMPLATE
     return tok

@@ -10,15 +10,18 @@ from lopd_core.config import ModelConfig
 from lopd_core.model.chat.template import TemplateChat
 from lopd_core.model.loading import load_policy
 
-TOOL_TURN = ("{%- elif m.role == 'tool' %}"
-             "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}")
+TOOL_TURN = (
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+)
 BROKEN = {
     "no template": None,
     "raises": "{{ raise_exception('this template refuses everything') }}",
     "undefined variable": "{{ messages[0].content }}{{ settings.style.name }}",
     "syntax error": "{% for m in messages %}{{ m.content }}",
-    "tool role raises": HERMES_TEMPLATE.replace(TOOL_TURN, "{%- elif m.role == 'tool' %}"
-                                                          "{{ raise_exception('Unknown role: ' + m.role) }}"),
+    "tool role raises": HERMES_TEMPLATE.replace(
+        TOOL_TURN, "{%- elif m.role == 'tool' %}{{ raise_exception('Unknown role: ' + m.role) }}"
+    ),
     "tool role dropped": HERMES_TEMPLATE.replace(TOOL_TURN, ""),
 }
 

@@ -11,9 +11,9 @@ from _foreign_tokenizers import hermes_tokenizer, llama_tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lopd_core.config import ModelConfig
-from lopd_core.envs import format_call, make_env, make_tasks, parse_action
 from lopd_core.distill.teacher import Framing, embed_row, splice_position
 from lopd_core.distill.teacher_rollout import latent_rollout
+from lopd_core.envs import format_call, make_env, make_tasks, parse_action
 from lopd_core.model.chat import ChatCodec, experience_block, make_chat
 from lopd_core.model.chat.template import TemplateChat, toolworld_schemas
 from lopd_core.model.loading import add_experience_tokens, load_policy
@@ -37,15 +37,27 @@ def tokenizer(request):
 
 def tiny_model(vocab_size: int, seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
-                         tie_word_embeddings=False, rope_theta=10000.0)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
 def template_ids(tok, messages, tools=None, generation=False) -> list[int]:
-    return list(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=True,
-                                        return_dict=False))
+    return list(
+        tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=generation, tokenize=True, return_dict=False
+        )
+    )
 
 
 # ---- (a) the trajectory's ids are the template's -----------------------------------------------------------
@@ -60,14 +72,17 @@ def test_trajectory_ids_equal_apply_chat_template(tokenizer, experiences):
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": experience_block(experiences) + USER},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "bank_transfer", "arguments": ARGS}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "bank_transfer", "arguments": ARGS}}],
+        },
         {"role": "tool", "content": OBS},
         {"role": "assistant", "content": ANSWER},
     ]
     expected = template_ids(tokenizer, messages, tools=toolworld_schemas(SYSTEM))
-    assert traj.token_ids == expected[:len(traj)]
-    assert tokenizer.decode(expected[len(traj):]).strip() == ""  # at most the template's trailing newline
+    assert traj.token_ids == expected[: len(traj)]
+    assert tokenizer.decode(expected[len(traj) :]).strip() == ""  # at most the template's trailing newline
     assert traj.token_ids[len(traj) - 1] == chat.im_end_id
     text = tokenizer.decode(traj.token_ids)
     assert '"description": "Transfer money' in text  # the tools went to the template, as full schemas
@@ -80,8 +95,9 @@ def test_a_system_text_without_toolworld_tools_is_rendered_as_is(tokenizer):
     chat = make_chat(tokenizer)
     system = "Write the function the user asks for."
     traj = chat.start(system, USER)
-    assert traj.token_ids == template_ids(tokenizer, [{"role": "system", "content": system},
-                                                      {"role": "user", "content": USER}], generation=True)
+    assert traj.token_ids == template_ids(
+        tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": USER}], generation=True
+    )
     assert toolworld_schemas("tools: bank_get_balance(account) no_such_tool(x)") is None
 
 
@@ -105,14 +121,25 @@ def test_an_environments_own_tool_schemas_reach_the_template(tokenizer):
         name = "shelf"
         tools = (shelve,)
 
-    task = Task("shelf/train/0000", "shelf", "train", "shelf", "shelf", "Shelve Dune on shelf 3.",
-                {"state": {}, "checks": []}, 3)
+    task = Task(
+        "shelf/train/0000",
+        "shelf",
+        "train",
+        "shelf",
+        "shelf",
+        "Shelve Dune on shelf 3.",
+        {"state": {}, "checks": []},
+        3,
+    )
     first = ShelfEnv().reset(task)
     assert [t["name"] for t in first.tools] == ["shelve"]
     chat = make_chat(tokenizer)
-    expected = template_ids(tokenizer, [{"role": "system", "content": first.system},
-                                        {"role": "user", "content": first.user}],
-                            tools=[{"type": "function", "function": t} for t in first.tools], generation=True)
+    expected = template_ids(
+        tokenizer,
+        [{"role": "system", "content": first.system}, {"role": "user", "content": first.user}],
+        tools=[{"type": "function", "function": t} for t in first.tools],
+        generation=True,
+    )
     assert chat.start(first.system, first.user, tools=list(first.tools)).token_ids == expected
     assert chat.start(first.system, first.user).token_ids != expected  # the listing alone names no known tool
 
@@ -135,11 +162,14 @@ def test_rollout_masks_exactly_the_sampled_tokens(tokenizer):
     for task, traj in zip(tasks, trajs):
         first = make_env(task).reset(task)
         rebuilt = chat.start(first.system, first.user, tools=list(first.tools))
-        assert traj.token_ids[:traj.prompt_length] == rebuilt.token_ids
+        assert traj.token_ids[: traj.prompt_length] == rebuilt.token_ids
         assert [t["function"] for t in toolworld_schemas(first.system)] == list(first.tools)
-        assert traj.token_ids[:traj.prompt_length] == template_ids(
-            tokenizer, [{"role": "system", "content": first.system}, {"role": "user", "content": first.user}],
-            tools=[{"type": "function", "function": t} for t in first.tools], generation=True)
+        assert traj.token_ids[: traj.prompt_length] == template_ids(
+            tokenizer,
+            [{"role": "system", "content": first.system}, {"role": "user", "content": first.user}],
+            tools=[{"type": "function", "function": t} for t in first.tools],
+            generation=True,
+        )
         at = traj.prompt_length
         for turn, step in enumerate(traj.episode):
             run = []
@@ -186,8 +216,10 @@ def test_tool_call_syntax_round_trips_into_the_env(tokenizer):
     env = make_env(task)
     env.reset(task)
     result = env.step(chat.decode_action(chat.action_ids(format_call("bank_list_accounts", {}))))
-    assert '"result"' in result.observation and env.episode[0]["call"] == {"name": "bank_list_accounts",
-                                                                         "arguments": {}}
+    assert '"result"' in result.observation and env.episode[0]["call"] == {
+        "name": "bank_list_accounts",
+        "arguments": {},
+    }
 
 
 # ---- (d) experience tokens, embeddings, and where the latent teacher splices --------------------------------
@@ -200,8 +232,10 @@ def test_experience_tokens_are_added_and_embeddings_mean_initialised():
     assert new_ids == [len(tok) - 2, len(tok) - 1]
     assert tok.convert_ids_to_tokens(new_ids) == ["<|exp_start|>", "<|exp_end|>"]
     assert all(len(tok.encode(t, add_special_tokens=False)) == 1 for t in ("<|exp_start|>", "<|exp_end|>"))
-    for now, before in ((model.get_input_embeddings().weight, before_in),
-                        (model.get_output_embeddings().weight, before_out)):
+    for now, before in (
+        (model.get_input_embeddings().weight, before_in),
+        (model.get_output_embeddings().weight, before_out),
+    ):
         assert now.shape[0] == len(tok)
         torch.testing.assert_close(now[: before.shape[0]], before)  # old rows untouched
         torch.testing.assert_close(now[new_ids], before.mean(0).expand(2, -1))
@@ -226,12 +260,17 @@ def test_teacher_splice_lands_at_the_head_of_the_first_user_turn(tokenizer):
     at = splice_position(plain.token_ids, framing)
     assert tokenizer.decode(plain.token_ids[at:]).startswith(USER)
     inner = chat.encode(experience)
-    assert with_text == (plain.token_ids[:at] + [framing.exp_start] + inner + [framing.exp_end, framing.newline]
-                         + plain.token_ids[at:len(with_text) - len(inner) - 3])
+    assert with_text == (
+        plain.token_ids[:at]
+        + [framing.exp_start]
+        + inner
+        + [framing.exp_end, framing.newline]
+        + plain.token_ids[at : len(with_text) - len(inner) - 3]
+    )
     # Latents that are the experience text's own embeddings give the teacher the text conversation's inputs.
     embed = torch.nn.Embedding(len(tokenizer), 4)
     spliced, shift = embed_row(embed, plain.token_ids, embed(torch.tensor(inner)), framing)
-    full = with_text + plain.token_ids[len(with_text) - len(inner) - 3:]
+    full = with_text + plain.token_ids[len(with_text) - len(inner) - 3 :]
     torch.testing.assert_close(spliced, embed(torch.tensor(full)))
     assert shift == len(inner) + 3
 
@@ -259,7 +298,7 @@ def test_latent_teacher_with_the_text_as_latents_plays_as_the_text(tokenizer):
 
     assert [actions(t) for t in by_latents] == [actions(t) for t in by_text]
     assert [actions(t) for t in plain] != [actions(t) for t in by_text]  # the experience changes the play
-    assert [t.token_ids[:t.prompt_length] for t in by_latents] == [t.token_ids[:t.prompt_length] for t in plain]
+    assert [t.token_ids[: t.prompt_length] for t in by_latents] == [t.token_ids[: t.prompt_length] for t in plain]
 
 
 def test_load_policy_gives_a_foreign_model_its_experience_tokens(tmp_path):

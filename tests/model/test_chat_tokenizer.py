@@ -59,15 +59,17 @@ def test_special_tokens_single_and_copied_values_tokenize_alike(tokenizer):
         in_prose = ids(f"[aurora] Move {value} now.")
         in_json = ids(f'{{"src": "{value}"}}')
         value_ids = ids(value)
-        assert any(in_prose[i:i + len(value_ids)] == value_ids for i in range(len(in_prose)))
-        assert any(in_json[i:i + len(value_ids)] == value_ids for i in range(len(in_json)))
+        assert any(in_prose[i : i + len(value_ids)] == value_ids for i in range(len(in_prose)))
+        assert any(in_json[i : i + len(value_ids)] == value_ids for i in range(len(in_json)))
     pieces = tokenizer.convert_ids_to_tokens(ids("a340"))
     assert pieces[0] == "a" and "".join(pieces[1:]) == "340"
     # A frequent JSON key is one token with its quotes, colon, space and opening quote: the slot's name sits
     # right before the value to copy, and is the same token in a call and in an experience.
     assert len(ids('"name": "')) == 1
-    assert tokenizer.convert_ids_to_tokens(ids('{"name": "bank_wire"}'))[1] == tokenizer.convert_ids_to_tokens(
-        ids('"name": "'))[0]
+    assert (
+        tokenizer.convert_ids_to_tokens(ids('{"name": "bank_wire"}'))[1]
+        == tokenizer.convert_ids_to_tokens(ids('"name": "'))[0]
+    )
 
 
 def test_trajectory_ids_keep_lengths_aligned():

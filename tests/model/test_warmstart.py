@@ -47,8 +47,12 @@ def test_action_token_loss_equals_masked_cross_entropy(tiny_demos, tiny_tokenize
     codec = ChatCodec(tiny_tokenizer)
     seqs = [encode_demo(d, codec) for d in tiny_demos[:4]]
     ids, attention, labels, _ = collate(seqs, codec.pad_id)
-    assert ((labels != -100) == torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(s.action_mask, dtype=torch.bool) for s in seqs], batch_first=True)).all()
+    assert (
+        (labels != -100)
+        == torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(s.action_mask, dtype=torch.bool) for s in seqs], batch_first=True
+        )
+    ).all()
     with torch.no_grad():
         ours = action_token_loss(tiny_model, ids, attention, labels)
         reference = tiny_model(input_ids=ids, attention_mask=attention, labels=labels).loss
@@ -82,8 +86,9 @@ def _tiny_model(tokenizer):
     from lopd_core.model.loading import tiny_qwen3
 
     torch.manual_seed(0)
-    return tiny_qwen3(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                                      intermediate_size=64), tokenizer)
+    return tiny_qwen3(
+        TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64), tokenizer
+    )
 
 
 @pytest.mark.parametrize("kind", ["muon", "adamw"])
@@ -174,11 +179,20 @@ def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_pat
     from lopd_core.model.warmstart import build_base
 
     (tmp_path / "p.yaml").write_text("seed: 0\n")
-    params = load_params(tmp_path / "p.yaml", ["model.warmstart.demos=40", "model.warmstart.drills=10",
-                                "model.tiny.vocab_size=400", "model.tiny.hidden_size=32",
-                                "model.tiny.intermediate_size=64", "model.tiny.num_heads=2",
-                                "model.tiny.num_kv_heads=1",
-                                "model.warmstart.time_budget_s=0.001", "model.warmstart.max_steps=3"])
+    params = load_params(
+        tmp_path / "p.yaml",
+        [
+            "model.warmstart.demos=40",
+            "model.warmstart.drills=10",
+            "model.tiny.vocab_size=400",
+            "model.tiny.hidden_size=32",
+            "model.tiny.intermediate_size=64",
+            "model.tiny.num_heads=2",
+            "model.tiny.num_kv_heads=1",
+            "model.warmstart.time_budget_s=0.001",
+            "model.warmstart.max_steps=3",
+        ],
+    )
     report = build_base(params, tmp_path / "base", log=lambda m: None)
     assert report.steps == 3
 
@@ -210,5 +224,9 @@ def test_copy_weight_marks_values_seen_in_the_context_and_weights_the_mean(tiny_
         where = labels[:, 1:] != -100
         ce = torch.nn.functional.cross_entropy(logits[where], labels[:, 1:][where], reduction="none")
         w = weighted[:, 1:][where]
-        torch.testing.assert_close(action_token_loss(tiny_model, ids, attention, labels, weights=weighted),
-                                   (w * ce).sum() / w.sum(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            action_token_loss(tiny_model, ids, attention, labels, weights=weighted),
+            (w * ce).sum() / w.sum(),
+            atol=1e-5,
+            rtol=1e-5,
+        )

@@ -8,16 +8,36 @@ import sys
 import pytest
 
 SMALL = [
-    "--set", "model.tiny.hidden_size=48", "--set", "model.tiny.num_layers=2", "--set", "model.tiny.num_heads=2",
-    "--set", "model.tiny.num_kv_heads=1", "--set", "model.tiny.intermediate_size=96",
-    "--set", "model.tiny.vocab_size=800", "--set", "model.warmstart.demos=300",
-    "--set", "model.warmstart.time_budget_s=25", "--set", "model.warmstart.max_steps=0",
+    "--set",
+    "model.tiny.hidden_size=48",
+    "--set",
+    "model.tiny.num_layers=2",
+    "--set",
+    "model.tiny.num_heads=2",
+    "--set",
+    "model.tiny.num_kv_heads=1",
+    "--set",
+    "model.tiny.intermediate_size=96",
+    "--set",
+    "model.tiny.vocab_size=800",
+    "--set",
+    "model.warmstart.demos=300",
+    "--set",
+    "model.warmstart.time_budget_s=25",
+    "--set",
+    "model.warmstart.max_steps=0",
 ]
 
 
 def lopd(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "lopd_cli.main", *args], cwd=cwd, capture_output=True, text=True, check=False,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "lopd_cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +77,10 @@ def test_base_then_evaluate(built):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompt = tokenizer.apply_chat_template(
         [{"role": "system", "content": "tools: x"}, {"role": "user", "content": "[aurora] hi"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=8)
     assert out.shape[1] > prompt["input_ids"].shape[1]
 
@@ -88,11 +111,34 @@ def test_missing_model_fails_clearly(tmp_path):
 
 
 LOPD_SMALL = SMALL + [
-    "--set", "bank.seed_tasks=12", "--set", "bank.samples_per_task=1", "--set", "coldstart.oracle_tasks=16", "--set", "envs.pretrain_worlds=2",
-    "--set", "composer.num_queries=4", "--set", "composer.num_layers=1", "--set", "composer.num_heads=2",
-    "--set", "coldstart.steps=3", "--set", "coldstart.batch_size=4",
-    "--set", "lopd.steps=3", "--set", "lopd.tasks_per_step=2", "--set", "lopd.samples_per_task=2",
-    "--set", "lopd.checkpoint_every=1", "--set", "rollout.max_new_tokens=32",
+    "--set",
+    "bank.seed_tasks=12",
+    "--set",
+    "bank.samples_per_task=1",
+    "--set",
+    "coldstart.oracle_tasks=16",
+    "--set",
+    "envs.pretrain_worlds=2",
+    "--set",
+    "composer.num_queries=4",
+    "--set",
+    "composer.num_layers=1",
+    "--set",
+    "composer.num_heads=2",
+    "--set",
+    "coldstart.steps=3",
+    "--set",
+    "coldstart.batch_size=4",
+    "--set",
+    "lopd.steps=3",
+    "--set",
+    "lopd.tasks_per_step=2",
+    "--set",
+    "lopd.samples_per_task=2",
+    "--set",
+    "lopd.checkpoint_every=1",
+    "--set",
+    "rollout.max_new_tokens=32",
 ]
 
 

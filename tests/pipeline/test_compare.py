@@ -15,13 +15,31 @@ from lopd_core.methods import METHOD_NAMES
 
 def _run(method, seed, curve, final, csv):
     pd.DataFrame({"step": [1, 2], "rollouts": [8, 16], "delta": [0.01, 0.02], "beta": [0.0, 0.02]}).to_csv(
-        csv, index=False)
+        csv, index=False
+    )
     cell = {"success_rate": final, "reward_mean": final, "n": 10}
-    return {"method": method, "seed": seed, "lr": 3e-4, "steps": 2, "rollouts": curve[-1][0], "train_seconds": 1.0,
-            "eval_seconds": 1.0, "csv": str(csv), "final": {s: {"greedy": cell, "sampled": cell}
-                                                            for s in ("test_id", "test_ood")},
-            "curve": [{"step": i, "rollouts": r, "greedy_success": v, "sampled_success": v, "greedy_reward": v,
-                       "sampled_reward": v} for i, (r, v) in enumerate(curve)]}
+    return {
+        "method": method,
+        "seed": seed,
+        "lr": 3e-4,
+        "steps": 2,
+        "rollouts": curve[-1][0],
+        "train_seconds": 1.0,
+        "eval_seconds": 1.0,
+        "csv": str(csv),
+        "final": {s: {"greedy": cell, "sampled": cell} for s in ("test_id", "test_ood")},
+        "curve": [
+            {
+                "step": i,
+                "rollouts": r,
+                "greedy_success": v,
+                "sampled_success": v,
+                "greedy_reward": v,
+                "sampled_reward": v,
+            }
+            for i, (r, v) in enumerate(curve)
+        ],
+    }
 
 
 def test_report_reach_fraction_and_not_reached(tmp_path):
@@ -33,8 +51,13 @@ def test_report_reach_fraction_and_not_reached(tmp_path):
     by = {r["method"]: [r] for r in runs}
     assert reach(by, "lopd", "greedy") == "30 rollouts = 30% of GRPO's 100"
     assert reach(by, "sharpened_teacher", "greedy").startswith("not reached")
-    paths = write_compare_report(runs, tmp_path / "reports", title="t", settings=[("preset", "x")],
-                                 tuning=[{"method": "lopd", "lr": 3e-4, "score": 0.2}])
+    paths = write_compare_report(
+        runs,
+        tmp_path / "reports",
+        title="t",
+        settings=[("preset", "x")],
+        tuning=[{"method": "lopd", "lr": 3e-4, "score": 0.2}],
+    )
     md = paths["md"].read_text()
     assert "| lopd | 0.0003 | 40.0 ± 0.0 |" in md and "not reached" in md and "lr 0.0003" in md
     assert paths["png"].stat().st_size > 0 and json.loads(paths["json"].read_text())["runs"]
@@ -57,8 +80,13 @@ def test_smoke_preset_runs_every_method(tmp_path, tiny_model, tiny_tokenizer, pr
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     monkeypatch.chdir(tmp_path)
-    overrides = ["compare.preset=smoke", f"model.name_or_path={model_dir}", f"compare.work_dir={tmp_path / 'w'}",
-                 f"compare.report_dir={tmp_path / 'reports'}", f"tracking.mlflow_uri=sqlite:///{tmp_path}/m.db"]
+    overrides = [
+        "compare.preset=smoke",
+        f"model.name_or_path={model_dir}",
+        f"compare.work_dir={tmp_path / 'w'}",
+        f"compare.report_dir={tmp_path / 'reports'}",
+        f"tracking.mlflow_uri=sqlite:///{tmp_path}/m.db",
+    ]
     params_file = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "params.yaml")
     out = compare_flow(params_file=params_file, overrides=overrides, track=True)
     methods = {r["method"] for r in out["runs"]}

@@ -9,8 +9,12 @@ from lopd_core.compare.report import CELLS, _verdict, difference_interval
 
 
 def _run(rate: float, n: int = 50) -> dict:
-    return {"final": {split: {mode: {"success_rate": rate, "reward_mean": 0.0, "n": n} for s, mode in CELLS
-                              if s == split} for split in ("test_id", "test_ood")}}
+    return {
+        "final": {
+            split: {mode: {"success_rate": rate, "reward_mean": 0.0, "n": n} for s, mode in CELLS if s == split}
+            for split in ("test_id", "test_ood")
+        }
+    }
 
 
 def test_difference_interval_pools_the_seeds():
@@ -19,11 +23,15 @@ def test_difference_interval_pools_the_seeds():
     assert half == pytest.approx(1.96 * math.sqrt(0.15 * 0.85 / 100 + 0.05 * 0.95 / 100))
 
 
-@pytest.mark.parametrize("lopd_rate, expected", [(0.40, "by more than the noise"), (0.12, "within the 95 %"),
-                                                 (0.05, "does not beat")])
+@pytest.mark.parametrize(
+    "lopd_rate, expected", [(0.40, "by more than the noise"), (0.12, "within the 95 %"), (0.05, "does not beat")]
+)
 def test_verdict_credits_experience_only_beyond_the_noise(lopd_rate, expected):
-    runs = {"lopd": [_run(lopd_rate, 100)] * 3, "sharpened_teacher": [_run(0.10, 100)] * 3,
-            "lopd_random_retrieval": [_run(0.10, 100)] * 3}
+    runs = {
+        "lopd": [_run(lopd_rate, 100)] * 3,
+        "sharpened_teacher": [_run(0.10, 100)] * 3,
+        "lopd_random_retrieval": [_run(0.10, 100)] * 3,
+    }
     lines = _verdict(runs)
     assert expected in lines[-1]
     assert "(±" in lines[0]

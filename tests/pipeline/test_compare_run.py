@@ -18,8 +18,9 @@ PARAMS_FILE = str(Path(__file__).resolve().parents[2] / "params.yaml")
 
 
 @pytest.mark.slow
-def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(tmp_path, tiny_model, tiny_tokenizer,
-                                                                             monkeypatch):
+def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
     from lopd_core.compare.report import write_compare_report
     from lopd_core.compare.run import run_method
     from lopd_core.drivers.distill import new_composer, seed_bank
@@ -28,12 +29,22 @@ def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(tmp
     model_dir = tmp_path / "model"
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    params = load_params(PARAMS_FILE, [
-        *TINY_CYCLE, f"model.name_or_path={model_dir}", "envs.mix={toolworld: 1.0, codegen: 1.0}",
-        "bank.seed_tasks=2", "bank.samples_per_task=1", f"bank.dir={tmp_path / 'seed_bank'}",
-        f"bank.index_dir={tmp_path / 'seed_index'}",
-        # every trajectory counts as a success, so the bank grows whatever the tiny policy scores
-        "bank.min_reward=0.0", "bank.refresh_every=1", "eval.splits=[test_id, test_ood]"])
+    params = load_params(
+        PARAMS_FILE,
+        [
+            *TINY_CYCLE,
+            f"model.name_or_path={model_dir}",
+            "envs.mix={toolworld: 1.0, codegen: 1.0}",
+            "bank.seed_tasks=2",
+            "bank.samples_per_task=1",
+            f"bank.dir={tmp_path / 'seed_bank'}",
+            f"bank.index_dir={tmp_path / 'seed_index'}",
+            # every trajectory counts as a success, so the bank grows whatever the tiny policy scores
+            "bank.min_reward=0.0",
+            "bank.refresh_every=1",
+            "eval.splits=[test_id, test_ood]",
+        ],
+    )
     seed = seed_bank(params, log=lambda *_: None)
     seed_parquet = tmp_path / "seed_bank" / "experience.parquet"
     seed_bytes = seed_parquet.read_bytes()
@@ -41,10 +52,20 @@ def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(tmp
     torch.save(new_composer(params, tiny_model).state_dict(), phi0)
     per_step = params.lopd.tasks_per_step * params.lopd.samples_per_task
 
-    summary = run_method(params, "lopd", tmp_path / "run", budget=seed["rollouts"] + 2 * per_step,
-                         bank_rollouts=seed["rollouts"], bank_dir=str(seed_parquet.parent),
-                         index_dir=str(tmp_path / "seed_index"), phi0=str(phi0), curve_points=1, curve_n=1,
-                         eval_n=1, log=lambda *_: None)
+    summary = run_method(
+        params,
+        "lopd",
+        tmp_path / "run",
+        budget=seed["rollouts"] + 2 * per_step,
+        bank_rollouts=seed["rollouts"],
+        bank_dir=str(seed_parquet.parent),
+        index_dir=str(tmp_path / "seed_index"),
+        phi0=str(phi0),
+        curve_points=1,
+        curve_n=1,
+        eval_n=1,
+        log=lambda *_: None,
+    )
 
     # the cycle's growing bank: refreshed after every step, in the run's own copy
     assert summary["steps"] == 2 and [r["step"] for r in summary["bank"]["refreshes"]] == [1, 2]
@@ -76,12 +97,19 @@ def test_the_mix_is_pooled_for_the_main_table_and_the_report_splits_are_added():
     from lopd_core.evaluation import wilson_interval
 
     def cell(rate, n, domains):
-        return {"success_rate": rate, "reward_mean": rate, "n": n, "ci95": wilson_interval(round(rate * n), n),
-                "by_domain": {d: {"success_rate": rate, "n": n} for d in domains}}
+        return {
+            "success_rate": rate,
+            "reward_mean": rate,
+            "n": n,
+            "ci95": wilson_interval(round(rate * n), n),
+            "by_domain": {d: {"success_rate": rate, "n": n} for d in domains},
+        }
 
-    results = {"toolworld": {"test_id": {"greedy": cell(0.5, 10, ["retail"])}},
-               "codegen": {"test_id": {"greedy": cell(0.0, 30, ["codegen"])}},
-               "bfcl": {"overall": 0.9}}  # a benchmark's section is no environment of the mix
+    results = {
+        "toolworld": {"test_id": {"greedy": cell(0.5, 10, ["retail"])}},
+        "codegen": {"test_id": {"greedy": cell(0.0, 30, ["codegen"])}},
+        "bfcl": {"overall": 0.9},
+    }  # a benchmark's section is no environment of the mix
     pooled = pool_envs(results, ["toolworld", "codegen"])["test_id"]["greedy"]
     assert (pooled["success_rate"], pooled["n"], pooled["reward_mean"]) == (0.125, 40, 0.125)
     assert pooled["ci95"] == wilson_interval(5, 40) and set(pooled["by_domain"]) == {"retail", "codegen"}
@@ -90,6 +118,9 @@ def test_the_mix_is_pooled_for_the_main_table_and_the_report_splits_are_added():
     p = Params()
     p.eval = replace(p.eval, splits=["pretrain_test"], modes=["greedy"], benchmarks=["humaneval"])
     q = final_eval_params(p, 7)
-    assert (q.eval.splits, q.eval.modes, q.eval.n_per_split) == (["pretrain_test", "test_id", "test_ood"],
-                                                                 ["greedy", "sampled"], 7)
+    assert (q.eval.splits, q.eval.modes, q.eval.n_per_split) == (
+        ["pretrain_test", "test_id", "test_ood"],
+        ["greedy", "sampled"],
+        7,
+    )
     assert q.eval.benchmarks == ["humaneval"] and p.eval.splits == ["pretrain_test"]  # params left as they were

@@ -25,8 +25,9 @@ def test_params_yaml_loads_and_matches_defaults():
 
 
 def test_overrides_keep_yaml_types():
-    params = load_params("params.yaml", ["rollout.temperature=0.7", "eval.splits=[test_id]", "seed=3",
-                                         "model.tiny.num_layers=2"])
+    params = load_params(
+        "params.yaml", ["rollout.temperature=0.7", "eval.splits=[test_id]", "seed=3", "model.tiny.num_layers=2"]
+    )
     assert params.rollout.temperature == 0.7
     assert params.eval.splits == ["test_id"]
     assert params.seed == 3
@@ -71,15 +72,19 @@ def test_bad_values_are_refused_naming_key_and_value(override, key, refused):
     assert message.startswith(f"{key}:") and refused in message, message
 
 
-@pytest.mark.parametrize("build, key, refused", [
-    (lambda: LopdConfig(method="nonsense", steps=-1), "lopd.method", "nonsense"),
-    (lambda: LopdConfig(steps=-1), "lopd.steps", "-1"),
-    (lambda: dataclasses.replace(Params().lopd, lr_student=0.0), "lopd.lr_student", "0.0"),
-    (lambda: RolloutConfig(temperature="hot"), "rollout.temperature", "hot"),
-    (lambda: TinyModelConfig(num_layers=0), "model.tiny.num_layers", "0"),
-    (lambda: ModelConfig(tiny={"num_layers": 0}), "model.tiny.num_layers", "0"),
-    (lambda: EvalConfig(modes=["beam"]), "eval.modes", "beam"),
-], ids=["method", "steps", "replace", "type", "nested", "nested-mapping", "list"])
+@pytest.mark.parametrize(
+    "build, key, refused",
+    [
+        (lambda: LopdConfig(method="nonsense", steps=-1), "lopd.method", "nonsense"),
+        (lambda: LopdConfig(steps=-1), "lopd.steps", "-1"),
+        (lambda: dataclasses.replace(Params().lopd, lr_student=0.0), "lopd.lr_student", "0.0"),
+        (lambda: RolloutConfig(temperature="hot"), "rollout.temperature", "hot"),
+        (lambda: TinyModelConfig(num_layers=0), "model.tiny.num_layers", "0"),
+        (lambda: ModelConfig(tiny={"num_layers": 0}), "model.tiny.num_layers", "0"),
+        (lambda: EvalConfig(modes=["beam"]), "eval.modes", "beam"),
+    ],
+    ids=["method", "steps", "replace", "type", "nested", "nested-mapping", "list"],
+)
 def test_sections_built_in_python_refuse_what_the_file_refuses(build, key, refused):
     with pytest.raises(ConfigError) as info:
         build()
@@ -93,8 +98,11 @@ def test_sections_are_frozen_and_replace_checks_the_new_value():
         params.lopd.steps = 3
     assert dataclasses.replace(params.lopd, steps=3).steps == 3
     assert dataclasses.replace(params.rollout, temperature=1).temperature == 1.0  # ints widen, as in the file
-    assert all(dataclasses.is_dataclass(v) and type(v).__dataclass_params__.frozen
-               for v in vars(params).values() if dataclasses.is_dataclass(v))
+    assert all(
+        dataclasses.is_dataclass(v) and type(v).__dataclass_params__.frozen
+        for v in vars(params).values()
+        if dataclasses.is_dataclass(v)
+    )
 
 
 def test_every_method_of_the_table_is_a_valid_lopd_method():
@@ -164,17 +172,29 @@ def test_malformed_override_and_missing_file(tmp_path):
         load_params(bad)
 
 
-@pytest.mark.parametrize("content, fragments", [
-    (b"", ["holds no settings"]),
-    (b"# only a comment\n", ["holds no settings"]),
-    (b"lopd:\n  steps: [3\n", ["p.yaml:3:1", "not valid YAML"]),
-    (b"lopd:\n  steps: 3\n lr_student: 1\n", ["p.yaml:3:2", "not valid YAML"]),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", ["not a text file"]),
-    (b"seed: 1\n\x00\x00\n", ["not a text file"]),
-    (b"lopd:\n  steps: 3\n  lr_student: 0.1\n  steps: 4\n", ["p.yaml:4:3", "duplicate key 'steps'", "line 2"]),
-    (b"seed: 1\nlopd: {steps: 3}\nseed: 2\n", ["p.yaml:3:1", "duplicate key 'seed'", "line 1"]),
-], ids=["empty", "comments-only", "unclosed-list", "bad-indent", "binary", "nul-bytes", "duplicate-nested",
-        "duplicate-section"])
+@pytest.mark.parametrize(
+    "content, fragments",
+    [
+        (b"", ["holds no settings"]),
+        (b"# only a comment\n", ["holds no settings"]),
+        (b"lopd:\n  steps: [3\n", ["p.yaml:3:1", "not valid YAML"]),
+        (b"lopd:\n  steps: 3\n lr_student: 1\n", ["p.yaml:3:2", "not valid YAML"]),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", ["not a text file"]),
+        (b"seed: 1\n\x00\x00\n", ["not a text file"]),
+        (b"lopd:\n  steps: 3\n  lr_student: 0.1\n  steps: 4\n", ["p.yaml:4:3", "duplicate key 'steps'", "line 2"]),
+        (b"seed: 1\nlopd: {steps: 3}\nseed: 2\n", ["p.yaml:3:1", "duplicate key 'seed'", "line 1"]),
+    ],
+    ids=[
+        "empty",
+        "comments-only",
+        "unclosed-list",
+        "bad-indent",
+        "binary",
+        "nul-bytes",
+        "duplicate-nested",
+        "duplicate-section",
+    ],
+)
 def test_unreadable_params_files_fail_in_one_line_naming_the_file(tmp_path, content, fragments):
     path = tmp_path / "p.yaml"
     path.write_bytes(content)
@@ -207,8 +227,13 @@ def test_cli_prints_a_bad_params_file_without_traceback(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("seed: 1\nseed: 2\n")
     root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "lopd_cli.main", "evaluate", "--params", str(path)], cwd=root,
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "lopd_cli.main", "evaluate", "--params", str(path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert res.returncode == 2  # the exit code of every invalid configuration
     assert f"{path}:2:1" in res.stderr and "duplicate key 'seed'" in res.stderr
     assert "Traceback" not in res.stderr
@@ -230,13 +255,20 @@ def test_config_is_a_leaf_of_the_library():
     import subprocess
     import sys
 
-    code = ("import json, sys, lopd_core.config; "
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lopd_core'))))")
+    code = (
+        "import json, sys, lopd_core.config; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lopd_core'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(json.loads(out))
     assert loaded - {m for m in loaded if m.startswith("lopd_core.settings.")} == {
-        "lopd_core", "lopd_core.config", "lopd_core.names", "lopd_core.offline", "lopd_core.settings",
-        "lopd_core.methods"}
+        "lopd_core",
+        "lopd_core.config",
+        "lopd_core.names",
+        "lopd_core.offline",
+        "lopd_core.settings",
+        "lopd_core.methods",
+    }
 
 
 def test_names_equal_the_lists_their_modules_define():
@@ -256,8 +288,9 @@ def test_bank_retrieval_settings_travel_as_one_value():
     from lopd_core.config import RetrievalSettings
 
     params = load_params("params.yaml", ["bank.same_world=false", "bank.ef_search=50", "bank.top_j=2"])
-    assert params.bank.retrieval == RetrievalSettings(top_j=2, allow_self_retrieval=True, same_world=False,
-                                                      ef_search=50)
+    assert params.bank.retrieval == RetrievalSettings(
+        top_j=2, allow_self_retrieval=True, same_world=False, ef_search=50
+    )
     assert {f.name for f in dataclasses.fields(RetrievalSettings)} <= {f.name for f in dataclasses.fields(params.bank)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.bank.retrieval.top_j = 5  # a copy: changing it would change nothing in params
@@ -277,7 +310,8 @@ def test_write_params_and_list_print_every_setting(tmp_path, capsys):
     out = tmp_path / "p.yaml"
     assert main(["--write-params", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == Path(__file__).resolve().parents[2].joinpath("params.yaml").read_text(
-        encoding="utf-8")
+        encoding="utf-8"
+    )
     assert load_params(out).to_dict() == Params().to_dict()
     capsys.readouterr()
     assert main(["--list"]) == 0

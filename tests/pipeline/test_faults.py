@@ -24,12 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- non-finite and out-of-range settings --------------------------------------------------------------------
-@pytest.mark.parametrize("assignment, key", [
-    ("lopd.margin=.nan", "lopd.margin"), ("lopd.lr_student=.inf", "lopd.lr_student"),
-    ("cycle.min_gain=.nan", "cycle.min_gain"), ("lopd.margin=1e9", "lopd.margin"),
-    ("lopd.lr_composer=-.inf", "lopd.lr_composer"), ("model.device=tpu", "model.device"),
-    ("lopd.max_skipped_share=1.5", "lopd.max_skipped_share"),
-])
+@pytest.mark.parametrize(
+    "assignment, key",
+    [
+        ("lopd.margin=.nan", "lopd.margin"),
+        ("lopd.lr_student=.inf", "lopd.lr_student"),
+        ("cycle.min_gain=.nan", "cycle.min_gain"),
+        ("lopd.margin=1e9", "lopd.margin"),
+        ("lopd.lr_composer=-.inf", "lopd.lr_composer"),
+        ("model.device=tpu", "model.device"),
+        ("lopd.max_skipped_share=1.5", "lopd.max_skipped_share"),
+    ],
+)
 def test_non_finite_and_out_of_range_values_are_rejected_by_key(assignment, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_params(str(ROOT / "params.yaml"), [assignment])
@@ -48,8 +54,9 @@ def test_top_k_above_the_vocabulary_is_rejected(tiny_model, tiny_tokenizer):
     p.lopd = replace(p.lopd, top_k=tiny_model.config.vocab_size + 5)
     composer = Composer(tiny_model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2)
     with pytest.raises(ConfigError, match="lopd.top_k"):
-        Distiller(p, tiny_model, tiny_tokenizer, lambda tasks: [[] for _ in tasks], composer=composer,
-                  log=lambda m: None)
+        Distiller(
+            p, tiny_model, tiny_tokenizer, lambda tasks: [[] for _ in tasks], composer=composer, log=lambda m: None
+        )
 
 
 def test_a_model_with_nan_weights_is_refused_at_load(tmp_path, tiny_model, tiny_tokenizer):
@@ -83,9 +90,11 @@ def test_a_second_writer_is_told_who_holds_the_folder(tmp_path):
     holder.start()
     try:
         assert ready.wait(60)
-        with pytest.raises(FolderLocked, match=rf"in use by pid {holder.pid}"):
-            with folder_lock(tmp_path / "cycles", "the cycle folder"):
-                pass
+        with (
+            pytest.raises(FolderLocked, match=rf"in use by pid {holder.pid}"),
+            folder_lock(tmp_path / "cycles", "the cycle folder"),
+        ):
+            pass
     finally:
         release.set()
         holder.join(30)
@@ -94,8 +103,10 @@ def test_a_second_writer_is_told_who_holds_the_folder(tmp_path):
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from lopd_core.locks import folder_lock\n"
-            "with folder_lock(sys.argv[2], 'x'):\n    print('held', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from lopd_core.locks import folder_lock\n"
+        "with folder_lock(sys.argv[2], 'x'):\n    print('held', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(tmp_path / "f")], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"held"
     proc.kill()
@@ -120,9 +131,22 @@ def _successes(first: int, n: int) -> pd.DataFrame:
     trajs = []
     for task in make_tasks("toolworld", "train", n, seed=first):
         _, _, env = run_oracle(task)
-        trajs.append(Trajectory(task=task, sample_index=0, experiences=(), token_ids=[1, 2], action_mask=[0, 1],
-                                sample_logprobs=[0.0, -0.1], prompt_length=1, reward=1.0, success=True,
-                                stop_reason="answer", num_turns=len(env.episode), episode=env.episode))
+        trajs.append(
+            Trajectory(
+                task=task,
+                sample_index=0,
+                experiences=(),
+                token_ids=[1, 2],
+                action_mask=[0, 1],
+                sample_logprobs=[0.0, -0.1],
+                prompt_length=1,
+                reward=1.0,
+                success=True,
+                stop_reason="answer",
+                num_turns=len(env.episode),
+                episode=env.episode,
+            )
+        )
     return trajectories_to_frame(trajs).reset_index(drop=True)
 
 
@@ -131,8 +155,11 @@ def _refresh(bank_dir: str, offset: int, barrier, results) -> None:
 
     frame = _successes(offset, 4)
     barrier.wait(60)
-    results.put(BankStore(Path(bank_dir) / "experience.parquet").refresh(
-        frame, min_reward=1.0, policy_version="p", cycle=0).added)
+    results.put(
+        BankStore(Path(bank_dir) / "experience.parquet")
+        .refresh(frame, min_reward=1.0, policy_version="p", cycle=0)
+        .added
+    )
 
 
 def test_concurrent_bank_refreshes_lose_no_rows(tmp_path):
@@ -156,9 +183,8 @@ def test_a_second_cycle_on_one_folder_fails_at_once(tmp_path):
     from flows.cycle import cycle_flow
 
     root = tmp_path / "cycles"
-    with folder_lock(root, "the cycle folder"):
-        with pytest.raises(FolderLocked, match="the cycle folder"):
-            cycle_flow.fn(params_file=str(ROOT / "params.yaml"), overrides=[f"cycle.dir={root}"], track=False)
+    with folder_lock(root, "the cycle folder"), pytest.raises(FolderLocked, match="the cycle folder"):
+        cycle_flow.fn(params_file=str(ROOT / "params.yaml"), overrides=[f"cycle.dir={root}"], track=False)
     assert not (root / "history.json").exists()
 
 
@@ -176,10 +202,12 @@ def _alive(pid: int) -> bool:
 def test_a_killed_command_leaves_no_child_server_behind(tmp_path):
     """Probe: `kill -9` of `lopd cycle` orphaned its temporary Prefect server. Here a stand-in command starts a
     long-lived child under the watchdog and is killed; the child must end too."""
-    code = ("import subprocess, sys, time; sys.path.insert(0, sys.argv[1]); from flows.reaper import start_reaper\n"
-            "with start_reaper():\n"
-            "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            "    print(child.pid, flush=True); time.sleep(120)")
+    code = (
+        "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]); from flows.reaper import start_reaper\n"
+        "with start_reaper():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "    print(child.pid, flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, cwd=ROOT)
     child = int(proc.stdout.readline())
     time.sleep(1.5)  # the watchdog has seen the child
@@ -283,7 +311,12 @@ def test_one_seed_gives_one_csv(tmp_path):
     frames = []
     for i, hash_seed in enumerate(("1", "2")):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "2"}
-        subprocess.run([sys.executable, "-c", _ONE_RUN, str(ROOT), str(tmp_path / f"run{i}")], env=env,
-                       check=True, cwd=ROOT, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", _ONE_RUN, str(ROOT), str(tmp_path / f"run{i}")],
+            env=env,
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+        )
         frames.append(pd.read_csv(tmp_path / f"run{i}" / "plots" / "distill.csv").drop(columns=["step_seconds"]))
     pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)

@@ -7,17 +7,29 @@ from __future__ import annotations
 import pandas as pd
 
 from lopd_core.config import load_params
-from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX, pretraining_retriever, pretraining_successes
+from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec
 
 
 def _params(tmp_path, model_dir="", extra=()):
     (tmp_path / "params.yaml").write_text("seed: 0\n")
-    return load_params(tmp_path / "params.yaml", [
-        *([f"model.name_or_path={model_dir}"] if model_dir else []), f"bank.dir={tmp_path}/bank", f"bank.index_dir={tmp_path}/index",
-        "envs.pretrain_worlds=3", "coldstart.oracle_tasks=12", "bank.seed_tasks=6", "bank.samples_per_task=2",
-        "bank.min_reward=0.0", "rollout.max_new_tokens=16", "rollout.max_context=768", *extra])
+    return load_params(
+        tmp_path / "params.yaml",
+        [
+            *([f"model.name_or_path={model_dir}"] if model_dir else []),
+            f"bank.dir={tmp_path}/bank",
+            f"bank.index_dir={tmp_path}/index",
+            "envs.pretrain_worlds=3",
+            "coldstart.oracle_tasks=12",
+            "bank.seed_tasks=6",
+            "bank.samples_per_task=2",
+            "bank.min_reward=0.0",
+            "rollout.max_new_tokens=16",
+            "rollout.max_context=768",
+            *extra,
+        ],
+    )
 
 
 def test_the_cold_start_reads_only_pretraining_worlds(tmp_path, tiny_tokenizer):

@@ -35,13 +35,25 @@ def _one_line(err: str) -> str:
 
 
 # ---- item 12: every environment of the mix resolved before any work ------------------------------------------
-@pytest.mark.parametrize("plugin, why", [
-    ("lopd_example_env:LibraryEnvv", "AttributeError"),
-    ("no_such_module_anywhere:Env", "ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "plugin, why",
+    [
+        ("lopd_example_env:LibraryEnvv", "AttributeError"),
+        ("no_such_module_anywhere:Env", "ModuleNotFoundError"),
+    ],
+)
 def test_a_plugin_typo_fails_the_configuration_check(capsys, plugin, why):
-    rc = main(["bank", "--set", f"envs.plugins={{library: '{plugin}'}}", "--set", "envs.mix={toolworld: 1, library: 1}",
-               "--set", MISSING_BASE])
+    rc = main(
+        [
+            "bank",
+            "--set",
+            f"envs.plugins={{library: '{plugin}'}}",
+            "--set",
+            "envs.mix={toolworld: 1, library: 1}",
+            "--set",
+            MISSING_BASE,
+        ]
+    )
     line = _one_line(capsys.readouterr().err)
     assert rc == 2 and line.startswith("lopd: invalid configuration: envs: environment 'library'") and why in line
 
@@ -50,8 +62,17 @@ def test_a_bad_task_line_fails_the_configuration_check(tmp_path, capsys):
     pytest.importorskip("lopd_example_env")
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"split": "train", "instruction": "x", "state": {}, "checks": [{"op": "nope"}]}\n')
-    rc = main(["bank", "--set", "envs.mix={library: 1}", "--set", f"envs.task_files={{library: '{bad}'}}",
-               "--set", MISSING_BASE])
+    rc = main(
+        [
+            "bank",
+            "--set",
+            "envs.mix={library: 1}",
+            "--set",
+            f"envs.task_files={{library: '{bad}'}}",
+            "--set",
+            MISSING_BASE,
+        ]
+    )
     line = _one_line(capsys.readouterr().err)
     assert rc == 2 and f"{bad}:1: checks[0]: unknown check op 'nope'" in line
 
@@ -83,7 +104,9 @@ def test_an_unreachable_tracking_server_is_one_line_with_the_way_out(monkeypatch
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(errors.TrackingUnavailable) as caught:
         probe_tracking(TrackingConfig(), timeout_s=2)
-    assert str(caught.value).startswith(f"MLflow tracking store {uri}: unreachable") and "--no-mlflow" in str(caught.value)
+    assert str(caught.value).startswith(f"MLflow tracking store {uri}: unreachable") and "--no-mlflow" in str(
+        caught.value
+    )
 
 
 def test_a_corrupt_sqlite_store_stops_lopd_cycle_before_any_work(tmp_path, monkeypatch, capsys):
@@ -121,8 +144,14 @@ def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(tmp_pa
     p = Params()
     p.lopd = replace(p.lopd, out_dir=str(tmp_path / "lopd"))
     composer = Composer(tiny_model.config.hidden_size, num_queries=2, num_layers=1, num_heads=2)
-    d = Distiller(p, copy.deepcopy(tiny_model), tiny_tokenizer, lambda tasks: [[] for _ in tasks], composer=composer,
-                  log=lambda m: None)
+    d = Distiller(
+        p,
+        copy.deepcopy(tiny_model),
+        tiny_tokenizer,
+        lambda tasks: [[] for _ in tasks],
+        composer=composer,
+        log=lambda m: None,
+    )
     tmp = d.checkpoint_path().with_suffix(".tmp")
     tmp.parent.mkdir(parents=True)
     tmp.symlink_to("/dev/full")  # whatever is written there meets a full device (ENOSPC), for real
@@ -171,8 +200,19 @@ def _saved_base(folder: Path, tiny_model, tiny_tokenizer) -> Path:
 
 def test_top_k_beyond_the_vocabulary_is_named_before_a_missing_composer(tmp_path, tiny_model, tiny_tokenizer, capsys):
     base = _saved_base(tmp_path / "base", tiny_model, tiny_tokenizer)
-    rc = main(["distill", "--set", f"model.base_dir={base}", "--set", "lopd.top_k=100000000",
-               "--set", f"coldstart.out={tmp_path / 'no_phi0.pt'}", "--set", f"lopd.out_dir={tmp_path / 'lopd'}"])
+    rc = main(
+        [
+            "distill",
+            "--set",
+            f"model.base_dir={base}",
+            "--set",
+            "lopd.top_k=100000000",
+            "--set",
+            f"coldstart.out={tmp_path / 'no_phi0.pt'}",
+            "--set",
+            f"lopd.out_dir={tmp_path / 'lopd'}",
+        ]
+    )
     line = _one_line(capsys.readouterr().err)
     assert rc == 2 and "lopd.top_k: got 100000000, expected fewer than the model's vocabulary" in line
 
@@ -181,10 +221,24 @@ def test_evaluate_prints_a_compact_table_not_the_whole_file(tmp_path, tiny_model
     torch.manual_seed(0)
     base = _saved_base(tmp_path / "base", tiny_model, tiny_tokenizer)
     out = tmp_path / "eval.json"
-    rc = main(["evaluate", "--out", str(out), "--set", f"model.base_dir={base}", "--set", "eval.n_per_split=2",
-               "--set", "eval.splits=[test_id]", "--set", "eval.with_experience=false",
-               "--set", "rollout.max_new_tokens=8"])
+    rc = main(
+        [
+            "evaluate",
+            "--out",
+            str(out),
+            "--set",
+            f"model.base_dir={base}",
+            "--set",
+            "eval.n_per_split=2",
+            "--set",
+            "eval.splits=[test_id]",
+            "--set",
+            "eval.with_experience=false",
+            "--set",
+            "rollout.max_new_tokens=8",
+        ]
+    )
     printed = capsys.readouterr().out.strip().splitlines()
-    table = printed[printed.index(next(line for line in printed if line.startswith("environment split"))):]
+    table = printed[printed.index(next(line for line in printed if line.startswith("environment split"))) :]
     assert rc == 0 and out.exists()
     assert len(table) == 3 and table[1].startswith("toolworld test_id  greedy") and "{" not in "".join(printed)

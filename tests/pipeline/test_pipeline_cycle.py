@@ -60,8 +60,7 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     assert parent.data.tags["lopd.cycle"] == "1" and "git.commit" in parent.data.tags
     assert parent.data.tags["lopd.bank.dvc_md5"].endswith(".dir")
     assert parent.data.params["lopd.steps"] == "2"
-    children = client.search_runs([parent.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     stages = {r.data.tags["lopd.stage"]: r for r in children}
     assert {"bank", "coldstart", "distill", "export", "report"} <= set(stages)
     distill = stages["distill"].info.run_id

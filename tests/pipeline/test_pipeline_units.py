@@ -14,9 +14,24 @@ from lopd_core.config import Params, load_params
 from tasks.caching import by_stage_key, content_hash, key_payload, stage_key
 
 ROOT = Path(__file__).resolve().parents[2]
-CSV_COLUMNS = ["step", "rollouts", "reward_mean", "success_rate", "distill_loss", "kl_phi", "delta", "beta",
-               "anchor", "student_entropy", "teacher_entropy", "topk_mass", "grad_norm_theta", "grad_norm_phi",
-               "latent_norm_ratio", "step_seconds"]
+CSV_COLUMNS = [
+    "step",
+    "rollouts",
+    "reward_mean",
+    "success_rate",
+    "distill_loss",
+    "kl_phi",
+    "delta",
+    "beta",
+    "anchor",
+    "student_entropy",
+    "teacher_entropy",
+    "topk_mass",
+    "grad_norm_theta",
+    "grad_norm_phi",
+    "latent_norm_ratio",
+    "step_seconds",
+]
 
 
 def distill_csv(path: Path, steps: int = 4, margin: float = 0.05) -> Path:
@@ -24,10 +39,26 @@ def distill_csv(path: Path, steps: int = 4, margin: float = 0.05) -> Path:
     rows, beta = [], 0.0
     for s in range(1, steps + 1):
         delta = 0.01 * s
-        rows.append({"step": s, "rollouts": 20 + 8 * s, "reward_mean": 0.1 + 0.02 * s, "success_rate": 0.05 * s,
-                     "distill_loss": 1.0 / s, "kl_phi": 0.5 / s, "delta": delta, "beta": beta, "anchor": 0.01,
-                     "student_entropy": 2.0 - 0.1 * s, "teacher_entropy": 1.5, "topk_mass": 0.9,
-                     "grad_norm_theta": 1.0, "grad_norm_phi": 0.5, "latent_norm_ratio": 1.0, "step_seconds": 1.0})
+        rows.append(
+            {
+                "step": s,
+                "rollouts": 20 + 8 * s,
+                "reward_mean": 0.1 + 0.02 * s,
+                "success_rate": 0.05 * s,
+                "distill_loss": 1.0 / s,
+                "kl_phi": 0.5 / s,
+                "delta": delta,
+                "beta": beta,
+                "anchor": 0.01,
+                "student_entropy": 2.0 - 0.1 * s,
+                "teacher_entropy": 1.5,
+                "topk_mass": 0.9,
+                "grad_norm_theta": 1.0,
+                "grad_norm_phi": 0.5,
+                "latent_norm_ratio": 1.0,
+                "step_seconds": 1.0,
+            }
+        )
         beta = max(0.0, beta + 0.5 * (margin - delta))
     pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(path, index=False)
     return path
@@ -136,7 +167,9 @@ def test_parent_and_child_runs_carry_step_metrics_params_and_tags(tracker, tmp_p
 def test_eval_metric_names_are_valid_for_mlflow():
     from tasks.tracking import eval_metrics
 
-    names = eval_metrics({"toolworld": {"test_id+experience": {"greedy": eval_json(0.1, 0.2)["toolworld"]["test_id"]["greedy"]}}})
+    names = eval_metrics(
+        {"toolworld": {"test_id+experience": {"greedy": eval_json(0.1, 0.2)["toolworld"]["test_id"]["greedy"]}}}
+    )
     assert "eval.toolworld.test_id_experience.greedy.success_rate" in names
 
 
@@ -161,8 +194,14 @@ def test_export_loads_with_from_pretrained_and_answers_a_task(student_dir, tmp_p
 
     params = Params()
     (tmp_path / "eval.json").write_text(json.dumps(eval_json(0.25, 0.6)))
-    out = export_task.fn(str(student_dir), str(tmp_path / "export"), params, str(tmp_path / "eval.json"), None,
-                         {"cycle": 1, "bank DVC md5": "abc.dir"})
+    out = export_task.fn(
+        str(student_dir),
+        str(tmp_path / "export"),
+        params,
+        str(tmp_path / "eval.json"),
+        None,
+        {"cycle": 1, "bank DVC md5": "abc.dir"},
+    )
     card = (Path(out) / "README.md").read_text()
     assert "25.0 %" in card and "abc.dir" in card and "AutoModelForCausalLM" in card
     assert json.loads((Path(out) / "lineage.json").read_text())["cycle"] == 1
@@ -171,8 +210,13 @@ def test_export_loads_with_from_pretrained_and_answers_a_task(student_dir, tmp_p
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     task = make_tasks("toolworld", "test_id", 1, 0)[0]
-    (traj,) = rollout(model, ChatCodec(tokenizer), [RolloutRequest(task)],  # no bank, composer or latents
-                      sampling=Sampling(temperature=0.0, max_new_tokens=16, max_context=1024), seed=0)
+    (traj,) = rollout(
+        model,
+        ChatCodec(tokenizer),
+        [RolloutRequest(task)],  # no bank, composer or latents
+        sampling=Sampling(temperature=0.0, max_new_tokens=16, max_context=1024),
+        seed=0,
+    )
     assert sum(traj.action_mask) > 0 and 0.0 <= traj.reward <= 1.0
 
 
@@ -199,10 +243,16 @@ def test_report_is_self_contained_with_every_curve(tmp_path):
     csvs = [distill_csv(tmp_path / f"c{i}.csv", steps=3 + i) for i in (1, 2)]
     (tmp_path / "base.json").write_text(json.dumps(eval_json(0.0, 0.2)))
     (tmp_path / "student.json").write_text(json.dumps(eval_json(0.1, 0.3)))
-    path = report_task.fn([{"label": f"cycle {i}", "csv": str(c), "margin": 0.05} for i, c in enumerate(csvs, 1)],
-                          [{"label": "base", "path": str(tmp_path / "base.json")},
-                           {"label": "student", "path": str(tmp_path / "student.json")}],
-                          str(tmp_path / "report"), "test report", [("promoted", "no")])
+    path = report_task.fn(
+        [{"label": f"cycle {i}", "csv": str(c), "margin": 0.05} for i, c in enumerate(csvs, 1)],
+        [
+            {"label": "base", "path": str(tmp_path / "base.json")},
+            {"label": "student", "path": str(tmp_path / "student.json")},
+        ],
+        str(tmp_path / "report"),
+        "test report",
+        [("promoted", "no")],
+    )
     page = Path(path).read_text()
     for png in ("reward_success", "delta_margin", "beta", "kl_entropy", "eval"):
         assert (tmp_path / "report" / f"{png}.png").stat().st_size > 1000
@@ -255,8 +305,11 @@ def test_report_renders_in_headless_chromium(tmp_path):
         pytest.skip("no Chromium installed (apt-get install chromium)")
     from lopd_core.run_report import EvalColumn, TrainingRun, write_report
 
-    page = write_report([TrainingRun("cycle 1", distill_csv(tmp_path / "d.csv"), 0.05)],
-                        [EvalColumn("base", eval_json(0.0, 0.2))], tmp_path / "report")
+    page = write_report(
+        [TrainingRun("cycle 1", distill_csv(tmp_path / "d.csv"), 0.05)],
+        [EvalColumn("base", eval_json(0.0, 0.2))],
+        tmp_path / "report",
+    )
     png = shot.screenshot(page, tmp_path / "shot.png", height=1600)
     from PIL import Image
 
@@ -275,13 +328,27 @@ def test_cycle_summary_shows_every_environment_of_the_mix(tmp_path):
     def cell(rate):
         return {"success_rate": rate, "reward_mean": rate, "n": 4, "ci95": [0.0, 1.0]}
 
-    results = {"toolworld": {s: {"greedy": cell(0.25)} for s in ("test_id", "test_ood", "pretrain_test")},
-               "library": {s: {"greedy": cell(0.5)} for s in ("test_id", "test_ood")}}
+    results = {
+        "toolworld": {s: {"greedy": cell(0.25)} for s in ("test_id", "test_ood", "pretrain_test")},
+        "library": {s: {"greedy": cell(0.5)} for s in ("test_id", "test_ood")},
+    }
     for name in ("base", "student"):
         (tmp_path / f"{name}.json").write_text(json.dumps(results))
-    record = {"cycle": 1, "seconds": 1.0, "eval": {k: str(tmp_path / f"{k}.json") for k in ("base", "student")},
-              "final_beta": 0.1, "final_delta": 0.0, "delta_mean": 0.0, "margin": 0.05, "promoted": False,
-              "gate": {"student": 0.2, "champion": 0.2}, "cached": {}, "export": "x", "version": 1, "report": "r"}
+    record = {
+        "cycle": 1,
+        "seconds": 1.0,
+        "eval": {k: str(tmp_path / f"{k}.json") for k in ("base", "student")},
+        "final_beta": 0.1,
+        "final_delta": 0.0,
+        "delta_mean": 0.0,
+        "margin": 0.05,
+        "promoted": False,
+        "gate": {"student": 0.2, "champion": 0.2},
+        "cached": {},
+        "export": "x",
+        "version": 1,
+        "report": "r",
+    }
     params = Params()
     params.eval = replace(params.eval, modes=["greedy"])
     plain = "\n".join(summarize(record, params))

@@ -30,8 +30,12 @@ def test_cycle_with_the_example_plugin_in_the_mix(project, capsys):
     from lopd_cli.main import main
 
     args = ["cycle", "--no-mlflow"]
-    for assignment in [*TINY_CYCLE, "envs.mix={toolworld: 1.0, library: 1.0}", "bank.seed_tasks=8",
-                       "lopd.tasks_per_step=4"]:
+    for assignment in [
+        *TINY_CYCLE,
+        "envs.mix={toolworld: 1.0, library: 1.0}",
+        "bank.seed_tasks=8",
+        "lopd.tasks_per_step=4",
+    ]:
         args += ["--set", assignment]
     started = time.perf_counter()
     assert main(args) == 0
@@ -61,4 +65,3 @@ def test_cycle_with_the_example_plugin_in_the_mix(project, capsys):
         assert (rows.loc[rows["env"] == "library", "world"] == "library").all()
     assert set(record["bank"]["by_domain"]) - {"bank", "calendar", "shop", "files", "msg", "travel"} <= {"library"}
     print(f"plugin cycle: bank {record['bank']}; library eval {results['library']}")
-

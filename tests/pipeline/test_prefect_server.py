@@ -28,8 +28,9 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -60,19 +61,48 @@ def test_cycle_deployment_runs_on_a_worker(project, tmp_path):
     api = f"http://{LOOPBACK}:{prefect_port}/api"
     mlflow_url = f"http://{LOOPBACK}:{mlflow_port}"
     home = tmp_path / "prefect_home"
-    env = offline_env(PREFECT_HOME=str(home), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
-                      PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
-                      PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",
-                      MLFLOW_TRACKING_URI=mlflow_url, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-                      PYTHONPATH=str(project))
+    env = offline_env(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=api,
+        PREFECT_UI_ENABLED="false",
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",
+        MLFLOW_TRACKING_URI=mlflow_url,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        PYTHONPATH=str(project),
+    )
     prefect = str(BIN / "prefect")
-    server = Server("prefect", [prefect, "server", "start", "--host", LOOPBACK, "--port", str(prefect_port)],
-                    f"{api}/health", log_dir=tmp_path, env=env, cwd=tmp_path, start_timeout_s=300)
-    tracking = Server("mlflow", [str(BIN / "mlflow"), "server", "--backend-store-uri",
-                                 f"sqlite:///{tmp_path / 'mlflow.db'}", "--artifacts-destination",
-                                 str(tmp_path / "artifacts"), "--host", LOOPBACK, "--port", str(mlflow_port),
-                                 "--workers", "1"],
-                      f"{mlflow_url}/health", log_dir=tmp_path, env=env, start_timeout_s=300)
+    server = Server(
+        "prefect",
+        [prefect, "server", "start", "--host", LOOPBACK, "--port", str(prefect_port)],
+        f"{api}/health",
+        log_dir=tmp_path,
+        env=env,
+        cwd=tmp_path,
+        start_timeout_s=300,
+    )
+    tracking = Server(
+        "mlflow",
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(mlflow_port),
+            "--workers",
+            "1",
+        ],
+        f"{mlflow_url}/health",
+        log_dir=tmp_path,
+        env=env,
+        start_timeout_s=300,
+    )
     worker = None
     try:
         server.start()
@@ -81,22 +111,47 @@ def test_cycle_deployment_runs_on_a_worker(project, tmp_path):
         started = time.perf_counter()
         # prefect.yaml's pull step is `set_working_directory: {{ $PWD }}`, read from the *environment* of
         # `prefect deploy` (not its cwd): PWD must name the project, else the run would work in the repository.
-        _cli([prefect, "--no-prompt", "deploy", "--prefect-file", str(ROOT / "prefect.yaml"),
-              "--name", "lopd-nightly-cycle", "--pool", POOL], {**env, "PWD": str(project)}, project)
+        _cli(
+            [
+                prefect,
+                "--no-prompt",
+                "deploy",
+                "--prefect-file",
+                str(ROOT / "prefect.yaml"),
+                "--name",
+                "lopd-nightly-cycle",
+                "--pool",
+                POOL,
+            ],
+            {**env, "PWD": str(project)},
+            project,
+        )
         print(f"prefect deploy: {time.perf_counter() - started:.1f}s")
         worker_log = (tmp_path / "worker.log").open("wb")
-        worker = subprocess.Popen([prefect, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"],
-                                  cwd=project, env=env, stdout=worker_log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        worker = subprocess.Popen(
+            [prefect, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"],
+            cwd=project,
+            env=env,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         worker_log.close()
 
         deployment = _get(f"{api}/deployments/name/lopd-cycle/lopd-nightly-cycle")
         assert deployment["entrypoint"] == "flows/cycle.py:cycle_flow"
-        workdirs = [step[k]["directory"] for step in deployment["pull_steps"] for k in step
-                    if k.endswith("set_working_directory")]
+        workdirs = [
+            step[k]["directory"]
+            for step in deployment["pull_steps"]
+            for k in step
+            if k.endswith("set_working_directory")
+        ]
         assert workdirs == [str(project)], deployment["pull_steps"]  # never the repository itself
-        run = _post(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                    {"parameters": {"params_file": "params.yaml", "overrides": TINY, "cycles": 1, "track": True}})
+        run = _post(
+            f"{api}/deployments/{deployment['id']}/create_flow_run",
+            {"parameters": {"params_file": "params.yaml", "overrides": TINY, "cycles": 1, "track": True}},
+        )
         started = time.perf_counter()
         state = run["state"]["type"]
         while state not in TERMINAL and time.perf_counter() - started < 900:

@@ -38,9 +38,20 @@ def test_mlflow_server_shows_what_the_pipeline_tracked(tmp_path, monkeypatch):
 
     port = free_port()
     base = f"http://{LOOPBACK}:{port}"
-    argv = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--artifacts-destination", str(tmp_path / "artifacts"), "--host", LOOPBACK, "--port", str(port),
-            "--workers", "1"]
+    argv = [
+        str(BIN / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "artifacts"),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     # The server's job runner (GenAI jobs, several huey consumers) is not needed by the pipeline: off, it starts
     # faster and leaves fewer processes to stop.
     env = offline_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
@@ -87,9 +98,22 @@ def bank_parquet(tmp_path_factory):
     trajs = []
     for task in make_tasks("toolworld", "train", 36, seed=0):
         _, _, env = run_oracle(task)
-        trajs.append(Trajectory(task=task, sample_index=0, experiences=(), token_ids=[1, 2, 3], action_mask=[0, 1, 1],
-                                sample_logprobs=[0.0, -0.1, -0.2], prompt_length=1, reward=1.0, success=True,
-                                stop_reason="answer", num_turns=len(env.episode), episode=env.episode))
+        trajs.append(
+            Trajectory(
+                task=task,
+                sample_index=0,
+                experiences=(),
+                token_ids=[1, 2, 3],
+                action_mask=[0, 1, 1],
+                sample_logprobs=[0.0, -0.1, -0.2],
+                prompt_length=1,
+                reward=1.0,
+                success=True,
+                stop_reason="answer",
+                num_turns=len(env.episode),
+                episode=env.episode,
+            )
+        )
     root = tmp_path_factory.mktemp("bank")
     bank = ExperienceBank(root / "bank" / "experience.parquet", embedder=object())
     report = bank.refresh(trajectories_to_frame(trajs), min_reward=1.0, policy_version="oracle", cycle=0)
@@ -100,12 +124,13 @@ def bank_parquet(tmp_path_factory):
 @pytest.mark.slow
 def test_chroma_server_retrieves_like_the_embedded_folder(bank_parquet, tmp_path):
     from lopd_core.config import load_params
-    from lopd_core.envs import make_tasks
     from lopd_core.drivers.distill import open_bank
+    from lopd_core.envs import make_tasks
 
     queries = make_tasks("toolworld", "test_id", 12, seed=5) + make_tasks("toolworld", "train", 6, seed=0)
-    local = load_params(ROOT / "params.yaml", [f"bank.dir={bank_parquet / 'bank'}",
-                                                f"bank.index_dir={tmp_path / 'index'}"])
+    local = load_params(
+        ROOT / "params.yaml", [f"bank.dir={bank_parquet / 'bank'}", f"bank.index_dir={tmp_path / 'index'}"]
+    )
 
     def hits(params, **kw):
         with open_bank(params) as bank:
@@ -118,19 +143,32 @@ def test_chroma_server_retrieves_like_the_embedded_folder(bank_parquet, tmp_path
     assert all(len(row) == 3 for row in expected[True])
 
     port = free_port()
-    argv = [str(BIN / "chroma"), "run", "--path", str(tmp_path / "chroma_server"), "--host", LOOPBACK,
-            "--port", str(port)]
-    with Server("chroma", argv, f"http://{LOOPBACK}:{port}/api/v2/heartbeat", log_dir=tmp_path,
-                start_timeout_s=300) as server:
-        remote = load_params(ROOT / "params.yaml", [f"bank.dir={bank_parquet / 'bank'}",
-                                                     f"bank.chroma_url=http://{LOOPBACK}:{port}"])
+    argv = [
+        str(BIN / "chroma"),
+        "run",
+        "--path",
+        str(tmp_path / "chroma_server"),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+    ]
+    with Server(
+        "chroma", argv, f"http://{LOOPBACK}:{port}/api/v2/heartbeat", log_dir=tmp_path, start_timeout_s=300
+    ) as server:
+        remote = load_params(
+            ROOT / "params.yaml", [f"bank.dir={bank_parquet / 'bank'}", f"bank.chroma_url=http://{LOOPBACK}:{port}"]
+        )
         rebuilt, got = hits(remote)
         assert rebuilt  # an empty server: the collection is built from the parquet
         assert got == expected[True]
         rebuilt, got = hits(remote, allow_self_retrieval=False)
         assert not rebuilt and got == expected[False]  # the server's collection is current: reused as is
-        collections = json.loads(http_get(f"http://{LOOPBACK}:{port}/api/v2/tenants/default_tenant/databases/"
-                                          "default_database/collections")[1])
+        collections = json.loads(
+            http_get(f"http://{LOOPBACK}:{port}/api/v2/tenants/default_tenant/databases/default_database/collections")[
+                1
+            ]
+        )
         assert [c["name"] for c in collections] == [remote.bank.collection]
         print(f"chroma server start-up: {server.startup_s:.1f}s")
     assert server.proc.poll() is not None

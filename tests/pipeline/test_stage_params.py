@@ -38,7 +38,8 @@ def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
     assert set(stages) == set(STAGES)
     for name, stage in stages.items():
         assert sorted(stage.get("params", [])) == sorted(dvc_params(name)), (
-            f"dvc.yaml stage {name}: params should be {dvc_params(name)} (tasks/stage_params.py)")
+            f"dvc.yaml stage {name}: params should be {dvc_params(name)} (tasks/stage_params.py)"
+        )
         data = sorted(d for d in stage.get("deps", []) if not d.startswith("lopd_core"))
         assert data == dvc_data_deps(name), f"dvc.yaml stage {name}: data deps should be {dvc_data_deps(name)}"
         code = sorted(d for d in stage.get("deps", []) if d.startswith("lopd_core"))
@@ -46,10 +47,15 @@ def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
 
 
 # The module that holds each stage's driver: what the stage runs is it and what it imports.
-DRIVERS = {"base": "lopd_core.drivers.base", "bank": "lopd_core.drivers.bank",
-           "coldstart": "lopd_core.drivers.coldstart", "distill": "lopd_core.drivers.distill",
-           "evaluate": "lopd_core.drivers.evaluate", "export": "lopd_core.drivers.export",
-           "report": "lopd_core.drivers.report"}
+DRIVERS = {
+    "base": "lopd_core.drivers.base",
+    "bank": "lopd_core.drivers.bank",
+    "coldstart": "lopd_core.drivers.coldstart",
+    "distill": "lopd_core.drivers.distill",
+    "evaluate": "lopd_core.drivers.evaluate",
+    "export": "lopd_core.drivers.export",
+    "report": "lopd_core.drivers.report",
+}
 
 
 def _module_file(module: str) -> Path | None:
@@ -70,7 +76,7 @@ def _imported(file: Path, module: str):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             yield base
             yield from (f"{base}.{alias.name}" for alias in node.names)
@@ -204,21 +210,39 @@ def test_every_listed_key_moves_the_stage_key_and_path_fields_do_not(stage):
             assert moved, f"{stage}: {leaf} is read but does not change the cache key"
 
 
-@pytest.mark.parametrize("stage, leaf", [
-    ("distill", "bank.same_world"), ("distill", "baselines.skill_kl"), ("distill", "bank.ef_search"),
-    ("distill", "cycle.refresh_teacher"), ("distill", "envs.mix"), ("coldstart", "envs.pretrain_worlds"),
-    ("coldstart", "bank.ef_search"), ("bank", "bank.min_reward"), ("evaluate", "bench.limit"),
-])
+@pytest.mark.parametrize(
+    "stage, leaf",
+    [
+        ("distill", "bank.same_world"),
+        ("distill", "baselines.skill_kl"),
+        ("distill", "bank.ef_search"),
+        ("distill", "cycle.refresh_teacher"),
+        ("distill", "envs.mix"),
+        ("coldstart", "envs.pretrain_worlds"),
+        ("coldstart", "bank.ef_search"),
+        ("bank", "bank.min_reward"),
+        ("evaluate", "bench.limit"),
+    ],
+)
 def test_the_keys_the_review_found_missing_now_move_the_key(stage, leaf):
     assert _key(_changed(Params(), leaf), stage) != _key(Params(), stage)
 
 
-@pytest.mark.parametrize("stage, leaf", [
-    ("distill", "bank.dir"), ("distill", "lopd.csv"), ("distill", "lopd.out_dir"), ("distill", "model.base_dir"),
-    ("coldstart", "coldstart.out"), ("evaluate", "eval.out"), ("bank", "bank.index_dir"),
-    ("distill", "tracking.experiment"), ("distill", "eval.n_per_split"),  # not read by distillation at all
-    ("distill", "lopd.resume_mismatch"),  # refuse or warn on a stale checkpoint: the outputs are the same
-])
+@pytest.mark.parametrize(
+    "stage, leaf",
+    [
+        ("distill", "bank.dir"),
+        ("distill", "lopd.csv"),
+        ("distill", "lopd.out_dir"),
+        ("distill", "model.base_dir"),
+        ("coldstart", "coldstart.out"),
+        ("evaluate", "eval.out"),
+        ("bank", "bank.index_dir"),
+        ("distill", "tracking.experiment"),
+        ("distill", "eval.n_per_split"),  # not read by distillation at all
+        ("distill", "lopd.resume_mismatch"),  # refuse or warn on a stale checkpoint: the outputs are the same
+    ],
+)
 def test_paths_and_unread_keys_leave_the_key_alone(stage, leaf):
     assert _key(_changed(Params(), leaf), stage) == _key(Params(), stage)
 
@@ -244,8 +268,14 @@ def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path)
         return {"csv": str(tmp_path / "d.csv")}, False
 
     monkeypatch.setattr(S, "run_cached", fake_run_cached)
-    S.distill_flow.fn(Params(), "hub/model", {"bank_dir": str(tmp_path), "index_dir": str(tmp_path)}, "phi0.pt",
-                      str(teacher), tracker=NULL_TRACKER)
+    S.distill_flow.fn(
+        Params(),
+        "hub/model",
+        {"bank_dir": str(tmp_path), "index_dir": str(tmp_path)},
+        "phi0.pt",
+        str(teacher),
+        tracker=NULL_TRACKER,
+    )
     assert seen["stage"] == "distill" and seen["inputs"]["teacher"] == str(teacher)
     assert seen["kwargs"]["teacher"] == str(teacher)
 
@@ -321,8 +351,11 @@ def test_a_task_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(t
     tasks = tmp_path / "notes.jsonl"
     tasks.write_text('{"split": "train", "instruction": "Add a.", "state": {"notes": {}}, "checks": []}\n')
     params = Params()
-    params.envs = EnvsConfig(mix={"toolworld": 1.0, "notes": 0.5}, plugins={"notes": "_plugin_fixture:NotesEnv"},
-                             task_files={"notes": str(tasks)})
+    params.envs = EnvsConfig(
+        mix={"toolworld": 1.0, "notes": 0.5},
+        plugins={"notes": "_plugin_fixture:NotesEnv"},
+        task_files={"notes": str(tasks)},
+    )
     before = {stage: _key(params, stage) for stage in CACHED_STAGES}
     tasks.write_text('{"split": "train", "instruction": "Add b, then c.", "state": {"notes": {}}, "checks": []}\n')
     after = {stage: _key(params, stage) for stage in CACHED_STAGES}
@@ -336,8 +369,11 @@ def _example_copy(tmp_path, monkeypatch, module: str):
     through envs.plugins, so its files can be edited without touching the repository's."""
     from lopd_core.config import EnvsConfig
 
-    shutil.copytree(ROOT / "examples" / "lopd-example-env" / "lopd_example_env", tmp_path / module,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "examples" / "lopd-example-env" / "lopd_example_env",
+        tmp_path / module,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     params = Params()
     params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 1.0}, plugins={"library": f"{module}:LibraryEnv"})
@@ -381,8 +417,16 @@ def test_dvc_stages_that_play_plugins_depend_on_their_fingerprint(tmp_path, monk
         assert PLUGIN_FINGERPRINT in stages[name]["deps"], name
     _, package = _example_copy(tmp_path, monkeypatch, "lopd_example_dvc_copy")
     out = tmp_path / "plugins.json"
-    argv = ["envs", "fingerprint", "--out", str(out), "--set", "envs.mix={toolworld: 1.0, library: 1.0}",
-            "--set", 'envs.plugins={library: "lopd_example_dvc_copy:LibraryEnv"}']
+    argv = [
+        "envs",
+        "fingerprint",
+        "--out",
+        str(out),
+        "--set",
+        "envs.mix={toolworld: 1.0, library: 1.0}",
+        "--set",
+        'envs.plugins={library: "lopd_example_dvc_copy:LibraryEnv"}',
+    ]
     assert main(argv) == 0
     first = json.loads(out.read_text())
     assert set(first) == {"library"} and len(first["library"]["task_file"]) == 1

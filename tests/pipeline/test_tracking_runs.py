@@ -40,8 +40,10 @@ def test_the_null_tracker_has_every_method_of_the_tracker():
 def _report_args(tmp_path: Path) -> tuple[list[dict], list[dict]]:
     student = tmp_path / "eval.json"
     student.write_text(json.dumps(eval_json(0.4, 0.6)))
-    return ([{"label": "distill", "csv": str(distill_csv(tmp_path / "distill.csv")), "margin": 0.05}],
-            [{"label": "student", "path": str(student)}])
+    return (
+        [{"label": "distill", "csv": str(distill_csv(tmp_path / "distill.csv")), "margin": 0.05}],
+        [{"label": "student", "path": str(student)}],
+    )
 
 
 def _child(tracker, parent: str, name: str):
@@ -76,8 +78,7 @@ def test_a_stage_that_raises_leaves_a_failed_child_run(tracker, tmp_path, prefec
     (theirs / "notes.txt").write_text("not a report")
     started_ms = time.time() * 1000
     with pytest.raises(OutputPathError):
-        report_flow.fn(Params(), runs, evals, str(theirs), "a run", [], parent_run=parent, cycle=1,
-                       tracker=tracker)
+        report_flow.fn(Params(), runs, evals, str(theirs), "a run", [], parent_run=parent, cycle=1, tracker=tracker)
     child = _child(tracker, parent, "report")
     assert child.info.status == "FAILED"
     assert child.info.start_time >= started_ms - 1000 and child.info.end_time >= child.info.start_time
@@ -128,8 +129,17 @@ def test_no_deterministic_local_task_retries():
     from tasks import stage_tasks as T
     from tasks.eval_shards import evaluate_shard_task
 
-    for task in (T.build_base_task, T.refresh_bank_task, T.coldstart_task, T.distill_task, T.evaluate_task,
-                 T.export_task, T.report_task, evaluate_shard_task, compare_run_task):
+    for task in (
+        T.build_base_task,
+        T.refresh_bank_task,
+        T.coldstart_task,
+        T.distill_task,
+        T.evaluate_task,
+        T.export_task,
+        T.report_task,
+        evaluate_shard_task,
+        compare_run_task,
+    ):
         assert not task.retries, task.name
 
 
@@ -144,6 +154,10 @@ def test_prefect_records_the_tracker_by_name_only(tracker):
 
 def test_the_flows_build_no_mlflow_client_of_their_own():
     """One MlflowClient per command: the cycle and compare make one tracker (make_tracker) and pass it down."""
-    built = {path.relative_to(ROOT).as_posix() for folder in ("flows", "tasks") for path in (ROOT / folder).glob("*.py")
-             if re.search(r"\bTracker\(|MlflowClient\(", path.read_text())}
+    built = {
+        path.relative_to(ROOT).as_posix()
+        for folder in ("flows", "tasks")
+        for path in (ROOT / folder).glob("*.py")
+        if re.search(r"\bTracker\(|MlflowClient\(", path.read_text())
+    }
     assert built == {"tasks/tracking.py"}

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from probes.convention_probe import tag_swap
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import Demo, encode_demo, play
+from probes.convention_probe import tag_swap
 
 
 class LookupModel:
@@ -33,8 +33,9 @@ def _tagged(task, world: str | None) -> Demo:
     demo = play(task, conventions_world=world)[0]
     if world is None:
         return demo
-    return Demo(demo.system, demo.user.replace(f"[{task.world}]", f"[{world}]"), (), demo.actions,
-                demo.observations, world)
+    return Demo(
+        demo.system, demo.user.replace(f"[{task.world}]", f"[{world}]"), (), demo.actions, demo.observations, world
+    )
 
 
 def _table(seqs, key) -> dict:
@@ -44,8 +45,7 @@ def _table(seqs, key) -> dict:
 def test_tag_swap_flips_for_a_tag_reader_and_not_for_a_tag_blind_model(tiny_tokenizer):
     codec = ChatCodec(tiny_tokenizer)
     tasks = make_tasks("toolworld", "test_id", 10, 4242)
-    reader_seqs = [encode_demo(_tagged(t, w if w != t.world else None), codec).token_ids
-                   for t in tasks for w in WORLDS]
+    reader_seqs = [encode_demo(_tagged(t, w if w != t.world else None), codec).token_ids for t in tasks for w in WORLDS]
     reader = LookupModel(len(tiny_tokenizer), _table(reader_seqs, tuple), tuple)
     out = tag_swap(reader, codec, tasks)
     assert out["decisions"] > 0

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from probes.failure_probe import classify, convention_positions, drill_exact_share, probe
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.demos import encode_demo, play
+from probes.failure_probe import classify, convention_positions, drill_exact_share, probe
 
 
 class ScriptedModel:
@@ -63,7 +63,7 @@ def test_classify_tells_copies_from_the_instruction_and_from_observations(tiny_t
     text = [tiny_tokenizer.decode([i]) for i in ids]
     actions = [j for j in range(len(ids)) if seq.action_mask[j]]
     # the account id in the second call was read from the first observation, not from the instruction
-    id_pos = next(j for j in actions[len(actions) // 3:] if text[j].isdigit())
+    id_pos = next(j for j in actions[len(actions) // 3 :] if text[j].isdigit())
     assert classify(tiny_tokenizer, ids, id_pos, set()) == "copy_observation"
     assert classify(tiny_tokenizer, ids, id_pos, {id_pos}) == "convention"  # a decision position wins
     first = actions[0]  # `<tool_call>`: in neither the instruction nor an observation

@@ -1,8 +1,8 @@
 """The oracle-distillation probe (probes/oracle_distill_probe.py) feeds the trainer exactly the oracle's actions."""
 
-from probes.oracle_distill_probe import oracle_trajectories
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.model.chat import ChatCodec
+from probes.oracle_distill_probe import oracle_trajectories
 
 
 def test_oracle_trajectories_carry_the_oracles_actions_as_successes(tiny_tokenizer):

@@ -11,9 +11,16 @@ from lopd_core.envs import make_tasks, registry
 from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
-PLUGINS = {name: f"_faulty_envs:{cls}" for name, cls in [
-    ("flood", "FloodEnv"), ("huge_observation", "HugeObservationEnv"), ("nan_reward", "NanRewardEnv"),
-    ("huge_reward", "HugeRewardEnv"), ("long_prompt", "LongPromptEnv")]}
+PLUGINS = {
+    name: f"_faulty_envs:{cls}"
+    for name, cls in [
+        ("flood", "FloodEnv"),
+        ("huge_observation", "HugeObservationEnv"),
+        ("nan_reward", "NanRewardEnv"),
+        ("huge_reward", "HugeRewardEnv"),
+        ("long_prompt", "LongPromptEnv"),
+    ]
+}
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +33,9 @@ def faulty_plugins():
 def _play(model, tokenizer, env: str, **sampling):
     tasks = make_tasks(env, "train", 2, 0)
     settings = {"temperature": 1.0, "max_new_tokens": 8, "max_context": 256, **sampling}
-    return rollout(model, make_chat(tokenizer), [RolloutRequest(t) for t in tasks], sampling=Sampling(**settings),
-                   seed=0)
+    return rollout(
+        model, make_chat(tokenizer), [RolloutRequest(t) for t in tasks], sampling=Sampling(**settings), seed=0
+    )
 
 
 @pytest.mark.parametrize("env", ["flood", "huge_observation"])
@@ -48,8 +56,11 @@ def test_a_short_observation_is_left_as_it_is(tiny_model, tiny_tokenizer):
 
 
 def test_a_first_turn_that_cannot_fit_names_the_task(tiny_model, tiny_tokenizer):
-    with pytest.raises(ValueError, match=r"task 'long_prompt/train/0/0' of env 'long_prompt': its first turn "
-                                         r"is \d+ tokens.*rollout\.max_context") as caught:
+    with pytest.raises(
+        ValueError,
+        match=r"task 'long_prompt/train/0/0' of env 'long_prompt': its first turn "
+        r"is \d+ tokens.*rollout\.max_context",
+    ) as caught:
         _play(tiny_model, tiny_tokenizer, "long_prompt")
     assert type(caught.value).__name__ == "EnvironmentFault"  # a StateError: the command line prints one line
 

@@ -20,9 +20,9 @@ from unittest import mock
 import pytest
 import torch
 
+from lopd_core.distill.teacher import Framing, embed_row
 from lopd_core.envs import make_tasks
 from lopd_core.envs.toolworld.tools import CALL_OPEN
-from lopd_core.distill.teacher import Framing, embed_row
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -44,24 +44,39 @@ def caller(tiny_model, tiny_tokenizer):
 
 
 def _requests(tasks: int, samples: int) -> list[RolloutRequest]:
-    return [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", tasks, seed=7)
-            for g in range(samples)]
+    return [
+        RolloutRequest(t, sample_index=g)
+        for t in make_tasks("toolworld", "train", tasks, seed=7)
+        for g in range(samples)
+    ]
 
 
 def _both(model, codec, requests, sampling, *, per_row: bool, batch_size: int | None = None, **kwargs):
     seeds = [100 + i for i in range(len(requests))] if per_row else None
-    return [rollout(model, codec, requests, sampling=sampling, batch_size=batch_size or len(requests), seed=3,
-                    seeds=seeds, keep_cache=keep, **kwargs) for keep in (True, False)]
+    return [
+        rollout(
+            model,
+            codec,
+            requests,
+            sampling=sampling,
+            batch_size=batch_size or len(requests),
+            seed=3,
+            seeds=seeds,
+            keep_cache=keep,
+            **kwargs,
+        )
+        for keep in (True, False)
+    ]
 
 
 def _assert_same_play(kept, plain):
     assert [t.token_ids for t in kept] == [t.token_ids for t in plain]
     assert [t.action_mask for t in kept] == [t.action_mask for t in plain]
-    assert [(t.reward, t.stop_reason, t.num_turns) for t in kept] == [(t.reward, t.stop_reason, t.num_turns)
-                                                                     for t in plain]
+    assert [(t.reward, t.stop_reason, t.num_turns) for t in kept] == [
+        (t.reward, t.stop_reason, t.num_turns) for t in plain
+    ]
     for a, b in zip(kept, plain):
-        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])

@@ -4,18 +4,26 @@ same gradient reaching the latents — while the prompt runs once per task, not 
 
 import torch
 
-from lopd_core.envs import make_tasks
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 
 def _trajectories(model, tokenizer, tasks: int, samples: int):
-    reqs = [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", tasks, seed=5)
-            for g in range(samples)]
-    trajs = rollout(model, ChatCodec(tokenizer), reqs,
-                    sampling=Sampling(temperature=1.0, max_new_tokens=16, max_context=640), seed=2)
+    reqs = [
+        RolloutRequest(t, sample_index=g)
+        for t in make_tasks("toolworld", "train", tasks, seed=5)
+        for g in range(samples)
+    ]
+    trajs = rollout(
+        model,
+        ChatCodec(tokenizer),
+        reqs,
+        sampling=Sampling(temperature=1.0, max_new_tokens=16, max_context=640),
+        seed=2,
+    )
     return [t.token_ids for t in trajs], [t.action_mask for t in trajs]
 
 

@@ -23,16 +23,20 @@ SAMPLED = Sampling(temperature=1.0, top_p=0.9, max_new_tokens=12, max_context=76
 
 
 def _requests(tasks: int, samples: int) -> list[RolloutRequest]:
-    return [RolloutRequest(t, sample_index=g) for t in make_tasks("toolworld", "train", tasks, seed=7)
-            for g in range(samples)]
+    return [
+        RolloutRequest(t, sample_index=g)
+        for t in make_tasks("toolworld", "train", tasks, seed=7)
+        for g in range(samples)
+    ]
 
 
 def _play(model, codec, requests, sampling, *, shared: bool, per_row: bool):
     seeds = [100 + i for i in range(len(requests))] if per_row else None
     turn = partial(engine.generate_turn, share_prompts=shared)
     with mock.patch.object(engine, "generate_turn", turn):
-        return rollout(model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds,
-                       keep_cache=False)  # the path that calls generate_turn every turn
+        return rollout(
+            model, codec, requests, sampling=sampling, batch_size=len(requests), seed=3, seeds=seeds, keep_cache=False
+        )  # the path that calls generate_turn every turn
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -45,8 +49,7 @@ def test_shared_prefill_plays_what_per_row_prefill_plays(tiny_model, tiny_tokeni
     assert [t.token_ids for t in shared] == [t.token_ids for t in plain]
     assert [t.action_mask for t in shared] == [t.action_mask for t in plain]
     for a, b in zip(shared, plain):
-        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs), atol=1e-5, rtol=0)
     if sampling.temperature > 0:  # the samples of a task did diverge: the fork gave each row its own cache
         assert len({tuple(t.token_ids) for t in shared[:4]}) > 1
 
@@ -70,8 +73,14 @@ def test_only_identical_contexts_are_prefilled_once(tiny_model, tiny_tokenizer):
         return forward(*args, **kwargs)
 
     with mock.patch.object(tiny_model, "forward", counting):
-        turns = generate_turn(tiny_model, contexts, sampling=GREEDY, stop_id=codec.im_end_id, pad_id=codec.pad_id,
-                              generator=torch.Generator().manual_seed(0))
+        turns = generate_turn(
+            tiny_model,
+            contexts,
+            sampling=GREEDY,
+            stop_id=codec.im_end_id,
+            pad_id=codec.pad_id,
+            generator=torch.Generator().manual_seed(0),
+        )
     assert batches == [2]
     # Rows that share a prompt decode the same ids; their log-probs agree to float noise, since identical rows
     # at different places of one batched matmul may differ in the last bit (how much depends on the thread count).
@@ -85,4 +94,3 @@ def test_only_identical_contexts_are_prefilled_once(tiny_model, tiny_tokenizer):
     other = same.clone()
     other[1] += 1.0
     assert engine._first_with_same_context([prompts[0]] * 3, [same, other, same.clone()]) == [0, 1, 0]
-

@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 
-from lopd_core.envs import make_tasks
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.distill.teacher import Framing, splice_position
 from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
+from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
@@ -45,8 +45,14 @@ def test_plain_embeddings_in_the_prefill_play_as_the_ids(scrambled, tiny_tokeniz
     requests = [RolloutRequest(t) for t in tasks]
     embed = scrambled.get_input_embeddings()
     by_ids = rollout(scrambled, codec, requests, sampling=GREEDY, batch_size=4)
-    by_embeds = rollout(scrambled, codec, requests, sampling=GREEDY, batch_size=4,
-                        context_embedder=lambda i, ids: embed(torch.tensor(ids)))
+    by_embeds = rollout(
+        scrambled,
+        codec,
+        requests,
+        sampling=GREEDY,
+        batch_size=4,
+        context_embedder=lambda i, ids: embed(torch.tensor(ids)),
+    )
     assert [t.token_ids for t in by_embeds] == [t.token_ids for t in by_ids]
     assert [t.reward for t in by_embeds] == [t.reward for t in by_ids]
     assert sum(t.num_turns for t in by_ids) > len(tasks)  # multi-turn: later prefills read embeddings too
@@ -64,19 +70,20 @@ def test_latents_equal_to_an_experience_text_play_as_that_text(scrambled, tiny_t
         first = codec.start(*_first_turn(task)).token_ids
         with_text = codec.start(*_first_turn(task), [experience]).token_ids
         at = splice_position(first, framing)
-        inner = with_text[at + 1: len(with_text) - (len(first) - at) - 2]  # between <|exp_start|> and <|exp_end|>\n
+        inner = with_text[at + 1 : len(with_text) - (len(first) - at) - 2]  # between <|exp_start|> and <|exp_end|>\n
         assert with_text == first[:at] + [framing.exp_start] + inner + [framing.exp_end, framing.newline] + first[at:]
         latents.append(embed(torch.tensor(inner)).detach())
         text_requests.append(RolloutRequest(task, experiences=(experience,)))
     by_text = rollout(scrambled, codec, text_requests, sampling=GREEDY, batch_size=4)
-    by_latents = latent_rollout(scrambled, tiny_tokenizer, [RolloutRequest(t) for t in tasks], latents,
-                                sampling=GREEDY, batch_size=4)
+    by_latents = latent_rollout(
+        scrambled, tiny_tokenizer, [RolloutRequest(t) for t in tasks], latents, sampling=GREEDY, batch_size=4
+    )
     assert [_actions(t) for t in by_latents] == [_actions(t) for t in by_text]
     assert [t.reward for t in by_latents] == [t.reward for t in by_text]
     plain = rollout(scrambled, codec, [RolloutRequest(t) for t in tasks], sampling=GREEDY, batch_size=4)
     assert [_actions(t) for t in plain] != [_actions(t) for t in by_text]  # the experience changes the play
     assert [t.token_ids for t in by_latents] != [t.token_ids for t in by_text]  # ids stay the student's
-    assert all(lt.token_ids[:lt.prompt_length] == p.token_ids[:p.prompt_length] for lt, p in zip(by_latents, plain))
+    assert all(lt.token_ids[: lt.prompt_length] == p.token_ids[: p.prompt_length] for lt, p in zip(by_latents, plain))
 
 
 def test_composed_latents_have_the_slot_shape_and_mismatches_are_refused(tiny_model, tiny_tokenizer, tasks):
@@ -89,8 +96,9 @@ def test_composed_latents_have_the_slot_shape_and_mismatches_are_refused(tiny_mo
     with pytest.raises(ValueError, match="latents"):
         latent_rollout(tiny_model, tiny_tokenizer, [RolloutRequest(tasks[0])], [], sampling=GREEDY)
     with pytest.raises(ValueError, match="as latents"):
-        latent_rollout(tiny_model, tiny_tokenizer, [RolloutRequest(tasks[0], experiences=("x",))], latents[:1],
-                       sampling=GREEDY)
+        latent_rollout(
+            tiny_model, tiny_tokenizer, [RolloutRequest(tasks[0], experiences=("x",))], latents[:1], sampling=GREEDY
+        )
 
 
 def _first_turn(task):

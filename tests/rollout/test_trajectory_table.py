@@ -9,9 +9,20 @@ from lopd_core.rollout.table import trajectories_to_frame, validate_trajectories
 
 
 def _traj(task, **over):
-    base = {"task": task, "sample_index": 0, "experiences": (), "token_ids": [1, 2, 3, 4], "action_mask": [0, 0, 1, 1],
-                "sample_logprobs": [0.0, 0.0, -0.5, -0.1], "prompt_length": 2, "reward": 1.0, "success": True,
-                "stop_reason": "answer", "num_turns": 1, "episode": [{"action": "done"}]}
+    base = {
+        "task": task,
+        "sample_index": 0,
+        "experiences": (),
+        "token_ids": [1, 2, 3, 4],
+        "action_mask": [0, 0, 1, 1],
+        "sample_logprobs": [0.0, 0.0, -0.5, -0.1],
+        "prompt_length": 2,
+        "reward": 1.0,
+        "success": True,
+        "stop_reason": "answer",
+        "num_turns": 1,
+        "episode": [{"action": "done"}],
+    }
     base.update(over)
     return Trajectory(**base)
 

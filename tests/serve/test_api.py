@@ -14,9 +14,16 @@ import pytest
 from lopd_core.traces import read_traces, traces_as_trajectories
 
 SYSTEM = "tools: lookup(key)"
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
-                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
-                                                           "required": ["key"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a key up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+]
 
 
 def client(live):
@@ -24,8 +31,15 @@ def client(live):
 
 
 def ask(c, messages, session="s1", **kw):
-    return c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=8, seed=1,
-                                     extra_headers={"X-Session-Id": session}, **kw)
+    return c.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=TOOLS,
+        max_tokens=8,
+        seed=1,
+        extra_headers={"X-Session-Id": session},
+        **kw,
+    )
 
 
 def first_turn():
@@ -37,13 +51,17 @@ def test_chat_session_extension_and_feedback(live):
     r1 = ask(c, first_turn())
     assert r1.choices[0].finish_reason in ("stop", "length")
     # the client replays its history with the reply it was given: same trajectory
-    history = first_turn() + [r1.choices[0].message.model_dump(exclude_none=True),
-                              {"role": "tool", "tool_call_id": "t", "content": "value 7"}]
+    history = first_turn() + [
+        r1.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": "t", "content": "value 7"},
+    ]
     r2 = ask(c, history)
     assert r2.model_extra["lopd"]["trajectory_id"] == r1.model_extra["lopd"]["trajectory_id"]
     # an edited assistant message branches a new trajectory, recorded as such
-    edited = first_turn() + [{"role": "assistant", "content": "something else"},
-                             {"role": "tool", "tool_call_id": "t", "content": "value 7"}]
+    edited = first_turn() + [
+        {"role": "assistant", "content": "something else"},
+        {"role": "tool", "tool_call_id": "t", "content": "value 7"},
+    ]
     r3 = ask(c, edited)
     assert r3.model_extra["lopd"]["trajectory_id"] != r1.model_extra["lopd"]["trajectory_id"]
     ok = httpx.post(live.url + "/feedback", json={"session": "s1", "reward": 1.0, "success": True})
@@ -59,7 +77,7 @@ def test_chat_session_extension_and_feedback(live):
     sampled = r1.usage.completion_tokens + r2.usage.completion_tokens
     assert sum(first["action_mask"]) == sampled
     assert all(lp < 0 for lp, m in zip(first["sample_logprobs"], first["action_mask"]) if m)
-    assert first["token_ids"][:r1.usage.prompt_tokens] == first["token_ids"][:first["prompt_length"]]
+    assert first["token_ids"][: r1.usage.prompt_tokens] == first["token_ids"][: first["prompt_length"]]
     assert len(first["token_ids"]) == r2.usage.total_tokens + (r2.choices[0].finish_reason == "length")
     # the edited reply is forced in the branch: only its own sampled turn counts as actions
     assert sum(branch["action_mask"]) == r3.usage.completion_tokens
@@ -93,34 +111,61 @@ def _error(response, status):
 
 def test_bad_requests_are_4xx_json(live):
     url = live.url + "/chat/completions"
-    post = lambda body, **kw: httpx.post(url, json=body, **kw)
+
+    def post(body, **kw):
+        return httpx.post(url, json=body, **kw)
+
     base = {"model": "tiny", "messages": first_turn(), "max_tokens": 4}
-    assert _error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}),
-                  400)["code"] == "invalid_json"
+    assert (
+        _error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}), 400)["code"]
+        == "invalid_json"
+    )
     _error(post({**base, "messages": [{"role": "wizard", "content": "hi"}]}), 400)
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "rm_rf", "arguments": "{}"}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "rm_rf", "arguments": "{}"}}],
+    }
     undeclared = {**base, "tools": TOOLS, "messages": first_turn() + [call, {"role": "tool", "content": "x"}]}
     assert _error(post(undeclared), 400)["code"] == "undeclared_tool"
     assert _error(post({**base, "max_tokens": 10**6}), 400)["code"] == "max_tokens_too_large"
-    assert _error(post({**base, "messages": first_turn() * 40}), 400)["code"] in ("too_many_messages",
-                                                                                  "invalid_messages")
+    assert _error(post({**base, "messages": first_turn() * 40}), 400)["code"] in (
+        "too_many_messages",
+        "invalid_messages",
+    )
     assert _error(post({**base, "messages": [{"role": "user", "content": "x" * 3_000_000}]}), 413)
     assert _error(post({**base, "messages": first_turn()[:1]}), 400)["code"] == "invalid_messages"
     long_text = " ".join(["key"] * 3000)
-    assert _error(post({**base, "messages": [{"role": "user", "content": long_text}]}), 400)["code"] == \
-        "context_length_exceeded"
+    assert (
+        _error(post({**base, "messages": [{"role": "user", "content": long_text}]}), 400)["code"]
+        == "context_length_exceeded"
+    )
     assert _error(post({**base, "n": 2}), 400)["code"] == "unsupported"
     fb = live.url + "/feedback"
     ask(client(live), first_turn(), session="fb")
     assert _error(httpx.post(fb, json={"session": "fb", "reward": 1.5, "success": False}), 422)
     assert _error(httpx.post(fb, json={"session": "fb", "reward": 0.5, "success": True}), 422)
     assert _error(httpx.post(fb, json={"session": "nobody", "reward": 0.5, "success": False}), 404)
-    assert _error(httpx.post(fb, json={"session": "fb", "trajectory_id": "traj-made-up", "reward": 0.5,
-                                       "success": False}), 404)["code"] == "unknown_trajectory"
+    assert (
+        _error(
+            httpx.post(fb, json={"session": "fb", "trajectory_id": "traj-made-up", "reward": 0.5, "success": False}),
+            404,
+        )["code"]
+        == "unknown_trajectory"
+    )
     anonymous = post(base).json()["lopd"]  # no session named: label it by the ids the response gave
-    assert httpx.post(fb, json={"session": anonymous["session"], "trajectory_id": anonymous["trajectory_id"],
-                                "reward": 0.0, "success": False}).status_code == 200
+    assert (
+        httpx.post(
+            fb,
+            json={
+                "session": anonymous["session"],
+                "trajectory_id": anonymous["trajectory_id"],
+                "reward": 0.0,
+                "success": False,
+            },
+        ).status_code
+        == 200
+    )
     assert httpx.get(live.root + "/health").status_code == 200  # still serving
 
 

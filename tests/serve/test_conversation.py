@@ -17,10 +17,15 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"typ
 def test_render_matches_the_engine_layout(tiny_tokenizer):
     chat = ChatCodec(tiny_tokenizer)
     call = {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"key": "a"})}}
-    req = ChatRequest(messages=[{"role": "system", "content": "tools: lookup(key)"},
-                                {"role": "user", "content": "find a"},
-                                {"role": "assistant", "content": None, "tool_calls": [call]},
-                                {"role": "tool", "content": "7"}], tools=TOOLS)
+    req = ChatRequest(
+        messages=[
+            {"role": "system", "content": "tools: lookup(key)"},
+            {"role": "user", "content": "find a"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "7"},
+        ],
+        tools=TOOLS,
+    )
     ids = render(chat, parse_messages(req, max_messages=10))
     # what the rollout engine builds for the same episode: start, the action closed by <|im_end|>, observation
     expected = chat.start("tools: lookup(key)", "find a").token_ids
@@ -47,10 +52,15 @@ def test_an_echoed_tool_call_matches_the_reply_it_came_from(tiny_tokenizer):
     chat = ChatCodec(tiny_tokenizer)
     sampled = chat.action_ids(call_text("lookup", {"key": "a", "n": 2}))
     _, _, key = reply(chat, sampled, stopped=True, declared={"lookup"}, tool_choice="auto")
-    echoed = {"role": "assistant", "tool_calls": [{"id": "mine", "type": "function", "function": {
-        "name": "lookup", "arguments": '{"n":2,  "key":"a"}'}}]}
-    req = ChatRequest(messages=[{"role": "user", "content": "q"}, echoed, {"role": "tool", "content": "7"}],
-                      tools=TOOLS)
+    echoed = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "mine", "type": "function", "function": {"name": "lookup", "arguments": '{"n":2,  "key":"a"}'}}
+        ],
+    }
+    req = ChatRequest(
+        messages=[{"role": "user", "content": "q"}, echoed, {"role": "tool", "content": "7"}], tools=TOOLS
+    )
     assert parse_messages(req, max_messages=10).keys[2] == key
 
 
@@ -65,9 +75,16 @@ def test_a_later_user_turn_renders_as_the_models_own_template(builder):
     tok = {"hermes": hermes_tokenizer, "llama": llama_tokenizer}[builder]()
     add_experience_tokens(tok)
     chat = TemplateChat(tok)
-    messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find a"},
-                {"role": "assistant", "content": "It is 7."}, {"role": "user", "content": "and b?"}]
+    messages = [
+        {"role": "system", "content": "tools: lookup(key)"},
+        {"role": "user", "content": "find a"},
+        {"role": "assistant", "content": "It is 7."},
+        {"role": "user", "content": "and b?"},
+    ]
     ids = render(chat, parse_messages(ChatRequest(messages=messages), max_messages=10))
-    expected = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False, **chat.template_kwargs))
+    expected = list(
+        tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **chat.template_kwargs
+        )
+    )
     assert ids.token_ids == expected

@@ -44,19 +44,21 @@ def _converse(url: str, session: str, turns: int, failures: list, versions: list
     messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find " + session}]
     try:
         for t in range(turns):
-            r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=6, seed=t,
-                                          extra_headers={"X-Session-Id": session})
+            r = c.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=6, seed=t, extra_headers={"X-Session-Id": session}
+            )
             versions.append(r.model_extra["lopd"]["model_version"])
-            messages += [r.choices[0].message.model_dump(exclude_none=True),
-                         {"role": "tool", "content": f"observation {t}"}]
+            messages += [
+                r.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "content": f"observation {t}"},
+            ]
     except Exception as exc:  # noqa: BLE001  counted: the test asserts there are none
         failures.append(repr(exc))
 
 
 def test_hot_swap_during_requests_fails_none(live, tiny_checkpoints):
     failures, versions = [], []
-    threads = [threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions))
-               for i in range(4)]
+    threads = [threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions)) for i in range(4)]
     for t in threads:
         t.start()
     while len(versions) < 4 and not failures:  # the old model is serving the conversations
@@ -81,9 +83,26 @@ def test_hot_swap_during_requests_fails_none(live, tiny_checkpoints):
 def test_kill_9_mid_load_leaves_a_readable_store(tiny_checkpoints, tmp_path):
     port, store = free_port(), tmp_path / "traces"
     server = subprocess.Popen(
-        [sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(tiny_checkpoints[0]), "--port", str(port),
-         "--store", str(store), "--poll-s", "0"], cwd=ROOT, env=offline_env(PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "lopd_cli.main",
+            "serve",
+            "--model",
+            str(tiny_checkpoints[0]),
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+            "--poll-s",
+            "0",
+        ],
+        cwd=ROOT,
+        env=offline_env(PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + 120

@@ -24,10 +24,16 @@ def _prompt(tokenizer) -> list[int]:
 
 def _engine_turn(model, chat, prompt, *, top_k: int, temperature: float = 0.0, seed: int = 0):
     tops = []
-    [(ids, lps)] = generate_turn(model, [prompt], sampling=Sampling(temperature=temperature, max_new_tokens=12),
-                                 stop_id=chat.im_end_id, pad_id=chat.pad_id,
-                                 generator=[torch.Generator().manual_seed(seed)],
-                                 on_token=lambda row, t, lp, top: tops.append(top), top_logprobs=top_k)
+    [(ids, lps)] = generate_turn(
+        model,
+        [prompt],
+        sampling=Sampling(temperature=temperature, max_new_tokens=12),
+        stop_id=chat.im_end_id,
+        pad_id=chat.pad_id,
+        generator=[torch.Generator().manual_seed(seed)],
+        on_token=lambda row, t, lp, top: tops.append(top),
+        top_logprobs=top_k,
+    )
     return ids, lps, tops
 
 
@@ -35,11 +41,21 @@ def test_completions_on_ids_return_the_engines_ids_logprobs_and_topk(live, tiny_
     loaded = load_checkpoint(tiny_checkpoints[0], device="cpu")
     prompt = _prompt(loaded.tokenizer)
     for temperature, seed in ((0.0, 0), (0.8, 17)):  # greedy, and sampled with the request's seed
-        ids, lps, tops = _engine_turn(loaded.model, loaded.chat, prompt, top_k=3, temperature=temperature,
-                                      seed=seed)
-        r = httpx.post(live.url + "/completions", json={
-            "model": "a", "prompt": prompt, "max_tokens": 12, "temperature": temperature, "seed": seed,
-            "logprobs": 3, "return_token_ids": True, "return_tokens_as_token_ids": True}, timeout=60)
+        ids, lps, tops = _engine_turn(loaded.model, loaded.chat, prompt, top_k=3, temperature=temperature, seed=seed)
+        r = httpx.post(
+            live.url + "/completions",
+            json={
+                "model": "a",
+                "prompt": prompt,
+                "max_tokens": 12,
+                "temperature": temperature,
+                "seed": seed,
+                "logprobs": 3,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+            },
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         assert choice["prompt_token_ids"] == prompt and choice["token_ids"] == ids
@@ -53,15 +69,20 @@ def test_completions_on_ids_return_the_engines_ids_logprobs_and_topk(live, tiny_
 
 def test_chat_logprobs_are_the_recorded_ones(live):
     c = openai.OpenAI(base_url=live.url, api_key="none", max_retries=0)
-    r = c.chat.completions.create(model="a", messages=[{"role": "user", "content": "find key a"}], max_tokens=8,
-                                  seed=3, logprobs=True, top_logprobs=2,
-                                  extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
-                                  extra_headers={"X-Session-Id": "lp"})
+    r = c.chat.completions.create(
+        model="a",
+        messages=[{"role": "user", "content": "find key a"}],
+        max_tokens=8,
+        seed=3,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+        extra_headers={"X-Session-Id": "lp"},
+    )
     content = r.choices[0].logprobs.content
     token_ids = r.choices[0].model_extra["token_ids"]
     assert [e.token for e in content] == [f"token_id:{t}" for t in token_ids]
-    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
-               for e in content)
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in content)
     trace = read_traces(live.app.state.store.dir).set_index("trajectory_id").loc[r.model_extra["lopd"]["trajectory_id"]]
     recorded = [lp for lp, m in zip(trace["sample_logprobs"], trace["action_mask"]) if m]
     assert len(recorded) == len(content)
@@ -79,8 +100,9 @@ def test_prompt_scoring_equals_the_in_process_teacher_pass(live, tiny_checkpoint
     with torch.no_grad():
         logprobs = torch.log_softmax(action_logits(loaded.model, build_batch(loaded.model, sequences, masks)), -1)
     want_values, want_ids = logprobs.topk(5, dim=-1)  # (N, 5)
-    want_taken = logprobs.gather(-1, torch.tensor([t for s, m in zip(sequences, masks)
-                                                   for t, on in zip(s, m) if on])[:, None]).squeeze(-1)
+    want_taken = logprobs.gather(
+        -1, torch.tensor([t for s, m in zip(sequences, masks) for t, on in zip(s, m) if on])[:, None]
+    ).squeeze(-1)
     values, indices, taken = action_topk(served_scores([live.url], sequences, top_k=5), masks)
     assert torch.equal(indices, want_ids)
     assert torch.allclose(values, want_values, atol=1e-5) and torch.allclose(taken, want_taken, atol=1e-5)
@@ -89,6 +111,7 @@ def test_prompt_scoring_equals_the_in_process_teacher_pass(live, tiny_checkpoint
 def test_completions_limits_are_4xx(live, tiny_checkpoints):
     def post(**body):
         return httpx.post(live.url + "/completions", json={"model": "a", "prompt": [1, 2, 3], **body}, timeout=30)
+
     assert post(prompt=[10**9]).json()["error"]["code"] == "invalid_token_id"
     assert post(logprobs=10**3).json()["error"]["param"] == "logprobs"
     assert post(stream=True).status_code == 400

@@ -37,8 +37,15 @@ def register_as_the_cycle_does(uri: str, folder, cwd) -> str:
     """A version logged with MLflow's transformers flavor (weights and tokenizer in separate folders), as the
     cycle's registration logs the exported student (tasks/tracking.py). In a child process: MLflow's
     process-wide tracking URI (and the environment variable it sets) must not leak into other tests."""
-    out = subprocess.run([sys.executable, "-c", _REGISTER, uri, str(folder), Path(cwd, "artifacts").as_uri()], check=False, capture_output=True,
-                         text=True, env=offline_env(), timeout=300, cwd=cwd)  # artifacts land in cwd/mlruns
+    out = subprocess.run(
+        [sys.executable, "-c", _REGISTER, uri, str(folder), Path(cwd, "artifacts").as_uri()],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        timeout=300,
+        cwd=cwd,
+    )  # artifacts land in cwd/mlruns
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split("VERSION", 1)[1].split()[0]
 
@@ -54,14 +61,22 @@ def test_alias_move_swaps_the_served_version(tiny_checkpoints, tmp_path):
     registry = MlflowClient(tracking_uri=uri, registry_uri=uri)
     first = register_as_the_cycle_does(uri, tiny_checkpoints[0], tmp_path)
     registry.set_registered_model_alias("lopd-student", "champion", first)
-    cfg = ServeConfig.from_dict({"tracking_uri": uri, "poll_s": 0.2, "store_dir": str(tmp_path / "traces"),
-                                 "model_cache_dir": str(tmp_path / "cache"), "device": "cpu",
-                                 "max_messages": 128})
+    cfg = ServeConfig.from_dict(
+        {
+            "tracking_uri": uri,
+            "poll_s": 0.2,
+            "store_dir": str(tmp_path / "traces"),
+            "model_cache_dir": str(tmp_path / "cache"),
+            "device": "cpu",
+            "max_messages": 128,
+        }
+    )
     with LiveServer(build_app(cfg)) as live:
         assert httpx.get(live.root + "/health").json()["model_version"] == f"lopd-student/{first}"
         failures, versions = [], []
-        threads = [threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions))
-                   for i in range(3)]
+        threads = [
+            threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions)) for i in range(3)
+        ]
         for t in threads:
             t.start()
         second = registry.create_model_version("lopd-student", source=str(tiny_checkpoints[1])).version

@@ -38,10 +38,15 @@ def test_serve_section_from_params_yaml_and_flags_on_top(tmp_path, monkeypatch):
     assert load_params(path, ["serve.port=9100"]).serve.port == 9100  # --set reaches it as every section
 
 
-@pytest.mark.parametrize("bad, message", [("serve:\n  prot: 1\n", "serve.prot: unknown key"),
-                                          ("serve:\n  port: -1\n", "serve.port: got -1"),
-                                          ("serve:\n  device: gpu\n", "serve.device: got 'gpu'"),
-                                          ("serve:\n  default_max_tokens: 900\n", "serve.default_max_tokens")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("serve:\n  prot: 1\n", "serve.prot: unknown key"),
+        ("serve:\n  port: -1\n", "serve.port: got -1"),
+        ("serve:\n  device: gpu\n", "serve.device: got 'gpu'"),
+        ("serve:\n  default_max_tokens: 900\n", "serve.default_max_tokens"),
+    ],
+)
 def test_bad_serve_settings_fail_at_load_naming_the_key(tmp_path, bad, message):
     path = tmp_path / "params.yaml"
     path.write_text(bad)

@@ -71,10 +71,12 @@ def test_two_servers_take_slices_and_follow_updates(policy, tiny_tokenizer, tmp_
     codec = ChatCodec(tiny_tokenizer)
     requests = _requests(6, 2)
     with make_server(folder, tmp_path / "a") as one, make_server(folder, tmp_path / "b") as two:
-        sampling = Sampling(temperature=0.0, max_new_tokens=24, max_context=512,
-                            served=ServedBackend((one.url, two.url)))
-        _assert_same(rollout(model, codec, requests, sampling=GREEDY), rollout(model, codec, requests,
-                                                                               sampling=sampling))
+        sampling = Sampling(
+            temperature=0.0, max_new_tokens=24, max_context=512, served=ServedBackend((one.url, two.url))
+        )
+        _assert_same(
+            rollout(model, codec, requests, sampling=GREEDY), rollout(model, codec, requests, sampling=sampling)
+        )
         assert one.app.state.batcher.rows > 0 and two.app.state.batcher.rows > 0  # both took a slice
         assert not served.ensure_synced(model, tiny_tokenizer, sampling.served)  # nothing changed: no reload
         with torch.no_grad():  # an optimizer step: in place, as the trainer's

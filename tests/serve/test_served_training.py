@@ -10,16 +10,17 @@ import math
 
 import pytest
 import torch
-
 from _batches import oracle_texts, step_params
+
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from tests.serve.conftest import make_server
 
 
 @pytest.mark.slow
-def test_a_distillation_run_rolls_out_on_the_server_and_syncs_each_update(tmp_path, tiny_model, tiny_tokenizer,
-                                                                          monkeypatch):
+def test_a_distillation_run_rolls_out_on_the_server_and_syncs_each_update(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
     folder = tmp_path / "start"
     tiny_model.save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
@@ -28,11 +29,17 @@ def test_a_distillation_run_rolls_out_on_the_server_and_syncs_each_update(tmp_pa
         params.rollout = dataclasses.replace(params.rollout, backend="openai", servers=[server.url])
         model = copy.deepcopy(tiny_model)
         torch.manual_seed(0)
-        composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                            embedding_norm=mean_embedding_norm(model))
+        composer = Composer(
+            model.config.hidden_size,
+            num_queries=4,
+            num_layers=1,
+            num_heads=2,
+            embedding_norm=mean_embedding_norm(model),
+        )
         texts = oracle_texts(3)
-        d = trainer_mod.Distiller(params, model, tiny_tokenizer, lambda ts: [texts[:2] for _ in ts],
-                                  composer=composer, log=lambda m: None)
+        d = trainer_mod.Distiller(
+            params, model, tiny_tokenizer, lambda ts: [texts[:2] for _ in ts], composer=composer, log=lambda m: None
+        )
         holder = server.app.state.holder
         reloads = []
         real = holder.reload

@@ -11,10 +11,22 @@ from lopd_core.traces.store import read_snapshot, segments
 
 
 def turn(tid: str, n: int, *, ids=(5, 6, 7), mask=(0, 1, 1), lps=(0.0, -0.5, -0.25)) -> dict:
-    record = {"kind": "turn", "trajectory_id": tid, "turn": n, "session": "s", "origin": "new" if n == 0 else
-              "extends", "parent": "", "model_version": "v1", "prompt_length": 1, "token_ids": list(ids),
-              "action_mask": list(mask), "sample_logprobs": list(lps), "finish_reason": "stop",
-              "messages": [{"role": "assistant", "content": "x"}], "time": 1.0 + n}
+    record = {
+        "kind": "turn",
+        "trajectory_id": tid,
+        "turn": n,
+        "session": "s",
+        "origin": "new" if n == 0 else "extends",
+        "parent": "",
+        "model_version": "v1",
+        "prompt_length": 1,
+        "token_ids": list(ids),
+        "action_mask": list(mask),
+        "sample_logprobs": list(lps),
+        "finish_reason": "stop",
+        "messages": [{"role": "assistant", "content": "x"}],
+        "time": 1.0 + n,
+    }
     if n == 0:
         record["tools"] = []
     return record
@@ -62,8 +74,17 @@ def test_rotation_and_the_bound(tmp_path):
 def test_schema_catches_a_bad_record_and_snapshot_round_trips(tmp_path):
     store = TraceStore(tmp_path / "s", segment_bytes=10**6, max_bytes=10**7)
     store.append(turn("a", 0))
-    store.append({"kind": "feedback", "session": "s", "trajectory_id": "a", "reward": 1.0, "success": True,
-                  "checks": [True], "time": 3.0})
+    store.append(
+        {
+            "kind": "feedback",
+            "session": "s",
+            "trajectory_id": "a",
+            "reward": 1.0,
+            "success": True,
+            "checks": [True],
+            "time": 3.0,
+        }
+    )
     out = snapshot(tmp_path / "s", tmp_path / "snap.parquet")
     back = read_snapshot(out)
     assert back["success"][0] and back["token_ids"][0] == [5, 6, 7]
@@ -79,13 +100,34 @@ def test_snapshot_command_writes_traces_and_rollout_rows(tmp_path):
     store = TraceStore(tmp_path / "s", segment_bytes=10**6, max_bytes=10**7)
     for tid in ("a", "b"):
         store.append(turn(tid, 0))
-    store.append({"kind": "feedback", "session": "s", "trajectory_id": "b", "reward": 0.5, "success": False,
-                  "checks": None, "time": 3.0})
+    store.append(
+        {
+            "kind": "feedback",
+            "session": "s",
+            "trajectory_id": "b",
+            "reward": 0.5,
+            "success": False,
+            "checks": None,
+            "time": 3.0,
+        }
+    )
     store.close()
     assert main(["serve", "snapshot", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "t.parquet")]) == 0
     assert len(read_snapshot(tmp_path / "t.parquet")) == 2
-    assert main(["serve", "snapshot", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "r.parquet"),
-                 "--as-trajectories"]) == 0
+    assert (
+        main(
+            [
+                "serve",
+                "snapshot",
+                "--store",
+                str(tmp_path / "s"),
+                "--out",
+                str(tmp_path / "r.parquet"),
+                "--as-trajectories",
+            ]
+        )
+        == 0
+    )
     rows = read_trajectories(tmp_path / "r.parquet")  # the rollout table's own reader
     assert list(rows["task_id"]) == ["b"] and rows["reward"][0] == 0.5 and not rows["success"][0]
 
@@ -95,8 +137,10 @@ def test_the_trace_library_stays_below_the_server():
     import subprocess
     import sys
 
-    code = ("import sys, lopd_core.traces; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'starlette', 'mlflow', "
-            "'prefect', 'openai', 'lopd_serve', 'tasks', 'flows'}))")
+    code = (
+        "import sys, lopd_core.traces; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'starlette', 'mlflow', "
+        "'prefect', 'openai', 'lopd_serve', 'tasks', 'flows'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

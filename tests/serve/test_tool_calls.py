@@ -17,8 +17,16 @@ from lopd_serve.conversation import call_text
 from tests.serve.conftest import TINY, make_server
 
 SYSTEM = "tools: lookup(key)"
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
-                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a key up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}},
+        },
+    }
+]
 
 
 def fitted_caller(tokenizer, folder):
@@ -33,8 +41,8 @@ def fitted_caller(tokenizer, folder):
     answer = chat.action_ids("7")
     ids = torch.tensor([prompt + call + after + answer])
     supervised = torch.zeros_like(ids, dtype=torch.bool)
-    supervised[0, len(prompt):len(prompt) + len(call)] = True
-    supervised[0, len(prompt) + len(call) + len(after):] = True
+    supervised[0, len(prompt) : len(prompt) + len(call)] = True
+    supervised[0, len(prompt) + len(call) + len(after) :] = True
     torch.manual_seed(0)
     model = tiny_qwen3(TINY, tokenizer)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -55,18 +63,23 @@ def test_a_tool_call_round_trip_is_one_trajectory(tiny_tokenizer, tmp_path):
     with make_server(folder, tmp_path / "traces") as live:
         c = openai.OpenAI(base_url=live.url, api_key="none", max_retries=0)
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "find a"}]
-        first = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=32,
-                                          user="caller")
+        first = c.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=32, user="caller"
+        )
         assert first.choices[0].finish_reason == "tool_calls"
         call = first.choices[0].message.tool_calls[0]
         assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"key": "a"}
-        none = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none",
-                                         temperature=0, max_tokens=32)
+        none = c.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=32
+        )
         assert none.choices[0].message.tool_calls is None and "lookup" in none.choices[0].message.content
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "value 7"}]
-        second = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=32,
-                                           user="caller")
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "value 7"},
+        ]
+        second = c.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=32, user="caller"
+        )
         assert second.choices[0].message.content == "7"
         assert second.model_extra["lopd"]["trajectory_id"] == first.model_extra["lopd"]["trajectory_id"]
     traces = read_traces(tmp_path / "traces").set_index("trajectory_id")
@@ -75,4 +88,4 @@ def test_a_tool_call_round_trip_is_one_trajectory(tiny_tokenizer, tmp_path):
     # the call's ids (its closing token included) and the answer's are the actions, nothing else
     assert sum(trace["action_mask"]) == call_length + second.usage.completion_tokens
     start = trace["prompt_length"]
-    assert trace["action_mask"][start:start + call_length] == [1] * call_length
+    assert trace["action_mask"][start : start + call_length] == [1] * call_length

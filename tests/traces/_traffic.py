@@ -13,29 +13,54 @@ TOOLS = [{"type": "function", "function": {"name": "bank_pay", "parameters": {"t
 
 def turn_record(tid: str, traj, *, session: str, messages: list[dict]) -> dict:
     """One served turn holding the whole trajectory (a one-turn conversation: what the reader assembles)."""
-    return {"kind": "turn", "trajectory_id": tid, "turn": 0, "session": session, "origin": "new", "parent": "",
-            "model_version": "champion-v1", "tools": TOOLS, "prompt_length": int(traj.prompt_length),
-            "token_ids": list(traj.token_ids), "action_mask": list(traj.action_mask),
-            "sample_logprobs": [float(v) for v in traj.sample_logprobs], "finish_reason": "stop",
-            "messages": messages, "time": 1.0}
+    return {
+        "kind": "turn",
+        "trajectory_id": tid,
+        "turn": 0,
+        "session": session,
+        "origin": "new",
+        "parent": "",
+        "model_version": "champion-v1",
+        "tools": TOOLS,
+        "prompt_length": int(traj.prompt_length),
+        "token_ids": list(traj.token_ids),
+        "action_mask": list(traj.action_mask),
+        "sample_logprobs": [float(v) for v in traj.sample_logprobs],
+        "finish_reason": "stop",
+        "messages": messages,
+        "time": 1.0,
+    }
 
 
 def conversation(task, answer: str) -> list[dict]:
     """A served conversation of `task`: one tool call, its observation, then the answer."""
-    return [{"role": "system", "content": "tools"}, {"role": "user", "content": task.instruction},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "bank_pay", "arguments": '{"to": "Noah"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "paid"},
-            {"role": "assistant", "content": answer}]
+    return [
+        {"role": "system", "content": "tools"},
+        {"role": "user", "content": task.instruction},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bank_pay", "arguments": '{"to": "Noah"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "paid"},
+        {"role": "assistant", "content": answer},
+    ]
 
 
 def write_store(folder, model, tokenizer, *, n: int, labels: dict[int, tuple[float, bool]], seed: int = 0):
     """`n` traces of tiny-model rollouts on toolworld train tasks in a store at `folder`; `labels` maps a trace's
     number to the (reward, success) its feedback posts (the others stay unlabeled). Returns the trajectory ids."""
     tasks = make_tasks("toolworld", "train", n, seed=seed)
-    trajs = rollout(model, make_chat(tokenizer), [RolloutRequest(t, sample_index=0) for t in tasks],
-                    sampling=Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, max_context=400,
-                                      max_observation_tokens=64), batch_size=n, seed=seed)
+    trajs = rollout(
+        model,
+        make_chat(tokenizer),
+        [RolloutRequest(t, sample_index=0) for t in tasks],
+        sampling=Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, max_context=400, max_observation_tokens=64),
+        batch_size=n,
+        seed=seed,
+    )
     store = TraceStore(folder, segment_bytes=10**7, max_bytes=10**8)
     ids = []
     for i, (task, traj) in enumerate(zip(tasks, trajs)):
@@ -44,7 +69,15 @@ def write_store(folder, model, tokenizer, *, n: int, labels: dict[int, tuple[flo
         store.append(turn_record(tid, traj, session=f"s{i}", messages=conversation(task, f"done {i}")))
         if i in labels:
             reward, success = labels[i]
-            store.append({"kind": "feedback", "session": f"s{i}", "trajectory_id": tid, "reward": reward,
-                          "success": success, "checks": None})
+            store.append(
+                {
+                    "kind": "feedback",
+                    "session": f"s{i}",
+                    "trajectory_id": tid,
+                    "reward": reward,
+                    "success": success,
+                    "checks": None,
+                }
+            )
     store.close()
     return ids

@@ -60,8 +60,14 @@ def test_the_cycle_learns_from_traces_and_keys_on_them(project):
     assert [int(r["rollouts"]) for r in rows] == [6 + per_step * (i + 1) for i in range(len(rows))]
 
     store = TraceStore(project / "data/traces", segment_bytes=10**7, max_bytes=10**8)
-    store.append(turn_record("late", as_trajectories(trace_table(project / "data/traces").iloc[:1])[0],
-                             session="late", messages=[{"role": "user", "content": "[cobalt] hi"}]))
+    store.append(
+        turn_record(
+            "late",
+            as_trajectories(trace_table(project / "data/traces").iloc[:1])[0],
+            session="late",
+            messages=[{"role": "user", "content": "[cobalt] hi"}],
+        )
+    )
     store.close()
     _cycle()
     second = json.loads((project / "data/cycles/history.json").read_text())[1]

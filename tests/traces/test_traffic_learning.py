@@ -37,8 +37,10 @@ def test_a_trace_reads_as_a_rollout_row_of_its_world(store):
     row = frame.iloc[0]
     assert json.loads(row["task"])["world"] == row["world"]
     assert row["world"] and not row["world"].startswith("tools:")  # toolworld instructions name their world
-    assert json.loads(row["episode"]) == [{"call": {"name": "bank_pay", "arguments": {"to": "Noah"}},
-                                          "observation": "paid"}, {"action": "done 0"}]
+    assert json.loads(row["episode"]) == [
+        {"call": {"name": "bank_pay", "arguments": {"to": "Noah"}}, "observation": "paid"},
+        {"action": "done 0"},
+    ]
     # an unlabeled conversation is never a success; only reward-1 labeled ones are
     assert sorted(frame.index[frame["success"]]) == [0, 2, 5]
 
@@ -48,7 +50,8 @@ def test_world_falls_back_to_the_declared_tool_set():
     assert trace_world("[cobalt] pay Noah", tools) == "cobalt"
     assert trace_world("pay Noah", tools) == trace_world("send money", tools)  # one tool set, one world
     assert trace_world("pay Noah", tools).startswith("tools:") and trace_world("pay Noah", "[]") != trace_world(
-        "pay Noah", tools)
+        "pay Noah", tools
+    )
     assert episode_records([{"role": "assistant", "content": "hi"}]) == [{"action": "hi"}]
 
 
@@ -69,30 +72,54 @@ def _params(tmp_path, store, **lopd):
     p = Params()
     p.seed = 0
     p.rollout = replace(p.rollout, max_new_tokens=16, max_context=640)
-    p.lopd = replace(p.lopd, **{"method": "lopd", "tasks_per_step": 2, "samples_per_task": 2, "steps": 3,
-                                "checkpoint_every": 1, "out_dir": str(tmp_path / "lopd"), "margin": 0.05,
-                                "csv": str(tmp_path / "plots" / "distill.csv"), "traces": str(store), **lopd})
+    p.lopd = replace(
+        p.lopd,
+        **{
+            "method": "lopd",
+            "tasks_per_step": 2,
+            "samples_per_task": 2,
+            "steps": 3,
+            "checkpoint_every": 1,
+            "out_dir": str(tmp_path / "lopd"),
+            "margin": 0.05,
+            "csv": str(tmp_path / "plots" / "distill.csv"),
+            "traces": str(store),
+            **lopd,
+        },
+    )
     return p
 
 
 def _distiller(params, tiny_model, tiny_tokenizer):
     model = copy.deepcopy(tiny_model)
     torch.manual_seed(0)
-    composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
-                        embedding_norm=mean_embedding_norm(model))
-    return trainer_mod.Distiller(params, model, tiny_tokenizer, lambda tasks: [["[x] a success"] for _ in tasks],
-                                 composer=composer, initial_rollouts=10, log=lambda m: None)
+    composer = Composer(
+        model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2, embedding_norm=mean_embedding_norm(model)
+    )
+    return trainer_mod.Distiller(
+        params,
+        model,
+        tiny_tokenizer,
+        lambda tasks: [["[x] a success"] for _ in tasks],
+        composer=composer,
+        initial_rollouts=10,
+        log=lambda m: None,
+    )
 
 
-def test_a_traces_step_scores_the_recorded_tokens_of_its_rows(tmp_path, store, tiny_model, tiny_tokenizer,
-                                                              monkeypatch):
+def test_a_traces_step_scores_the_recorded_tokens_of_its_rows(tmp_path, store, tiny_model, tiny_tokenizer, monkeypatch):
     params = _params(tmp_path, store, trajectories="traces")
     d = _distiller(params, tiny_model, tiny_tokenizer)
     monkeypatch.setattr(trainer_mod, "rollout", lambda *a, **k: pytest.fail("a traces step rolled out"))
     seen = []
     update = trainer_mod.U.update
-    monkeypatch.setattr(trainer_mod.U, "update", lambda dd, tasks, trajs, **k: seen.append(
-        (dd.cfg.samples_per_task, [t.task_id for t in tasks], trajs)) or update(dd, tasks, trajs, **k))
+    monkeypatch.setattr(
+        trainer_mod.U,
+        "update",
+        lambda dd, tasks, trajs, **k: (
+            seen.append((dd.cfg.samples_per_task, [t.task_id for t in tasks], trajs)) or update(dd, tasks, trajs, **k)
+        ),
+    )
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
     out = d.step()
     expected = d.traces.frame.iloc[d.traces.rows(0, 4)]
@@ -117,8 +144,9 @@ def test_both_rolls_out_half_and_reads_half_from_traces(tmp_path, store, tiny_mo
     d = _distiller(params, tiny_model, tiny_tokenizer)
     seen = []
     update = trainer_mod.U.update
-    monkeypatch.setattr(trainer_mod.U, "update", lambda dd, tasks, trajs, **k: seen.append(trajs) or
-                        update(dd, tasks, trajs, **k))
+    monkeypatch.setattr(
+        trainer_mod.U, "update", lambda dd, tasks, trajs, **k: seen.append(trajs) or update(dd, tasks, trajs, **k)
+    )
     d.step()
     trajs = seen[0]
     assert [t.task.env for t in trajs] == ["toolworld", "toolworld", "serve", "serve"]
@@ -182,8 +210,14 @@ def test_the_stage_keys_move_with_the_traces_content(tmp_path, store):
     before = keys()
     assert keys() == before
     store_again = TraceStore(copy_dir, segment_bytes=10**7, max_bytes=10**8)
-    store_again.append(turn_record("new-one", as_trajectories(trace_table(copy_dir).iloc[:1])[0], session="s9",
-                                   messages=[{"role": "user", "content": "[cobalt] hi"}]))
+    store_again.append(
+        turn_record(
+            "new-one",
+            as_trajectories(trace_table(copy_dir).iloc[:1])[0],
+            session="s9",
+            messages=[{"role": "user", "content": "[cobalt] hi"}],
+        )
+    )
     store_again.close()
     after = keys()
     assert after["bank"] != before["bank"] and after["distill"] != before["distill"]
@@ -211,8 +245,9 @@ def test_the_importance_weight_reads_the_recorded_logprobs(tmp_path, store, tiny
     d = _distiller(params, tiny_model, tiny_tokenizer)
     seen = []
     weight = L.truncated_importance_weight
-    monkeypatch.setattr(L, "truncated_importance_weight", lambda s, p, **k: seen.append(p.detach().clone()) or
-                        weight(s, p, **k))
+    monkeypatch.setattr(
+        L, "truncated_importance_weight", lambda s, p, **k: seen.append(p.detach().clone()) or weight(s, p, **k)
+    )
     d.step()
     trajs = d.traces.take(0, 4)
     recorded = sorted(round(lp, 5) for t in trajs for lp, m in zip(t.sample_logprobs[1:], t.action_mask[1:]) if m)

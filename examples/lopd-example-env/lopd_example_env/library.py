@@ -90,9 +90,15 @@ def _books_by(state: dict, author: str) -> list:
 
 
 BOOKS_BY = ToolSpec(
-    schema={"name": "books_by", "description": "Titles the library holds by an author.",
-            "parameters": {"type": "object", "required": ["author"],
-                           "properties": {"author": {"type": "string", "description": "the author's name"}}}},
+    schema={
+        "name": "books_by",
+        "description": "Titles the library holds by an author.",
+        "parameters": {
+            "type": "object",
+            "required": ["author"],
+            "properties": {"author": {"type": "string", "description": "the author's name"}},
+        },
+    },
     fn=_books_by,
 )
 

@@ -44,9 +44,23 @@ from collections import Counter
 from lopd_core.bench.results import PASS, Verdict, fail
 from lopd_core.bench.tool_calls import ToolCall
 
-PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
-            "dict": dict, "any": str, "list": list, "object": dict, "objectArray": list, "list(string)": list,
-            "list(enum)": list, "int": int, "number": int}
+PY_TYPES = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+    "list": list,
+    "object": dict,
+    "objectArray": list,
+    "list(string)": list,
+    "list(enum)": list,
+    "int": int,
+    "number": int,
+}
 ITEM_TYPED = ("array", "tuple", "list(string)", "list(enum)", "object", "objectArray")
 _NORMALIZE = re.compile(r"[ ,./\-_*^]")
 _SUFFIX = re.compile(r"_\d+$")

@@ -22,9 +22,17 @@ from pathlib import Path
 from lopd_core.bench.results import read_jsonl
 
 NORMAL = (
-    "normal_single_turn_single_function", "normal_single_turn_parallel_function",
-    "normal_multi_turn_user_adjust", "normal_multi_turn_user_switch", "normal_similar_api", "normal_preference",
-    "normal_atom_bool", "normal_atom_enum", "normal_atom_number", "normal_atom_list", "normal_atom_object_deep",
+    "normal_single_turn_single_function",
+    "normal_single_turn_parallel_function",
+    "normal_multi_turn_user_adjust",
+    "normal_multi_turn_user_switch",
+    "normal_similar_api",
+    "normal_preference",
+    "normal_atom_bool",
+    "normal_atom_enum",
+    "normal_atom_number",
+    "normal_atom_list",
+    "normal_atom_object_deep",
     "normal_atom_object_short",
 )
 SPECIAL = ("special_incomplete", "special_error_param", "special_irrelevant")
@@ -63,8 +71,9 @@ def expand_categories(names: list[str]) -> list[str]:
         if name in AGENT:
             raise ValueError(f"ACEBench category {name!r} (agent) is not supported; see lopd_core.bench.acebench")
         if name not in GROUPS and name not in CATEGORIES:
-            raise ValueError(f"unknown ACEBench category {name!r}; expected normal, special or one of: "
-                             f"{', '.join(CATEGORIES)}")
+            raise ValueError(
+                f"unknown ACEBench category {name!r}; expected normal, special or one of: {', '.join(CATEGORIES)}"
+            )
         out.extend(c for c in GROUPS.get(name, (name,)) if c not in out)
     return out
 
@@ -98,9 +107,18 @@ def load_category(category: str, language: str, data_dir: Path, limit: int = 0) 
     for row in rows:
         if row["id"] not in answers:
             raise AceDataError(f"{folder}/possible_answer/data_{category}.json: no answer for {row['id']!r}")
-        entries.append(AceEntry(id=row["id"], category=category, language=language, question=row["question"],
-                                functions=row["function"], answer=answers[row["id"]], time=row.get("time", ""),
-                                profile=row.get("profile", "")))
+        entries.append(
+            AceEntry(
+                id=row["id"],
+                category=category,
+                language=language,
+                question=row["question"],
+                functions=row["function"],
+                answer=answers[row["id"]],
+                time=row.get("time", ""),
+                profile=row.get("profile", ""),
+            )
+        )
     if limit > 0:
         keep = list(dict.fromkeys(e.conversation for e in entries))[:limit]
         entries = [e for e in entries if e.conversation in set(keep)]

@@ -29,14 +29,18 @@ from lopd_core.bench.results import Verdict, fail
 from lopd_core.config import BenchConfig
 
 CALL_FORMAT = {
-    "en": ("Decide which API requests the assistant should make next, given the API documents and the "
-           "conversation. Answer only with the requests, as a Python list: [ApiName(key1='value1', "
-           "key2='value2'), OtherApi(key='value')]. Include a parameter only when the conversation gives its "
-           "value, taking the user's own words where the document asks no particular format; an API without "
-           "parameters is called as [ApiName()]. Write nothing else."),
-    "zh": ("请根据API文档和对话内容，判断assistant下一步应发出的API请求。只输出请求本身，写成Python列表："
-           "[ApiName(key1='value1', key2='value2'), OtherApi(key='value')]。只包含对话中给出了取值的参数；"
-           "文档未规定格式时使用用户原话；没有参数的API写成[ApiName()]。不要输出其他内容。"),
+    "en": (
+        "Decide which API requests the assistant should make next, given the API documents and the "
+        "conversation. Answer only with the requests, as a Python list: [ApiName(key1='value1', "
+        "key2='value2'), OtherApi(key='value')]. Include a parameter only when the conversation gives its "
+        "value, taking the user's own words where the document asks no particular format; an API without "
+        "parameters is called as [ApiName()]. Write nothing else."
+    ),
+    "zh": (
+        "请根据API文档和对话内容，判断assistant下一步应发出的API请求。只输出请求本身，写成Python列表："
+        "[ApiName(key1='value1', key2='value2'), OtherApi(key='value')]。只包含对话中给出了取值的参数；"
+        "文档未规定格式时使用用户原话；没有参数的API写成[ApiName()]。不要输出其他内容。"
+    ),
 }
 SPECIAL_RULES = {
     "en": "If the request cannot be served as given, answer with exactly one of these instead:",
@@ -47,8 +51,10 @@ SPECIAL_SENTENCES = (
     f'["{INCOMPLETE_PHRASE} (key1, key2) for the api (ApiName)"]',
     f'["Due to {IRRELEVANT_PHRASE}, I cannot solve this problem."]',
 )
-HEADINGS = {"en": ("Current time", "User profile", "API documents", "Conversation so far"),
-            "zh": ("当前时间", "用户画像", "API文档", "对话历史")}
+HEADINGS = {
+    "en": ("Current time", "User profile", "API documents", "Conversation so far"),
+    "zh": ("当前时间", "用户画像", "API文档", "对话历史"),
+}
 
 
 def messages_for(entry: AceEntry) -> list[dict]:
@@ -61,8 +67,10 @@ def messages_for(entry: AceEntry) -> list[dict]:
     elif entry.time:
         parts.append(f"{time_h}: {entry.time}")
     parts.append(f"{docs_h}:\n{json.dumps(entry.functions, ensure_ascii=False, indent=1)}")
-    return [{"role": "system", "content": "\n\n".join(parts)},
-            {"role": "user", "content": f"{history_h}:\n{entry.question}"}]
+    return [
+        {"role": "system", "content": "\n\n".join(parts)},
+        {"role": "user", "content": f"{history_h}:\n{entry.question}"},
+    ]
 
 
 def run_category(entries: list[AceEntry], generator: ChatGenerator) -> tuple[dict[str, Verdict], dict[str, dict]]:
@@ -76,8 +84,15 @@ def run_category(entries: list[AceEntry], generator: ChatGenerator) -> tuple[dic
     return verdicts, records
 
 
-def run_acebench(model, tokenizer, bench: BenchConfig, *, categories: list[str] | None = None,
-                 languages: list[str] | None = None, log=print) -> tuple[dict, dict[str, list[dict]]]:
+def run_acebench(
+    model,
+    tokenizer,
+    bench: BenchConfig,
+    *,
+    categories: list[str] | None = None,
+    languages: list[str] | None = None,
+    log=print,
+) -> tuple[dict, dict[str, list[dict]]]:
     """A model on ACEBench (default: bench.acebench_categories x bench.acebench_languages, the first
     bench.limit cases — conversations for multi-turn — of each).
 
@@ -98,7 +113,9 @@ def run_acebench(model, tokenizer, bench: BenchConfig, *, categories: list[str] 
             result["context_overflow"] = sum(v.error_type == "context_overflow" for v in verdicts.values())
             scores[language][category] = result
             records[f"{language}/{category}"] = list(by_id.values())
-            log(f"acebench {language}/{category}: accuracy {result['accuracy']:.4f} (n={result['n']}, "
-                f"{result['context_overflow']} over context) in {time.perf_counter() - started:.0f}s")
+            log(
+                f"acebench {language}/{category}: accuracy {result['accuracy']:.4f} (n={result['n']}, "
+                f"{result['context_overflow']} over context) in {time.perf_counter() - started:.0f}s"
+            )
         with_summaries(scores[language])
     return scores, records

@@ -51,11 +51,13 @@ def category_scores(entries: list[AceEntry], verdicts: dict[str, Verdict]) -> di
             if entry.id in verdicts:
                 conversations.setdefault(entry.conversation, []).append(verdicts[entry.id].valid)
         n = len(conversations)
-        summary.update({
-            "accuracy": round(sum(all(v) for v in conversations.values()) / n, 4) if n else 0.0,
-            "process_accuracy": round(sum(sum(v) / len(v) for v in conversations.values()) / n, 4) if n else 0.0,
-            "conversations": n,
-        })
+        summary.update(
+            {
+                "accuracy": round(sum(all(v) for v in conversations.values()) / n, 4) if n else 0.0,
+                "process_accuracy": round(sum(sum(v) / len(v) for v in conversations.values()) / n, 4) if n else 0.0,
+                "conversations": n,
+            }
+        )
     return summary
 
 
@@ -78,8 +80,11 @@ def ground_truth_prediction(entry: AceEntry) -> dict:
         return {"id": entry.id, "text": f'["{INCOMPLETE_PHRASE} ({", ".join(params)}) for the api ({name})"]'}
     if entry.category == "special_error_param":
         values = [str(v) for vs in answer.values() for v in vs]
-        return {"id": entry.id, "text": f'["{ERROR_PHRASE} ({", ".join(values)}) for the parameters '
-                                        f'({", ".join(answer)}) in the conversation history."]'}
+        return {
+            "id": entry.id,
+            "text": f'["{ERROR_PHRASE} ({", ".join(values)}) for the parameters '
+            f'({", ".join(answer)}) in the conversation history."]',
+        }
     first = answer[0] if isinstance(answer, list) else answer
     return {"id": entry.id, "calls": [ToolCall(base_name(k, entry.functions), v).to_dict() for k, v in first.items()]}
 
@@ -104,7 +109,8 @@ def write_scores(path: str | Path, scores: dict) -> Path:
     """Merge {language: {category: scores}} into metrics/eval.json under "acebench" (summaries recomputed over
     every category present; error counts stay out)."""
     for language, section in scores.items():
-        public = {c: {k: v for k, v in s.items() if k != "errors"} for c, s in section.items()
-                  if not c.endswith("_summary")}
+        public = {
+            c: {k: v for k, v in s.items() if k != "errors"} for c, s in section.items() if not c.endswith("_summary")
+        }
         merge_metrics(path, "acebench", public, under=language, finish=with_summaries)
     return Path(path)

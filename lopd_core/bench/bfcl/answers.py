@@ -45,8 +45,11 @@ def expected_to_call(expected: dict, functions: list[dict]) -> ToolCall:
     ((name, params),) = expected.items()
     doc = next((f for f in functions if f["name"] == name), {})
     properties = doc.get("parameters", {}).get("properties", {})
-    arguments = {p: first_acceptable(options, properties[p])
-                 for p, options in params.items() if p in properties and _first(options) != ""}
+    arguments = {
+        p: first_acceptable(options, properties[p])
+        for p, options in params.items()
+        if p in properties and _first(options) != ""
+    }
     return ToolCall(name, arguments)
 
 
@@ -59,8 +62,9 @@ def unsatisfiable_ids(entries: list[BfclEntry]) -> list[str]:
             ((name, params),) = expected.items()
             schema = next((f for f in entry.functions if f["name"] == name), {}).get("parameters", {})
             properties = schema.get("properties", {})
-            if any(p not in params or _first(params[p]) == "" for p in schema.get("required", [])) or \
-                    any(p not in properties and "" not in options for p, options in params.items()):
+            if any(p not in params or _first(params[p]) == "" for p in schema.get("required", [])) or any(
+                p not in properties and "" not in options for p, options in params.items()
+            ):
                 bad.append(entry.id)
                 break
     return bad
@@ -70,8 +74,10 @@ def placeholder_call(functions: list[dict]) -> ToolCall:
     doc = functions[0]
     schema = doc.get("parameters", {})
     dummy = {"string": "x", "integer": 1, "float": 1.0, "boolean": True, "array": [], "dict": {}}
-    return ToolCall(doc["name"], {p: dummy.get(schema.get("properties", {}).get(p, {}).get("type"), "x")
-                                  for p in schema.get("required", [])})
+    return ToolCall(
+        doc["name"],
+        {p: dummy.get(schema.get("properties", {}).get(p, {}).get("type"), "x") for p in schema.get("required", [])},
+    )
 
 
 def ground_truth_calls(entry: BfclEntry) -> list[ToolCall]:

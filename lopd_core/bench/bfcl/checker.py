@@ -29,8 +29,16 @@ from lopd_core.bench.bfcl.data import RELEVANCE_CATEGORIES
 from lopd_core.bench.results import PASS, Verdict, fail
 from lopd_core.bench.tool_calls import ToolCall
 
-PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
-            "dict": dict, "any": str}
+PY_TYPES = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
 ITEM_TYPED = ("array", "tuple")  # their items are type-checked one level deep
 _NORMALIZE = re.compile(r"[ ,./\-_*^]")
 
@@ -123,8 +131,9 @@ def check_call(doc: dict, call: ToolCall, expected: dict) -> Verdict:
             value = float(value)
         ok, is_variable = type_matches(value, acceptable, py_type, item_type)
         if not ok:
-            return fail("type_error", f"parameter {param!r}: expected {type_name}, got {type(value).__name__} "
-                                      f"({value!r})")
+            return fail(
+                "type_error", f"parameter {param!r}: expected {type_name}, got {type(value).__name__} ({value!r})"
+            )
         if is_variable:
             matched = value in acceptable
         elif py_type is dict:

@@ -19,8 +19,16 @@ from pathlib import Path
 from lopd_core.bench import results
 
 SINGLE_TURN_CATEGORIES = (
-    "simple", "multiple", "parallel", "parallel_multiple", "irrelevance",
-    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance",
+    "simple",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
     "live_relevance",
 )
 MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -122,8 +130,9 @@ def multi_turn_docs(data_dir: Path, involved_classes: list[str]) -> list[dict]:
 
 
 def _entry(row: dict, category: str, answer, data_dir: Path) -> BfclEntry:
-    entry = BfclEntry(id=row["id"], category=category, turns=row["question"], functions=row.get("function", []),
-                      answer=answer)
+    entry = BfclEntry(
+        id=row["id"], category=category, turns=row["question"], functions=row.get("function", []), answer=answer
+    )
     if entry.multi_turn:
         entry.initial_config = row.get("initial_config", {})
         entry.involved_classes = row["involved_classes"]

@@ -73,8 +73,9 @@ def render_result(result) -> str:
 class SimulatedApis:
     """The API instances of one test case, callable only through their declared methods."""
 
-    def __init__(self, classes: list[str], initial_config: dict, declared: dict[str, list[str]],
-                 long_context: bool = False):
+    def __init__(
+        self, classes: list[str], initial_config: dict, declared: dict[str, list[str]], long_context: bool = False
+    ):
         self.instances: dict[str, object] = {}
         self._methods: dict[str, object] = {}
         for name in classes:
@@ -103,9 +104,12 @@ def declared_methods(data_dir: Path, classes: list[str]) -> dict[str, list[str]]
 
 
 def build_apis(entry: BfclEntry, data_dir: Path) -> SimulatedApis:
-    return SimulatedApis(entry.involved_classes, entry.initial_config,
-                         declared_methods(data_dir, entry.involved_classes),
-                         long_context="long_context" in entry.category)
+    return SimulatedApis(
+        entry.involved_classes,
+        entry.initial_config,
+        declared_methods(data_dir, entry.involved_classes),
+        long_context="long_context" in entry.category,
+    )
 
 
 def truth_calls(entry: BfclEntry) -> list[list[ToolCall]]:
@@ -156,6 +160,8 @@ def check_multi_turn(entry: BfclEntry, model_turns: list[list[ToolCall]], data_d
                 return fail("state_mismatch", f"turn {turn}: {cls} differs from the ground truth in {different}")
         missing = _missing_results(truth_results, model_results_so_far)
         if missing:
-            return fail("response_mismatch", f"turn {turn}: {len(missing)} ground-truth results not produced, "
-                                             f"e.g. {missing[0][:200]!r}")
+            return fail(
+                "response_mismatch",
+                f"turn {turn}: {len(missing)} ground-truth results not produced, e.g. {missing[0][:200]!r}",
+            )
     return PASS

@@ -46,8 +46,16 @@ def _expected_params(entry: BfclEntry, index: int) -> dict:
 
 def _swap_type(value, type_name: str):
     """A value of another type than `type_name` asks for (None when we have no clear one)."""
-    return {"string": 12345, "any": 12345, "integer": str(value), "float": str(value), "boolean": str(value).lower(),
-            "array": str(value), "tuple": str(value), "dict": str(value)}.get(type_name)
+    return {
+        "string": 12345,
+        "any": 12345,
+        "integer": str(value),
+        "float": str(value),
+        "boolean": str(value).lower(),
+        "array": str(value),
+        "tuple": str(value),
+        "dict": str(value),
+    }.get(type_name)
 
 
 def _other_value(value, acceptable: list):
@@ -83,7 +91,7 @@ def _param_mutation(entry: BfclEntry, calls: list[ToolCall], make) -> list[ToolC
             new = make(value, type_name, acceptable)
             if new is not None:
                 changed = ToolCall(call.name, {**call.arguments, param: new})
-                return calls[:index] + [changed] + calls[index + 1:]
+                return calls[:index] + [changed] + calls[index + 1 :]
     return None
 
 
@@ -99,15 +107,20 @@ def single_turn_mutations(entry: BfclEntry) -> list[Mutation]:
     if entry.answer is None:
         return _relevance_mutations(entry)
     calls = ground_truth_calls(entry)
-    out = [Mutation("wrong_function", _record(entry, [ToolCall(calls[0].name + "_v2", calls[0].arguments)] + calls[1:]),
-                    False)]
+    out = [
+        Mutation(
+            "wrong_function", _record(entry, [ToolCall(calls[0].name + "_v2", calls[0].arguments)] + calls[1:]), False
+        )
+    ]
     required = _doc(entry, calls[0].name).get("parameters", {}).get("required", [])
     present = [p for p in required if p in calls[0].arguments]
     if present:
         dropped = {k: v for k, v in calls[0].arguments.items() if k != present[0]}
         out.append(Mutation("missing_required", _record(entry, [ToolCall(calls[0].name, dropped)] + calls[1:]), False))
-    for kind, make in (("wrong_type", lambda v, t, a: _swap_type(v, t)),
-                       ("wrong_value", lambda v, t, a: _other_value(v, a))):
+    for kind, make in (
+        ("wrong_type", lambda v, t, a: _swap_type(v, t)),
+        ("wrong_value", lambda v, t, a: _other_value(v, a)),
+    ):
         mutated = _param_mutation(entry, calls, make)
         if mutated is not None:
             out.append(Mutation(kind, _record(entry, mutated), False))
@@ -132,16 +145,26 @@ def multi_turn_mutations(entry: BfclEntry) -> list[Mutation]:
         return []
     calls = list(entry.answer[turn])
     first = parse_call_string(calls[0])
-    out = [Mutation("wrong_function", _turns(entry, turn, [ToolCall(first.name + "_v2", first.arguments,
-                                                                     first.positional).python_source()] + calls[1:]),
-                    None),
-           Mutation("dropped_call", _turns(entry, turn, calls[:-1]), None),
-           Mutation("extra_call", _turns(entry, turn, calls + [calls[-1]]), None),
-           Mutation("empty_turn", _turns(entry, turn, []), False)]
+    out = [
+        Mutation(
+            "wrong_function",
+            _turns(
+                entry,
+                turn,
+                [ToolCall(first.name + "_v2", first.arguments, first.positional).python_source()] + calls[1:],
+            ),
+            None,
+        ),
+        Mutation("dropped_call", _turns(entry, turn, calls[:-1]), None),
+        Mutation("extra_call", _turns(entry, turn, calls + [calls[-1]]), None),
+        Mutation("empty_turn", _turns(entry, turn, []), False),
+    ]
     if first.arguments:
         param, value = next(iter(first.arguments.items()))
-        for kind, new in (("wrong_value", _other_value(value, [value])), ("wrong_type", _swap_type(value, "string")
-                                                                          if type(value) is str else str(value))):
+        for kind, new in (
+            ("wrong_value", _other_value(value, [value])),
+            ("wrong_type", _swap_type(value, "string") if type(value) is str else str(value)),
+        ):
             if new is not None:
                 changed = ToolCall(first.name, {**first.arguments, param: new}, first.positional).python_source()
                 out.append(Mutation(kind, _turns(entry, turn, [changed] + calls[1:]), None))

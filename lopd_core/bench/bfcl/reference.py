@@ -59,8 +59,9 @@ def reference_single_turn(entry: BfclEntry, calls: list[ToolCall]) -> Verdict:
         wanted = entry.category == "live_relevance"
         return Verdict(True) if made_call == wanted else fail("relevance", "")
     ast_checker, _, language = import_reference()
-    result = ast_checker.ast_checker(entry.functions, decoded, entry.answer, language.PYTHON, entry.category,
-                                     REFERENCE_MODEL)
+    result = ast_checker.ast_checker(
+        entry.functions, decoded, entry.answer, language.PYTHON, entry.category, REFERENCE_MODEL
+    )
     return Verdict(bool(result["valid"]), str(result.get("error", ""))[:300], str(result.get("error_type", "")))
 
 
@@ -72,12 +73,21 @@ class _SafeExecutor:
         self.data_dir = data_dir
         self.sessions: dict[tuple[str, str], SimulatedApis] = {}
 
-    def __call__(self, func_call_list, initial_config, involved_classes, model_name, test_entry_id,
-                 long_context=False, is_evaL_run=False):
+    def __call__(
+        self,
+        func_call_list,
+        initial_config,
+        involved_classes,
+        model_name,
+        test_entry_id,
+        long_context=False,
+        is_evaL_run=False,
+    ):
         key = (model_name, test_entry_id)
         if key not in self.sessions:
-            self.sessions[key] = SimulatedApis(involved_classes, initial_config,
-                                               declared_methods(self.data_dir, involved_classes), long_context)
+            self.sessions[key] = SimulatedApis(
+                involved_classes, initial_config, declared_methods(self.data_dir, involved_classes), long_context
+            )
         apis = self.sessions[key]
         results = []
         for text in func_call_list:
@@ -107,8 +117,9 @@ def reference_multi_turn(entry: BfclEntry, turns: list[list[str]], data_dir: Pat
     original = multi_turn_checker.execute_multi_turn_func_call
     multi_turn_checker.execute_multi_turn_func_call = _SafeExecutor(data_dir)
     try:
-        result = multi_turn_checker.multi_turn_checker(decoded, entry.answer, test_entry, entry.category,
-                                                       REFERENCE_MODEL)
+        result = multi_turn_checker.multi_turn_checker(
+            decoded, entry.answer, test_entry, entry.category, REFERENCE_MODEL
+        )
     finally:
         multi_turn_checker.execute_multi_turn_func_call = original
     return Verdict(bool(result["valid"]), str(result.get("error_message", ""))[:300], str(result.get("error_type", "")))
@@ -116,8 +127,10 @@ def reference_multi_turn(entry: BfclEntry, turns: list[list[str]], data_dir: Pat
 
 def reference_verdict(entry: BfclEntry, record: dict, data_dir: Path) -> Verdict:
     if entry.multi_turn:
-        turns = [[c if isinstance(c, str) else ToolCall(c["name"], c.get("arguments", {})).python_source()
-                  for c in turn] for turn in record["turns"]]
+        turns = [
+            [c if isinstance(c, str) else ToolCall(c["name"], c.get("arguments", {})).python_source() for c in turn]
+            for turn in record["turns"]
+        ]
         return reference_multi_turn(entry, turns, data_dir)
     return reference_single_turn(entry, single_turn_calls(record))
 

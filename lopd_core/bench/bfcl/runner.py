@@ -39,8 +39,10 @@ INSTRUCTION = (
     "Use the parameter names of the functions. If no function fits the request, or a required value is not "
     "given, answer in plain words without any call. Write nothing else besides the calls."
 )
-MULTI_TURN_NOTE = ("After your calls run, you will see their results; call more functions if the request "
-                   "needs them, and answer without a call once the request is done.")
+MULTI_TURN_NOTE = (
+    "After your calls run, you will see their results; call more functions if the request "
+    "needs them, and answer without a call once the request is done."
+)
 
 
 def json_schema(node):
@@ -56,8 +58,14 @@ def json_schema(node):
 
 
 def as_tool(doc: dict) -> dict:
-    return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
-                                             "parameters": json_schema(doc.get("parameters", {}))}}
+    return {
+        "type": "function",
+        "function": {
+            "name": doc["name"],
+            "description": doc.get("description", ""),
+            "parameters": json_schema(doc.get("parameters", {})),
+        },
+    }
 
 
 def system_text(functions: list[dict], multi_turn: bool) -> str:
@@ -102,24 +110,34 @@ class _Dialogue:
         new_messages = copy.deepcopy(self.entry.turns[self.turn])
         if added:
             self.tools += [as_tool(d) for d in added]
-            note = "More functions are available now." if native_tools else \
-                f"More functions are available now:\n{json.dumps(added, ensure_ascii=False, indent=1)}"
+            note = (
+                "More functions are available now."
+                if native_tools
+                else f"More functions are available now:\n{json.dumps(added, ensure_ascii=False, indent=1)}"
+            )
             new_messages = [{"role": "user", "content": note}, *new_messages]
         self.messages += new_messages
 
 
 def _play_single_turn(entries: list[BfclEntry], generator: ChatGenerator) -> tuple[dict, set]:
-    prompts = [generator.render(opening_messages(e, generator.native_tools), [as_tool(d) for d in e.functions])
-               for e in entries]
+    prompts = [
+        generator.render(opening_messages(e, generator.native_tools), [as_tool(d) for d in e.functions])
+        for e in entries
+    ]
     outputs = generator.generate(prompts)
     records = {e.id: {"id": e.id, "text": out or ""} for e, out in zip(entries, outputs)}
     return records, {e.id for e, out in zip(entries, outputs) if out is None}
 
 
-def _play_multi_turn(entries: list[BfclEntry], generator: ChatGenerator, data_dir: Path,
-                     max_steps_per_turn: int) -> tuple[dict, set]:
-    dialogues = [_Dialogue(e, opening_messages(e, generator.native_tools), [as_tool(d) for d in e.functions],
-                           build_apis(e, data_dir)) for e in entries]
+def _play_multi_turn(
+    entries: list[BfclEntry], generator: ChatGenerator, data_dir: Path, max_steps_per_turn: int
+) -> tuple[dict, set]:
+    dialogues = [
+        _Dialogue(
+            e, opening_messages(e, generator.native_tools), [as_tool(d) for d in e.functions], build_apis(e, data_dir)
+        )
+        for e in entries
+    ]
     while active := [d for d in dialogues if not d.done]:
         outputs = generator.generate([generator.render(d.messages, d.tools) for d in active])
         for dialogue, text in zip(active, outputs):
@@ -141,8 +159,9 @@ def _play_multi_turn(entries: list[BfclEntry], generator: ChatGenerator, data_di
     return records, {d.entry.id for d in dialogues if d.overflow}
 
 
-def run_category(entries: list[BfclEntry], generator: ChatGenerator, data_dir: Path,
-                 max_steps_per_turn: int = 5) -> tuple[dict[str, Verdict], dict[str, dict]]:
+def run_category(
+    entries: list[BfclEntry], generator: ChatGenerator, data_dir: Path, max_steps_per_turn: int = 5
+) -> tuple[dict[str, Verdict], dict[str, dict]]:
     """(verdict per id, predictions record per id) of a model on one category's entries."""
     if not entries:
         return {}, {}
@@ -156,8 +175,9 @@ def run_category(entries: list[BfclEntry], generator: ChatGenerator, data_dir: P
     return verdicts, records
 
 
-def run_bfcl(model, tokenizer, bench: BenchConfig, *, categories: list[str] | None = None, log=print
-             ) -> tuple[dict, dict[str, list[dict]]]:
+def run_bfcl(
+    model, tokenizer, bench: BenchConfig, *, categories: list[str] | None = None, log=print
+) -> tuple[dict, dict[str, list[dict]]]:
     """A model on BFCL categories (default: bench.bfcl_categories, the first bench.limit cases of each).
 
     Returns ({category: {accuracy, correct, n, context_overflow}, "mean_accuracy": {...}}, predictions records
@@ -174,6 +194,8 @@ def run_bfcl(model, tokenizer, bench: BenchConfig, *, categories: list[str] | No
         overflow = sum(v.error_type == "context_overflow" for v in verdicts.values())
         scores[category] = {**accuracy_summary(verdicts), "context_overflow": overflow}
         records[category] = list(by_id.values())
-        log(f"bfcl {category}: accuracy {scores[category]['accuracy']:.4f} ({scores[category]['correct']}/"
-            f"{len(entries)}, {overflow} over context) in {time.perf_counter() - started:.0f}s")
+        log(
+            f"bfcl {category}: accuracy {scores[category]['accuracy']:.4f} ({scores[category]['correct']}/"
+            f"{len(entries)}, {overflow} over context) in {time.perf_counter() - started:.0f}s"
+        )
     return with_mean(scores), records

@@ -26,7 +26,7 @@ def multi_turn_calls(record: dict) -> list[list[ToolCall]]:
     turns = record.get("turns")
     if not isinstance(turns, list) or not all(isinstance(t, list) for t in turns):
         raise PredictionError(f"{record['id']}: a multi-turn record needs 'turns': a list of lists of calls")
-    return [calls_of(turn, str(record['id'])) for turn in turns]
+    return [calls_of(turn, str(record["id"])) for turn in turns]
 
 
 def verdict_for(entry: BfclEntry, record: dict, data_dir: Path) -> Verdict:
@@ -35,8 +35,9 @@ def verdict_for(entry: BfclEntry, record: dict, data_dir: Path) -> Verdict:
     return check_single_turn(entry.category, entry.functions, single_turn_calls(record), entry.answer)
 
 
-def score_entries(entries: list[BfclEntry], predictions: dict[str, dict], data_dir: Path,
-                  partial: bool = False) -> dict[str, Verdict]:
+def score_entries(
+    entries: list[BfclEntry], predictions: dict[str, dict], data_dir: Path, partial: bool = False
+) -> dict[str, Verdict]:
     """Verdict per test case id. With `partial`, cases without a prediction are left out instead of failed."""
     return judge_all(entries, predictions, lambda e, r: verdict_for(e, r, data_dir), partial)
 
@@ -44,8 +45,10 @@ def score_entries(entries: list[BfclEntry], predictions: dict[str, dict], data_d
 def with_mean(section: dict) -> dict:
     """Add `mean_accuracy`: the unweighted mean over the categories present (not BFCL's weighted overall)."""
     accuracies = [v["accuracy"] for k, v in section.items() if k != "mean_accuracy" and isinstance(v, dict)]
-    section["mean_accuracy"] = {"accuracy": round(sum(accuracies) / len(accuracies), 4) if accuracies else 0.0,
-                                "categories": len(accuracies)}
+    section["mean_accuracy"] = {
+        "accuracy": round(sum(accuracies) / len(accuracies), 4) if accuracies else 0.0,
+        "categories": len(accuracies),
+    }
     return section
 
 

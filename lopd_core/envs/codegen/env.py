@@ -14,8 +14,10 @@ from lopd_core.envs.base import FirstObservation, StepResult, Task
 
 from .grading import CODEGEN_LIMITS, extract_code, grade
 
-SYSTEM_PROMPT = ("Write the Python function the user asks for. Reply with the code only. After a failed "
-                 "attempt you see the first failing test: reply with the whole corrected function.")
+SYSTEM_PROMPT = (
+    "Write the Python function the user asks for. Reply with the code only. After a failed "
+    "attempt you see the first failing test: reply with the whole corrected function."
+)
 
 
 class CodegenEnv:
@@ -49,8 +51,9 @@ class CodegenEnv:
         if self._turns >= self._task.max_turns:
             return self._finish(action, result, "turn_limit")
         self._record(action, result.feedback, result.failure)
-        return StepResult(observation=result.feedback, reward=0.0, done=False,
-                          info={"error": result.failure, "call": None})
+        return StepResult(
+            observation=result.feedback, reward=0.0, done=False, info={"error": result.failure, "call": None}
+        )
 
     @property
     def episode(self) -> list[dict]:

@@ -39,7 +39,7 @@ def dedupe(xs):
 
 
 def chunks(xs, n):
-    return [xs[i:i + n] for i in range(0, len(xs), n)]
+    return [xs[i : i + n] for i in range(0, len(xs), n)]
 
 
 def flatten(xss):
@@ -115,7 +115,7 @@ def _search_args(r, lv):
 def _brackets(r, lv):
     s = ""
     for _ in range(2 + 2 * lv):
-        o, c = r.choice(["()", "[]", "{}"][: lv])
+        o, c = r.choice(["()", "[]", "{}"][:lv])
         s = r.choice([o + s + c, s + o + c, s + c, o + s])
     return [s]
 
@@ -131,57 +131,122 @@ def _prefixed(r, lv):
 
 
 FAMILIES = [
-    Family("sum_evens", "lists", "train", sum_evens,
-           "Return the sum of the even numbers in the list of integers xs.",
-           lambda r, lv: [int_list(r, lv)],
-           edge_cases=([[]], [[-3, -2, 7]])),
-    Family("running_sum", "lists", "train", running_sum,
-           "Return the list of running totals of xs: element i is xs[0] + ... + xs[i].",
-           lambda r, lv: [int_list(r, lv)],
-           edge_cases=([[]],)),
-    Family("second_largest", "lists", "train", second_largest,
-           "Return the second largest distinct value in xs, or None if xs has fewer than two distinct values.",
-           lambda r, lv: [int_list(r, lv, hi=5 if lv > 1 else 20)],
-           edge_cases=([[4, 4]], [[]], [[1, 9, 9]])),
-    Family("rotate", "lists", "train", rotate,
-           "Return xs rotated k places to the right (k >= 0; the last k elements move to the front).",
-           lambda r, lv: [int_list(r, lv), r.randint(0, 3 * lv)],
-           edge_cases=([[], 3], [[1, 2], 0])),
-    Family("dedupe", "lists", "train", dedupe,
-           "Return xs without repeated elements, keeping the first occurrence of each, in order.",
-           lambda r, lv: [int_list(r, lv, lo=0, hi=4 + lv)],
-           edge_cases=([[]],)),
-    Family("chunks", "lists", "train", chunks,
-           "Split xs into consecutive pieces of length n (n >= 1; the last may be shorter); return them as a "
-           "list of lists.",
-           lambda r, lv: [int_list(r, lv), r.randint(1, 2 + lv)],
-           edge_cases=([[], 2], [[1, 2, 3], 5])),
-    Family("flatten", "lists", "train", flatten,
-           "Return the concatenation of the lists in xss (one level of nesting).",
-           lambda r, lv: [[int_list(r, lv) for _ in range(r.randint(1, 1 + lv))]],
-           edge_cases=([[]], [[[], [1]]])),
-    Family("binary_search", "algorithms", "train", binary_search,
-           "xs is sorted ascending with distinct values: return the index of target in xs, or -1 if absent.",
-           _search_args,
-           edge_cases=([[], 3], [[5], 5])),
-    Family("max_subarray", "algorithms", "ood", max_subarray,
-           "Return the largest sum of a non-empty contiguous sub-list of the non-empty list xs.",
-           lambda r, lv: [int_list(r, max(lv, 2))],
-           edge_cases=([[-4, -2, -7]], [[3]])),
-    Family("balanced", "algorithms", "ood", balanced,
-           "Return True if the brackets (), [] and {} in s are balanced and properly nested, else False.",
-           lambda r, lv: [_brackets(r, lv)],
-           edge_cases=([""], ["(]"], ["([)]"])),
-    Family("merge_sorted", "algorithms", "train", merge_sorted,
-           "Merge the ascending lists a and b into one ascending list (keep duplicates).",
-           lambda r, lv: [sorted(int_list(r, lv)), sorted(int_list(r, lv))],
-           edge_cases=([[], [1]], [[2, 2], [2]])),
-    Family("common_prefix", "algorithms", "train", common_prefix,
-           "Return the longest common prefix of the strings in ws (\"\" for an empty list).",
-           _prefixed,
-           edge_cases=([[]], [["same", "same"]])),
-    Family("transpose", "algorithms", "ood", transpose,
-           "Return the transpose of the rectangular matrix m (a list of equal-length rows).",
-           _matrix,
-           edge_cases=([[[1, 2, 3]]],)),
+    Family(
+        "sum_evens",
+        "lists",
+        "train",
+        sum_evens,
+        "Return the sum of the even numbers in the list of integers xs.",
+        lambda r, lv: [int_list(r, lv)],
+        edge_cases=([[]], [[-3, -2, 7]]),
+    ),
+    Family(
+        "running_sum",
+        "lists",
+        "train",
+        running_sum,
+        "Return the list of running totals of xs: element i is xs[0] + ... + xs[i].",
+        lambda r, lv: [int_list(r, lv)],
+        edge_cases=([[]],),
+    ),
+    Family(
+        "second_largest",
+        "lists",
+        "train",
+        second_largest,
+        "Return the second largest distinct value in xs, or None if xs has fewer than two distinct values.",
+        lambda r, lv: [int_list(r, lv, hi=5 if lv > 1 else 20)],
+        edge_cases=([[4, 4]], [[]], [[1, 9, 9]]),
+    ),
+    Family(
+        "rotate",
+        "lists",
+        "train",
+        rotate,
+        "Return xs rotated k places to the right (k >= 0; the last k elements move to the front).",
+        lambda r, lv: [int_list(r, lv), r.randint(0, 3 * lv)],
+        edge_cases=([[], 3], [[1, 2], 0]),
+    ),
+    Family(
+        "dedupe",
+        "lists",
+        "train",
+        dedupe,
+        "Return xs without repeated elements, keeping the first occurrence of each, in order.",
+        lambda r, lv: [int_list(r, lv, lo=0, hi=4 + lv)],
+        edge_cases=([[]],),
+    ),
+    Family(
+        "chunks",
+        "lists",
+        "train",
+        chunks,
+        "Split xs into consecutive pieces of length n (n >= 1; the last may be shorter); return them as a "
+        "list of lists.",
+        lambda r, lv: [int_list(r, lv), r.randint(1, 2 + lv)],
+        edge_cases=([[], 2], [[1, 2, 3], 5]),
+    ),
+    Family(
+        "flatten",
+        "lists",
+        "train",
+        flatten,
+        "Return the concatenation of the lists in xss (one level of nesting).",
+        lambda r, lv: [[int_list(r, lv) for _ in range(r.randint(1, 1 + lv))]],
+        edge_cases=([[]], [[[], [1]]]),
+    ),
+    Family(
+        "binary_search",
+        "algorithms",
+        "train",
+        binary_search,
+        "xs is sorted ascending with distinct values: return the index of target in xs, or -1 if absent.",
+        _search_args,
+        edge_cases=([[], 3], [[5], 5]),
+    ),
+    Family(
+        "max_subarray",
+        "algorithms",
+        "ood",
+        max_subarray,
+        "Return the largest sum of a non-empty contiguous sub-list of the non-empty list xs.",
+        lambda r, lv: [int_list(r, max(lv, 2))],
+        edge_cases=([[-4, -2, -7]], [[3]]),
+    ),
+    Family(
+        "balanced",
+        "algorithms",
+        "ood",
+        balanced,
+        "Return True if the brackets (), [] and {} in s are balanced and properly nested, else False.",
+        lambda r, lv: [_brackets(r, lv)],
+        edge_cases=([""], ["(]"], ["([)]"]),
+    ),
+    Family(
+        "merge_sorted",
+        "algorithms",
+        "train",
+        merge_sorted,
+        "Merge the ascending lists a and b into one ascending list (keep duplicates).",
+        lambda r, lv: [sorted(int_list(r, lv)), sorted(int_list(r, lv))],
+        edge_cases=([[], [1]], [[2, 2], [2]]),
+    ),
+    Family(
+        "common_prefix",
+        "algorithms",
+        "train",
+        common_prefix,
+        'Return the longest common prefix of the strings in ws ("" for an empty list).',
+        _prefixed,
+        edge_cases=([[]], [["same", "same"]]),
+    ),
+    Family(
+        "transpose",
+        "algorithms",
+        "ood",
+        transpose,
+        "Return the transpose of the rectangular matrix m (a list of equal-length rows).",
+        _matrix,
+        edge_cases=([[[1, 2, 3]]],),
+    ),
 ]

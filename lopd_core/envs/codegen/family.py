@@ -56,8 +56,28 @@ def word(rng: random.Random, level: int, alphabet: str = string.ascii_lowercase)
 
 
 def words(rng: random.Random, level: int) -> list[str]:
-    pool = ["apple", "bird", "cat", "dog", "echo", "fig", "gold", "hat", "ink", "jam", "kite", "lamp", "moon",
-            "nest", "owl", "pear", "quiz", "rose", "sun", "tree"]
+    pool = [
+        "apple",
+        "bird",
+        "cat",
+        "dog",
+        "echo",
+        "fig",
+        "gold",
+        "hat",
+        "ink",
+        "jam",
+        "kite",
+        "lamp",
+        "moon",
+        "nest",
+        "owl",
+        "pear",
+        "quiz",
+        "rose",
+        "sun",
+        "tree",
+    ]
     return [rng.choice(pool) if level < 3 else word(rng, level) for _ in range(size(rng, level))]
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from lopd_core.envs.sandbox import NO_RESULT, SandboxLimits, SandboxResult, run_calls
 
-CODEGEN_LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2.0, memory_mb=256, max_processes=4, max_file_mb=1.0,
-                               max_open_files=32, max_output_bytes=4096)
+CODEGEN_LIMITS = SandboxLimits(
+    timeout_s=3.0, cpu_s=2.0, memory_mb=256, max_processes=4, max_file_mb=1.0, max_open_files=32, max_output_bytes=4096
+)
 MAX_SHOWN_CHARS = 80
 _CACHE_SIZE = 4096
 _cache: OrderedDict[str, SandboxResult] = OrderedDict()
@@ -53,18 +54,27 @@ def same_value(actual, expected) -> bool:
             return actual == expected
         return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9)
     if isinstance(expected, list):
-        return (isinstance(actual, list) and len(actual) == len(expected)
-                and all(same_value(a, e) for a, e in zip(actual, expected)))
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(expected)
+            and all(same_value(a, e) for a, e in zip(actual, expected))
+        )
     if isinstance(expected, dict):
-        return (isinstance(actual, dict) and actual.keys() == expected.keys()
-                and all(same_value(actual[k], expected[k]) for k in expected))
+        return (
+            isinstance(actual, dict)
+            and actual.keys() == expected.keys()
+            and all(same_value(actual[k], expected[k]) for k in expected)
+        )
     return type(actual) is type(expected) and actual == expected
 
 
 def shown(value) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    text = text.replace("true", "True").replace("false", "False").replace("null", "None") \
-        if not isinstance(value, str) else text
+    text = (
+        text.replace("true", "True").replace("false", "False").replace("null", "None")
+        if not isinstance(value, str)
+        else text
+    )
     return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
 
 

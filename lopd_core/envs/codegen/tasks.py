@@ -48,16 +48,19 @@ def _draw_tests(family: Family, level: int, rng: random.Random) -> list[dict]:
             seen.add(json.dumps(args))
             inputs.append(args)
     rng.shuffle(inputs)
-    return [{"args": args, "expected": json.loads(json.dumps(family.reference(*copy.deepcopy(args))))}
-            for args in inputs]
+    return [
+        {"args": args, "expected": json.loads(json.dumps(family.reference(*copy.deepcopy(args))))} for args in inputs
+    ]
 
 
 def _instruction(family: Family, tests: list[dict]) -> str:
     example = tests[0]
     from .grading import call_text, shown
 
-    return (f"Write a Python function {family.signature.removeprefix('def ')}. {family.statement} "
-            f"Example: {call_text(family.function, example['args'])} == {shown(example['expected'])}")
+    return (
+        f"Write a Python function {family.signature.removeprefix('def ')}. {family.statement} "
+        f"Example: {call_text(family.function, example['args'])} == {shown(example['expected'])}"
+    )
 
 
 def _content_key(family: Family, level: int, tests: list[dict]) -> int:
@@ -65,13 +68,26 @@ def _content_key(family: Family, level: int, tests: list[dict]) -> int:
     return int.from_bytes(hashlib.sha1(blob.encode()).digest()[:8], "big")
 
 
-def build_task(family: Family, level: int, split: str, index: int, tests: list[dict],
-               attempts: int = DEFAULT_ATTEMPTS) -> Task:
-    spec = {"function": family.function, "tests": tests, "reference": family.source, "level": level,
-            "topic": family.topic}
-    return Task(task_id=f"{ENV_NAME}/{split}/{family.name}/{index:06d}", env=ENV_NAME, split=split,
-                template=family.name, world=f"level{level}", instruction=_instruction(family, tests),
-                spec=json.loads(json.dumps(spec)), max_turns=attempts)
+def build_task(
+    family: Family, level: int, split: str, index: int, tests: list[dict], attempts: int = DEFAULT_ATTEMPTS
+) -> Task:
+    spec = {
+        "function": family.function,
+        "tests": tests,
+        "reference": family.source,
+        "level": level,
+        "topic": family.topic,
+    }
+    return Task(
+        task_id=f"{ENV_NAME}/{split}/{family.name}/{index:06d}",
+        env=ENV_NAME,
+        split=split,
+        template=family.name,
+        world=f"level{level}",
+        instruction=_instruction(family, tests),
+        spec=json.loads(json.dumps(spec)),
+        max_turns=attempts,
+    )
 
 
 def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_ATTEMPTS) -> list[Task]:

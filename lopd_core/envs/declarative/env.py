@@ -53,15 +53,16 @@ class DeclarativeToolEnv(ToolEpisode):
             raise TypeError(f"{cls.__name__}: a declarative environment needs a `name`")
         turns = cls.max_turns
         if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
-            raise TypeError(f"{cls.__name__}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS says "
-                            f"why), got {turns!r}")
+            raise TypeError(
+                f"{cls.__name__}: max_turns must be an integer in [1, {MAX_TURNS}] (base.MAX_TURNS says "
+                f"why), got {turns!r}"
+            )
         cls._table = tool_table(cls.tools)  # the only dispatch path (no attribute lookup by a model's name)
         why = examples_error(cls._table, cls.tool_examples)
         if why:
             raise TypeError(f"{cls.__name__}: {why}")
         if cls.task_file is not None and "splits" not in vars(cls):
-            cls.splits = file_splits(cls.task_file, cls.name, max_turns=cls.max_turns,
-                                     validate_spec=cls.validate_spec)
+            cls.splits = file_splits(cls.task_file, cls.name, max_turns=cls.max_turns, validate_spec=cls.validate_spec)
 
     # ------------------------------------------------------------------ tasks
     @classmethod
@@ -86,8 +87,9 @@ class DeclarativeToolEnv(ToolEpisode):
         """``n`` tasks of ``split`` from the class's task file (task_files.py: order, repeats)."""
         if cls.task_file is None:
             raise ValueError(f"env {cls.name!r} has no task_file: set one on the class or envs.task_files")
-        return tasks_from_file(cls.task_file, cls.name, split, n, seed, max_turns=cls.max_turns,
-                               validate_spec=cls.validate_spec)
+        return tasks_from_file(
+            cls.task_file, cls.name, split, n, seed, max_turns=cls.max_turns, validate_spec=cls.validate_spec
+        )
 
     @classmethod
     def tool_schemas(cls) -> list[dict]:

@@ -95,13 +95,17 @@ def signature_error(schema: dict, fn: Callable) -> str | None:
     required = set(schema["parameters"].get("required", []))
     unknown = [k for k in declared if k not in takes]
     if unknown:
-        return (f"tool {name}: the schema declares parameter {unknown[0]!r}, which its function "
-                f"{getattr(fn, '__name__', fn)}({', '.join(p.name for p in params)}) does not take")
+        return (
+            f"tool {name}: the schema declares parameter {unknown[0]!r}, which its function "
+            f"{getattr(fn, '__name__', fn)}({', '.join(p.name for p in params)}) does not take"
+        )
     needed = [p.name for p in rest if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
     missing = [k for k in needed if k not in required]
     if missing:
-        return (f"tool {name}: its function needs {missing[0]!r}, which the schema "
-                f"{'does not declare' if missing[0] not in declared else 'does not require'}")
+        return (
+            f"tool {name}: its function needs {missing[0]!r}, which the schema "
+            f"{'does not declare' if missing[0] not in declared else 'does not require'}"
+        )
     return None
 
 
@@ -110,9 +114,16 @@ def _from_spec(spec: ToolSpec) -> Tool:
     if why:
         raise TypeError(why)
     params = spec.schema["parameters"]
-    schema = {"name": spec.schema["name"], "description": spec.schema.get("description", ""),
-              "parameters": {"type": "object", "properties": dict(params["properties"]),
-                             "required": list(params.get("required", [])), "additionalProperties": False}}
+    schema = {
+        "name": spec.schema["name"],
+        "description": spec.schema.get("description", ""),
+        "parameters": {
+            "type": "object",
+            "properties": dict(params["properties"]),
+            "required": list(params.get("required", [])),
+            "additionalProperties": False,
+        },
+    }
     return Tool(schema["name"], schema, spec.fn)
 
 

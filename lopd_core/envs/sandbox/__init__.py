@@ -9,5 +9,13 @@ long-lived child of an isolated plugin environment (envs.isolate_tools: ../isola
 from .runner import STATUSES, SandboxLimits, SandboxPool, SandboxResult, run_calls, run_job, run_program
 from .supervise import NO_RESULT
 
-__all__ = ["NO_RESULT", "STATUSES", "SandboxLimits", "SandboxPool", "SandboxResult", "run_calls", "run_job",
-           "run_program"]
+__all__ = [
+    "NO_RESULT",
+    "STATUSES",
+    "SandboxLimits",
+    "SandboxPool",
+    "SandboxResult",
+    "run_calls",
+    "run_job",
+    "run_program",
+]

@@ -17,31 +17,77 @@ from __future__ import annotations
 import os
 import sys
 
-DENIED_EVENTS = frozenset({
-    # new processes: fork bombs, shell escapes
-    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-    # signals: the parent, other runs, the host
-    "os.kill", "os.killpg", "signal.pthread_kill",
-    # the environment the parent scrubbed
-    "os.putenv", "os.unsetenv",
-    # finding and patching the harness or this hook
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-    # limits stay as set
-    "resource.setrlimit", "resource.prlimit",
-    # links out of the private directory
-    "os.link", "os.symlink",
-})
+DENIED_EVENTS = frozenset(
+    {
+        # new processes: fork bombs, shell escapes
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "subprocess.Popen",
+        # signals: the parent, other runs, the host
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        # the environment the parent scrubbed
+        "os.putenv",
+        "os.unsetenv",
+        # finding and patching the harness or this hook
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys._current_frames",
+        # limits stay as set
+        "resource.setrlimit",
+        "resource.prlimit",
+        # links out of the private directory
+        "os.link",
+        "os.symlink",
+    }
+)
 DENIED_PREFIXES = ("socket.", "ctypes.", "_winapi.", "winreg.", "msvcrt.", "syslog.")
-DENIED_IMPORTS = frozenset({
-    "ctypes", "_ctypes", "subprocess", "_posixsubprocess", "socket", "_socket", "ssl", "_ssl", "select",
-    "selectors", "multiprocessing", "_multiprocessing", "pty", "resource", "asyncio", "urllib.request",
-    "http.client", "ftplib", "smtplib", "telnetlib",
-})
+DENIED_IMPORTS = frozenset(
+    {
+        "ctypes",
+        "_ctypes",
+        "subprocess",
+        "_posixsubprocess",
+        "socket",
+        "_socket",
+        "ssl",
+        "_ssl",
+        "select",
+        "selectors",
+        "multiprocessing",
+        "_multiprocessing",
+        "pty",
+        "resource",
+        "asyncio",
+        "urllib.request",
+        "http.client",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+    }
+)
 # event -> positions of path arguments that must stay inside the private directory
 WRITE_PATH_EVENTS = {
-    "os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.chmod": (0,),
-    "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,), "os.chdir": (0,), "shutil.rmtree": (0,),
-    "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.move": (1,), "shutil.make_archive": (0,),
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.rename": (0, 1),
+    "os.mkdir": (0,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.truncate": (0,),
+    "os.utime": (0,),
+    "os.chdir": (0,),
+    "shutil.rmtree": (0,),
+    "shutil.copyfile": (1,),
+    "shutil.copytree": (1,),
+    "shutil.move": (1,),
+    "shutil.make_archive": (0,),
 }
 READ_PATH_EVENTS = {"os.listdir": (0,), "os.scandir": (0,)}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -76,10 +122,14 @@ def make_audit_hook(workdir: str, read_dirs: list[str]):
         elif event == "open":
             path, mode, flags = args[0], args[1], args[2]
             writing = (type(mode) is str and any(c in mode for c in "wax+")) or (
-                type(flags) is int and flags & write_flags)
+                type(flags) is int and flags & write_flags
+            )
             if path is not None and not inside(path, writable if writing else readable):
-                raise PermissionError(f"sandbox: opening {path!r} is not allowed" if type(path) is str
-                                      else "sandbox: opening this path is not allowed")
+                raise PermissionError(
+                    f"sandbox: opening {path!r} is not allowed"
+                    if type(path) is str
+                    else "sandbox: opening this path is not allowed"
+                )
         elif event in write_events:
             for i in write_events[event]:
                 if i < len(args) and not inside(args[i], writable):

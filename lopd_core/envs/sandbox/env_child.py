@@ -74,7 +74,7 @@ class Channel:
     def send_line(self, line: str) -> None:
         data = memoryview((line + "\n").encode())
         while data:
-            data = data[os.write(self._out, data):]
+            data = data[os.write(self._out, data) :]
 
 
 def _reply(value, env, seen: int) -> tuple[dict, int]:
@@ -93,12 +93,14 @@ def serve(channel: Channel, env, task_cls, describe) -> None:
         try:
             if op == "reset":
                 first = env.reset(task_cls.from_json(request["task"]))
-                reply, seen = _reply({"system": first.system, "user": first.user, "tools": list(first.tools)},
-                                     env, seen)
+                reply, seen = _reply(
+                    {"system": first.system, "user": first.user, "tools": list(first.tools)}, env, seen
+                )
             elif op == "step":
                 r = env.step(request["action"])
-                reply, seen = _reply({"observation": r.observation, "reward": r.reward, "done": r.done,
-                                      "info": r.info}, env, seen)
+                reply, seen = _reply(
+                    {"observation": r.observation, "reward": r.reward, "done": r.done, "info": r.info}, env, seen
+                )
                 if r.done:
                     reply["episode"] = list(env.episode)
             elif op == "episode":

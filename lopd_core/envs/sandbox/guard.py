@@ -157,8 +157,11 @@ def restrict_files(workdir: str, read_dirs: list[str]) -> dict:
     handled |= FS_REFER if abi >= 2 else 0
     handled |= FS_TRUNCATE if abi >= 3 else 0
     handled |= FS_IOCTL_DEV if abi >= 5 else 0
-    attr = RulesetAttr(handled, (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
-                       (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0)
+    attr = RulesetAttr(
+        handled,
+        (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
+        (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0,
+    )
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if ruleset < 0:
@@ -218,8 +221,13 @@ def apply_rlimits(limits: dict, *, own_process_count: int) -> dict:
     }
     for which, value in settings.items():
         resource.setrlimit(which, value)
-    return {"cpu_s": cpu, "memory_mb": limits["memory_mb"], "nproc": nproc,
-            "max_file_mb": limits["max_file_mb"], "max_open_files": limits["max_open_files"]}
+    return {
+        "cpu_s": cpu,
+        "memory_mb": limits["memory_mb"],
+        "nproc": nproc,
+        "max_file_mb": limits["max_file_mb"],
+        "max_open_files": limits["max_open_files"],
+    }
 
 
 def read_only_dirs() -> list[str]:

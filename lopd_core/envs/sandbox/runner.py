@@ -75,9 +75,13 @@ class SandboxLimits:
     max_output_bytes: int = 65536  # kept per stream; the run is killed past 8x this in total
 
     def as_child_limits(self) -> dict:
-        return {"cpu_s": min(self.cpu_s, self.timeout_s + 1), "memory_mb": self.memory_mb,
-                "max_processes": self.max_processes, "max_file_mb": self.max_file_mb,
-                "max_open_files": self.max_open_files}
+        return {
+            "cpu_s": min(self.cpu_s, self.timeout_s + 1),
+            "memory_mb": self.memory_mb,
+            "max_processes": self.max_processes,
+            "max_file_mb": self.max_file_mb,
+            "max_open_files": self.max_open_files,
+        }
 
 
 @dataclass
@@ -142,8 +146,10 @@ def _verdict(returncode: int, stop: str | None, report: dict, cpu_s: float, used
         sig = -returncode
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and used_cpu_s >= cpu_s - 0.05):
             return "timeout", "cpu_limit"
-        return "killed", f"signal:{signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else \
-            f"signal:{sig}"
+        return (
+            "killed",
+            f"signal:{signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"signal:{sig}",
+        )
     error = report.get("error") or ""
     if error.startswith("MemoryError"):
         return "error", "memory_limit"
@@ -159,8 +165,13 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
     """
     workdir = tempfile.mkdtemp(prefix="lopd-sandbox-")
     is_root = os.geteuid() == 0
-    job = {**job, "limits": limits.as_child_limits(), "uid": UNPRIVILEGED_ID, "gid": UNPRIVILEGED_ID,
-           "audit_hook": audit_hook}
+    job = {
+        **job,
+        "limits": limits.as_child_limits(),
+        "uid": UNPRIVILEGED_ID,
+        "gid": UNPRIVILEGED_ID,
+        "audit_hook": audit_hook,
+    }
     proc = None
     started = time.perf_counter()
     try:
@@ -168,11 +179,21 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
         if is_root:  # the child reads the job as root, then works in the directory as the unprivileged uid
             os.chown(workdir, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-u", str(CHILD_SCRIPT), workdir], cwd=workdir, env=_scrubbed_env(workdir),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            close_fds=True)
-        io = supervise(proc, deadline=started + limits.timeout_s, keep_bytes=limits.max_output_bytes,
-                       kill_after_bytes=8 * limits.max_output_bytes)
+            [sys.executable, "-I", "-S", "-u", str(CHILD_SCRIPT), workdir],
+            cwd=workdir,
+            env=_scrubbed_env(workdir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        io = supervise(
+            proc,
+            deadline=started + limits.timeout_s,
+            keep_bytes=limits.max_output_bytes,
+            kill_after_bytes=8 * limits.max_output_bytes,
+        )
         if io.stop is not None:
             _kill_group(proc.pid)
         # Wait without reaping: while the leader is a zombie its pid, hence the group id, cannot be reused, so
@@ -185,13 +206,21 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
         used_cpu_s = usage.ru_utime + usage.ru_stime
         duration = time.perf_counter() - started
         report = read_report(Path(workdir, "report.jsonl"), n_calls=len(job.get("inputs", ())))
-        status, stop_reason = _verdict(returncode, io.stop, report, limits.as_child_limits()["cpu_s"],
-                                       used_cpu_s)
+        status, stop_reason = _verdict(returncode, io.stop, report, limits.as_child_limits()["cpu_s"], used_cpu_s)
         return SandboxResult(
-            status=status, stop_reason=stop_reason, returncode=returncode, duration_s=round(duration, 4),
-            stdout=io.stdout, stderr=io.stderr, stdout_truncated=io.stdout_truncated,
-            stderr_truncated=io.stderr_truncated, error=report.get("setup_error") or report.get("error"),
-            calls=report["calls"], isolation=report.get("isolation", {}), workdir=workdir)
+            status=status,
+            stop_reason=stop_reason,
+            returncode=returncode,
+            duration_s=round(duration, 4),
+            stdout=io.stdout,
+            stderr=io.stderr,
+            stdout_truncated=io.stdout_truncated,
+            stderr_truncated=io.stderr_truncated,
+            error=report.get("setup_error") or report.get("error"),
+            calls=report["calls"],
+            isolation=report.get("isolation", {}),
+            workdir=workdir,
+        )
     finally:
         if proc is not None and proc.returncode is None:
             _kill_group(proc.pid)
@@ -209,8 +238,7 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
     return run_job({"mode": "program", "source": source}, limits)
 
 
-def run_calls(source: str, function: str, inputs: list[list], limits: SandboxLimits = SandboxLimits()
-              ) -> SandboxResult:
+def run_calls(source: str, function: str, inputs: list[list], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Define `function` with `source`, call it on each argument list; results in `result.calls`."""
     return run_job({"mode": "calls", "source": source, "function": function, "inputs": inputs}, limits)
 

@@ -76,8 +76,13 @@ def supervise(proc: subprocess.Popen, *, deadline: float, keep_bytes: int, kill_
                 stop = "output_limit"
                 break
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    return CapturedIO(kept[out_fd].decode("utf-8", "replace"), kept[err_fd].decode("utf-8", "replace"),
-                      truncated[out_fd], truncated[err_fd], stop)
+    return CapturedIO(
+        kept[out_fd].decode("utf-8", "replace"),
+        kept[err_fd].decode("utf-8", "replace"),
+        truncated[out_fd],
+        truncated[err_fd],
+        stop,
+    )
 
 
 def read_report(path: Path, n_calls: int) -> dict:

@@ -14,5 +14,16 @@ from .templates import TEMPLATES
 from .tools import format_call, parse_action
 from .worlds import KNOBS, WORLDS
 
-__all__ = ["DOMAINS", "KNOBS", "TEMPLATES", "WORLDS", "OraclePolicy", "ToolWorldEnv", "format_call",
-           "oracle_actions", "parse_action", "run_oracle", "tool_schemas"]
+__all__ = [
+    "DOMAINS",
+    "KNOBS",
+    "TEMPLATES",
+    "WORLDS",
+    "OraclePolicy",
+    "ToolWorldEnv",
+    "format_call",
+    "oracle_actions",
+    "parse_action",
+    "run_oracle",
+    "tool_schemas",
+]

@@ -32,9 +32,8 @@ def normalise(text: Any) -> str:
 def get_path(state: Any, path: list) -> Any:
     cur = state
     for key in path:
-        if (
-            (isinstance(cur, dict) and key in cur)
-            or (isinstance(cur, list) and isinstance(key, int) and -len(cur) <= key < len(cur))
+        if (isinstance(cur, dict) and key in cur) or (
+            isinstance(cur, list) and isinstance(key, int) and -len(cur) <= key < len(cur)
         ):
             cur = cur[key]
         else:
@@ -101,8 +100,14 @@ def check_passes(check: dict, state: dict, answer: str | None) -> bool:
 
 # What each op reads besides "op" (lists of alternatives are optional keys).
 CHECK_KEYS = {
-    "eq": ("path", "value"), "absent": ("path",), "present": ("path",), "contains": ("path", "value"),
-    "count": ("path", "value"), "has": ("path", "value"), "answer_contains": ("value",), "answer_eq": ("value",),
+    "eq": ("path", "value"),
+    "absent": ("path",),
+    "present": ("path",),
+    "contains": ("path", "value"),
+    "count": ("path", "value"),
+    "has": ("path", "value"),
+    "answer_contains": ("value",),
+    "answer_eq": ("value",),
 }
 _OPTIONAL_KEYS = {"has": ("n", "like")}
 
@@ -123,8 +128,10 @@ def _operand_error(op: str, value: Any, found: Any) -> str | None:
     if op == "contains":
         if isinstance(found, (str, dict)) and not isinstance(value, str):
             what = "a substring" if isinstance(found, str) else "a key"
-            return (f"check 'contains': value {value!r} cannot be {what} of the {kind} at path "
-                    f"{found!r:.60}: expected a string")
+            return (
+                f"check 'contains': value {value!r} cannot be {what} of the {kind} at path "
+                f"{found!r:.60}: expected a string"
+            )
         if not isinstance(found, (str, dict, list)):
             return f"check 'contains': the path holds a {kind} ({found!r:.60}), expected a list, object or string"
     if op in ("count", "has") and not isinstance(found, (list, dict)):
@@ -153,11 +160,15 @@ def check_error(check: Any, state: Any = None) -> str | None:
         return "check 'has': value (and like) must be objects of fields"
     if op == "count" and check["value"] < 0:
         return "check 'count': value must be >= 0"
-    if op == "has" and "n" in check and (not isinstance(check["n"], int) or isinstance(check["n"], bool)
-                                         or check["n"] < 0):
+    if (
+        op == "has"
+        and "n" in check
+        and (not isinstance(check["n"], int) or isinstance(check["n"], bool) or check["n"] < 0)
+    ):
         return "check 'has': n must be an integer >= 0"
-    if op == "has" and not all(isinstance(v, _SCALAR) and not isinstance(v, bool)
-                               for v in check.get("like", {}).values()):
+    if op == "has" and not all(
+        isinstance(v, _SCALAR) and not isinstance(v, bool) for v in check.get("like", {}).values()
+    ):
         return "check 'has': like must map fields to strings or numbers (matched as text)"
     found = get_path(state, path) if state is not None and "path" in check else _MISSING
     return _operand_error(op, check.get("value"), found)

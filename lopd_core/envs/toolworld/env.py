@@ -33,9 +33,7 @@ class ToolWorldEnv(ToolEpisode):
     def reset(self, task: Task) -> FirstObservation:
         self._begin(task)
         spec = task.spec
-        self._domains = {
-            d: DOMAINS[d](spec["state"].get(d, {}), spec["conventions"][d]) for d in spec["domains"]
-        }
+        self._domains = {d: DOMAINS[d](spec["state"].get(d, {}), spec["conventions"][d]) for d in spec["domains"]}
         for dom in self._domains.values():
             self._table.update(dom.tool_table())
         tools = tuple(ALL_SCHEMAS[s["name"]] for d in spec["domains"] for s in DOMAINS[d].schemas())

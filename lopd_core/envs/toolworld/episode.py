@@ -55,8 +55,7 @@ class ToolEpisode:
         if self._turns >= self._task.max_turns:
             return self._finish(action, call, observation, error, "turn_limit", answer=None)
         self._record(action, call, observation, error)
-        return StepResult(observation=observation, reward=0.0, done=False,
-                          info={"error": error, "call": call})
+        return StepResult(observation=observation, reward=0.0, done=False, info={"error": error, "call": call})
 
     @property
     def episode(self) -> list[dict]:
@@ -73,7 +72,13 @@ class ToolEpisode:
         self._record(action, call, observation, error)
         self._done = True
         passed, total = evaluate(self._task.spec["checks"], self.state(), answer)
-        info = {"success": total > 0 and passed == total, "stop_reason": stop_reason, "checks_passed": passed,
-                "checks_total": total, "error": error, "call": call}
+        info = {
+            "success": total > 0 and passed == total,
+            "stop_reason": stop_reason,
+            "checks_passed": passed,
+            "checks_total": total,
+            "error": error,
+            "call": call,
+        }
         reward = passed / total if total else 0.0
         return StepResult(observation=observation, reward=reward, done=True, info=info)

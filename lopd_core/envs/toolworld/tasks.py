@@ -31,9 +31,7 @@ _MAX_ATTEMPTS = 200
 
 
 def _content_key(tpl: Template, world: str, draft) -> int:
-    blob = json.dumps(
-        [tpl.name, world, draft.instruction, draft.state, draft.checks, draft.answer], sort_keys=True
-    )
+    blob = json.dumps([tpl.name, world, draft.instruction, draft.state, draft.checks, draft.answer], sort_keys=True)
     return int.from_bytes(hashlib.sha1(blob.encode()).digest()[:8], "big")
 
 
@@ -65,9 +63,7 @@ def build_task(tpl: Template, world: str, split: str, index: int, draft, worlds=
 
     actions, results, _ = run_oracle(task)
     if not results[-1].info["success"]:
-        raise RuntimeError(
-            f"template {tpl.name} produced an instance its oracle cannot solve: {task.to_json()}"
-        )
+        raise RuntimeError(f"template {tpl.name} produced an instance its oracle cannot solve: {task.to_json()}")
     return dataclasses.replace(task, max_turns=len(actions) - 1 + 2)
 
 

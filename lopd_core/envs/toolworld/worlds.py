@@ -137,8 +137,9 @@ def deploy_worlds(names: Sequence[str]) -> dict[str, dict[str, dict]]:
     return {w: WORLDS[w] for w in names}
 
 
-def conventions_for(world_or_conventions: str | dict, domains=None,
-                    worlds: Mapping[str, dict] | None = None) -> dict[str, dict]:
+def conventions_for(
+    world_or_conventions: str | dict, domains=None, worlds: Mapping[str, dict] | None = None
+) -> dict[str, dict]:
     """Conventions of a world (by name, looked up in ``worlds`` or else the named worlds) or a given mapping,
     restricted to ``domains``."""
     if isinstance(world_or_conventions, str):

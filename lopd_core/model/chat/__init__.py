@@ -27,9 +27,25 @@ from lopd_core.model.chat.codec import (
 from lopd_core.model.chat.template import TemplateChat
 
 __all__ = [
-    "CHAT_TEMPLATE", "EOS", "EXP_END", "EXP_START", "IM_END", "IM_START", "PAD", "SPECIAL_TOKENS", "TOOL_CALL",
-    "TOOL_CALL_END", "ChatCodec", "ChatFormat", "TemplateChat", "TrajectoryIds", "experience_block",
-    "first_turn_text", "is_embedded_format", "make_chat", "observation_text",
+    "CHAT_TEMPLATE",
+    "EOS",
+    "EXP_END",
+    "EXP_START",
+    "IM_END",
+    "IM_START",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "TOOL_CALL",
+    "TOOL_CALL_END",
+    "ChatCodec",
+    "ChatFormat",
+    "TemplateChat",
+    "TrajectoryIds",
+    "experience_block",
+    "first_turn_text",
+    "is_embedded_format",
+    "make_chat",
+    "observation_text",
 ]
 
 

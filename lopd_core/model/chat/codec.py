@@ -107,8 +107,9 @@ class ChatCodec:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def start(self, system: str, user: str, experiences: list[str] | None = None,
-              tools: list[dict] | None = None) -> TrajectoryIds:
+    def start(
+        self, system: str, user: str, experiences: list[str] | None = None, tools: list[dict] | None = None
+    ) -> TrajectoryIds:
         """The forced first turn; `tools` is ignored: the embedded format lists the tools in `system`."""
         traj = TrajectoryIds()
         traj.add_forced(self.encode(first_turn_text(system, user, experiences)))
@@ -131,8 +132,9 @@ class ChatFormat(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def start(self, system: str, user: str, experiences: list[str] | None = None,
-              tools: list[dict] | None = None) -> TrajectoryIds:
+    def start(
+        self, system: str, user: str, experiences: list[str] | None = None, tools: list[dict] | None = None
+    ) -> TrajectoryIds:
         """Forced ids up to and including the first assistant header. `tools` (the environment's tool schemas)
         is for formats whose template renders them; the embedded format lists tools in `system`."""
 
@@ -149,4 +151,3 @@ class ChatFormat(Protocol):
 def is_embedded_format(tokenizer) -> bool:
     """True for the embedded base's tokenizer (its chat template is ours, or it has none)."""
     return not tokenizer.chat_template or tokenizer.chat_template == CHAT_TEMPLATE
-

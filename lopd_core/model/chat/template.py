@@ -44,10 +44,20 @@ PROBE_USER = "Find the answer."
 PROBE_ANSWER = "Done."
 PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_arg": "probe value"}}
 PROBE_OBSERVATION = '{"result": "probe observation"}'
-PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "probe_tool", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}, "required": ["probe_arg"]},
-}}]
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe_tool",
+            "description": "A probe.",
+            "parameters": {
+                "type": "object",
+                "properties": {"probe_arg": {"type": "string"}},
+                "required": ["probe_arg"],
+            },
+        },
+    }
+]
 # Extra template variables tried, in order, when tools do not stay in the system turn: Llama 3.1's template
 # puts them in the first user message unless told otherwise, which would move the latent slot.
 TOOL_PLACEMENTS: tuple[dict, ...] = ({}, {"tools_in_user_message": False})
@@ -73,13 +83,15 @@ def check_chat_format(tokenizer, source: str):
             raise ChatTemplateError(
                 f"model {source!r}: its tokenizer has no chat template and is not the embedded base's (it lacks "
                 f"{', '.join(missing)}): give it the chat template it was tuned with (`chat_template` in "
-                "tokenizer_config.json, or chat_template.jinja beside it)")
+                "tokenizer_config.json, or chat_template.jinja beside it)"
+            )
         return ChatCodec(tokenizer)
     try:
         return TemplateChat(tokenizer)
     except Exception as exc:  # noqa: BLE001  jinja syntax errors, undefined variables, raise_exception, probes
-        raise ChatTemplateError(f"model {source!r}: its chat template cannot be used: {type(exc).__name__}: "
-                                f"{_first_line(exc)}") from None
+        raise ChatTemplateError(
+            f"model {source!r}: its chat template cannot be used: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
 
 
 def toolworld_schemas(system: str) -> list[dict] | None:
@@ -91,7 +103,7 @@ def toolworld_schemas(system: str) -> list[dict] | None:
     from lopd_core.envs import DOMAINS, tool_schemas
 
     known = {s["name"]: s for domain in DOMAINS for s in tool_schemas(domain)}
-    names = [signature.split("(", 1)[0] for signature in system[len("tools: "):].split()]
+    names = [signature.split("(", 1)[0] for signature in system[len("tools: ") :].split()]
     if not names or any(name not in known for name in names):
         return None
     return [{"type": "function", "function": known[name]} for name in names]
@@ -99,8 +111,11 @@ def toolworld_schemas(system: str) -> list[dict] | None:
 
 def tool_call_message(name: str, arguments: dict) -> dict:
     """An assistant message carrying one tool call, in the structured form chat templates read."""
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
 
 
 @dataclass(frozen=True)
@@ -123,11 +138,11 @@ class ToolCallSyntax:
             return text  # an answer
         end = text.find(self.close, start + len(self.open))
         if end < 0:
-            return text[:start] + TOOL_CALL + text[start + len(self.open):]  # unclosed: the env says so
+            return text[:start] + TOOL_CALL + text[start + len(self.open) :]  # unclosed: the env says so
         if text.find(self.open, end) >= 0:  # several calls: the env rejects them, in its own syntax
             return text.replace(self.open, TOOL_CALL).replace(self.close, TOOL_CALL_END)
-        body = text[start + len(self.open):end]
-        return text[:start] + self._call(body) + text[end + len(self.close):]
+        body = text[start + len(self.open) : end]
+        return text[:start] + self._call(body) + text[end + len(self.close) :]
 
     def _bare_to_canonical(self, text: str) -> str:
         body = text.strip()
@@ -172,9 +187,9 @@ class TemplateChat:
         probe = self._probe_messages()
         self._probe_prompt = self._render(probe, generation=True)
         answered = self._render(probe + [{"role": "assistant", "content": PROBE_ANSWER}])
-        if answered[:len(self._probe_prompt)] != self._probe_prompt:
+        if answered[: len(self._probe_prompt)] != self._probe_prompt:
             raise ValueError("the chat template renders earlier turns differently once a reply follows")
-        ends = [t for t in answered[len(self._probe_prompt):] if t in special]
+        ends = [t for t in answered[len(self._probe_prompt) :] if t in special]
         if not ends:
             raise ValueError("the chat template closes an assistant turn with no special token")
         self.im_end_id = ends[0]
@@ -182,8 +197,11 @@ class TemplateChat:
         learned = self._learn_syntax(probe)
         self.renders_tool_calls = learned is not None  # else calls are plain text in the env's own syntax
         self.syntax = learned or CANONICAL_SYNTAX
-        self._probe_assistant = (tool_call_message(PROBE_CALL["name"], PROBE_CALL["arguments"])
-                                 if self.renders_tool_calls else {"role": "assistant", "content": PROBE_ANSWER})
+        self._probe_assistant = (
+            tool_call_message(PROBE_CALL["name"], PROBE_CALL["arguments"])
+            if self.renders_tool_calls
+            else {"role": "assistant", "content": PROBE_ANSWER}
+        )
         self.user_header = self._learn_user_header()
         self.tools_in_template = False
         if self._render(probe, tools=PROBE_TOOLS) != self._render(probe):
@@ -204,18 +222,21 @@ class TemplateChat:
         try:
             observed = self.tokenizer.decode(self.observation_ids(PROBE_OBSERVATION), skip_special_tokens=False)
         except Exception as exc:  # noqa: BLE001  jinja's errors, a template's raise_exception, ...
-            raise ValueError(f"the chat template cannot render a `tool` turn ({type(exc).__name__}: "
-                             f"{_first_line(exc)})") from None
+            raise ValueError(
+                f"the chat template cannot render a `tool` turn ({type(exc).__name__}: {_first_line(exc)})"
+            ) from None
         if PROBE_OBSERVATION not in observed:
-            raise ValueError("the chat template drops the content of a `tool` turn: the model would never see an "
-                             "observation")
+            raise ValueError(
+                "the chat template drops the content of a `tool` turn: the model would never see an observation"
+            )
 
     # ---- ChatFormat ----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def start(self, system: str, user: str, experiences: list[str] | None = None,
-              tools: list[dict] | None = None) -> TrajectoryIds:
+    def start(
+        self, system: str, user: str, experiences: list[str] | None = None, tools: list[dict] | None = None
+    ) -> TrajectoryIds:
         """The template's first turn. Tools go to the template where it takes them: `tools` are the environment's
         schemas (FirstObservation.tools, what the rollout engine passes); without them, a toolworld listing in
         `system` is looked up (demonstrations carry only their system text). The system text stays as the
@@ -232,17 +253,18 @@ class TemplateChat:
         """Ids of a demonstration action in the model's syntax, closed with the end token (warm start and
         tests, not rollouts): what the template renders for that assistant message."""
         kind, name, arguments = parse_action(action_text) if self.renders_tool_calls else ("answer", None, None)
-        message = (tool_call_message(name, arguments) if kind == "call"
-                   else {"role": "assistant", "content": action_text})
+        message = (
+            tool_call_message(name, arguments) if kind == "call" else {"role": "assistant", "content": action_text}
+        )
         ids = self._render(self._probe_messages() + [message])
-        if ids[:len(self._probe_prompt)] != self._probe_prompt:
+        if ids[: len(self._probe_prompt)] != self._probe_prompt:
             raise ValueError("the action's first token merges with the generation prompt")
-        return ids[len(self._probe_prompt):self._end_after(ids, len(self._probe_prompt)) + 1]
+        return ids[len(self._probe_prompt) : self._end_after(ids, len(self._probe_prompt)) + 1]
 
     def observation_ids(self, observation: str) -> list[int]:
         conversation = self._probe_messages() + [self._probe_assistant, {"role": "tool", "content": observation}]
         ids = self._render(conversation, generation=True)
-        return ids[self._end_after(ids, len(self._probe_prompt)) + 1:]
+        return ids[self._end_after(ids, len(self._probe_prompt)) + 1 :]
 
     def decode_action(self, ids: list[int]) -> str:
         """The environment's text of the policy's ids: the end token dropped, a leading `<think>` block
@@ -253,16 +275,26 @@ class TemplateChat:
         return self.syntax.to_canonical(text)
 
     # ---- rendering -----------------------------------------------------------------------------------------
-    def first_turn_ids(self, system: str, user: str, experiences: list[str] | None = None,
-                       tools: list[dict] | None = None) -> list[int]:
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": experience_block(experiences) + user}]
+    def first_turn_ids(
+        self, system: str, user: str, experiences: list[str] | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": experience_block(experiences) + user},
+        ]
         return self._render(messages, tools=tools, generation=True)
 
-    def _render(self, messages: list[dict], *, tools: list[dict] | None = None,
-                generation: bool = False) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation,
-                                                       tokenize=True, return_dict=False, **self.template_kwargs))
+    def _render(self, messages: list[dict], *, tools: list[dict] | None = None, generation: bool = False) -> list[int]:
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=generation,
+                tokenize=True,
+                return_dict=False,
+                **self.template_kwargs,
+            )
+        )
 
     def _probe_messages(self) -> list[dict]:
         return [{"role": "system", "content": PROBE_SYSTEM}, {"role": "user", "content": PROBE_USER}]
@@ -281,13 +313,14 @@ class TemplateChat:
         prompt = self.tokenizer.apply_chat_template(probe, **{**kwargs, "add_generation_prompt": True})
         try:
             full = self.tokenizer.apply_chat_template(
-                probe + [tool_call_message(PROBE_CALL["name"], PROBE_CALL["arguments"])], **kwargs)
+                probe + [tool_call_message(PROBE_CALL["name"], PROBE_CALL["arguments"])], **kwargs
+            )
         except Exception:  # noqa: BLE001  a template without tool calls may raise on them in its own way
             return None
         end_text = self.tokenizer.convert_ids_to_tokens(self.im_end_id)
-        if not full.startswith(prompt) or end_text not in full[len(prompt):]:
+        if not full.startswith(prompt) or end_text not in full[len(prompt) :]:
             return None
-        turn = full[len(prompt):full.index(end_text, len(prompt))]
+        turn = full[len(prompt) : full.index(end_text, len(prompt))]
         at = turn.find("{")
         if at < 0:
             return None
@@ -297,8 +330,11 @@ class TemplateChat:
             return None
         if not isinstance(payload, dict) or payload.get("name") != PROBE_CALL["name"]:
             return None
-        keys = [k for k, v in payload.items() if k != "name" and v in (PROBE_CALL["arguments"],
-                                                                        json.dumps(PROBE_CALL["arguments"]))]
+        keys = [
+            k
+            for k, v in payload.items()
+            if k != "name" and v in (PROBE_CALL["arguments"], json.dumps(PROBE_CALL["arguments"]))
+        ]
         if not keys:
             return None
         return ToolCallSyntax(turn[:at].strip(), turn[stop:].strip(), keys[0])
@@ -306,11 +342,16 @@ class TemplateChat:
     def _learn_user_header(self) -> list[int]:
         """The ids between the system turn's content and the first user turn's content, found with the
         experience tokens as markers (special tokens, so nothing around them merges with them)."""
-        ids = self._render([{"role": "system", "content": PROBE_SYSTEM + EXP_END},
-                            {"role": "user", "content": EXP_START + PROBE_USER}], generation=True)
+        ids = self._render(
+            [
+                {"role": "system", "content": PROBE_SYSTEM + EXP_END},
+                {"role": "user", "content": EXP_START + PROBE_USER},
+            ],
+            generation=True,
+        )
         if ids.count(self.exp_end_id) != 1 or ids.count(self.exp_start_id) != 1:
             raise ValueError("the chat template drops or repeats message content")
-        header = ids[ids.index(self.exp_end_id) + 1:ids.index(self.exp_start_id)]
+        header = ids[ids.index(self.exp_end_id) + 1 : ids.index(self.exp_start_id)]
         if not header:
             raise ValueError("the chat template puts nothing between the system and the user turn")
         return header
@@ -319,7 +360,7 @@ class TemplateChat:
         """Index where the first user turn's content begins: right after the first `user_header` run."""
         n = len(self.user_header)
         for i in range(len(token_ids) - n + 1):
-            if token_ids[i:i + n] == self.user_header:
+            if token_ids[i : i + n] == self.user_header:
                 return i + n
         raise ValueError("no first user turn in these ids")
 

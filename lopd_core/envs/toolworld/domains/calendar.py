@@ -25,9 +25,7 @@ class Calendar(Domain):
         return iso
 
     def _busy(self, iso: str, start: int, skip: str = "") -> bool:
-        return any(
-            e["date"] == iso and e["start"] == start for k, e in self.state["events"].items() if k != skip
-        )
+        return any(e["date"] == iso and e["start"] == start for k, e in self.state["events"].items() if k != skip)
 
     @tool
     def calendar_list_events(self, date: str) -> list:

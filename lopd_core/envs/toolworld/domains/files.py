@@ -39,9 +39,7 @@ class Files(Domain):
             folder: folder name
         """
         folder = self._folder(folder)
-        return [
-            {"id": k, "name": f["name"]} for k, f in self.state["files"].items() if f["folder"] == folder
-        ][:4]
+        return [{"id": k, "name": f["name"]} for k, f in self.state["files"].items() if f["folder"] == folder][:4]
 
     @tool
     def files_read(self, file: str) -> dict:
@@ -96,9 +94,7 @@ class Files(Domain):
             content: text
         """
         folder = self._folder(folder)
-        if not name.strip() or any(
-            f["name"] == name and f["folder"] == folder for f in self.state["files"].values()
-        ):
+        if not name.strip() or any(f["name"] == name and f["folder"] == folder for f in self.state["files"].values()):
             raise ToolError("rejected")
         file = self.new_id("f", self.state["files"])
         self.state["files"][file] = {"name": name, "folder": folder, "content": content, "locked": False}

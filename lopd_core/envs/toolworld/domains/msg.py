@@ -57,9 +57,7 @@ class Msg(Domain):
             phone: phone number
             email: e-mail address
         """
-        if not name.strip() or any(
-            c["name"].lower() == name.strip().lower() for c in self.state["contacts"].values()
-        ):
+        if not name.strip() or any(c["name"].lower() == name.strip().lower() for c in self.state["contacts"].values()):
             raise ToolError("rejected")
         cid = self.new_id("c", self.state["contacts"])
         self.state["contacts"][cid] = {"name": name.strip(), "phone": phone, "email": email}

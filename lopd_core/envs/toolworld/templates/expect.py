@@ -74,9 +74,7 @@ def shop_orders(conv: dict, state: dict, orders: list[list[tuple[str, int]]]) ->
     checks = []
     for items in orders:
         rows = [{"product": p, "qty": q} for p, q in items]
-        checks.append(
-            has(["shop", "orders"], {"items": rows, "status": "confirmed", "channel": c["order_flow"]})
-        )
+        checks.append(has(["shop", "orders"], {"items": rows, "status": "confirmed", "channel": c["order_flow"]}))
         for p, q in items:
             stock[p] -= q
     touched = sorted({p for items in orders for p, _ in items})
@@ -105,9 +103,7 @@ def files_count(state: dict, delta: int = 0) -> dict:
 # ----------------------------------------------------------------------------- msg
 
 
-def msg_sent(
-    conv: dict, contact: str, text: str | None = None, like: str | None = None, total: int = 1
-) -> list[dict]:
+def msg_sent(conv: dict, contact: str, text: str | None = None, like: str | None = None, total: int = 1) -> list[dict]:
     value = {"channel": conv["msg"]["channel"], "to": contact}
     if text is not None:
         value["text"] = text

@@ -63,9 +63,9 @@ def cal_free(conv: dict, iso: str):
 
 def cal_create(conv: dict, title: str, iso: str, start: int):
     c = conv["calendar"]
-    event = res(
-        (yield call("calendar_create_event", title=title, date=fmt_date(iso, c["date_format"]), start=start))
-    )["id"]
+    event = res((yield call("calendar_create_event", title=title, date=fmt_date(iso, c["date_format"]), start=start)))[
+        "id"
+    ]
     if c["confirm_events"]:
         yield call("calendar_confirm_event", event=event)
     return event
@@ -177,9 +177,7 @@ def place(conv: dict, code: str) -> str:
 
 
 def travel_flights(conv: dict, origin: str, dest: str, iso: str):
-    return res(
-        (yield call("travel_search_flights", origin=place(conv, origin), dest=place(conv, dest), date=iso))
-    )
+    return res((yield call("travel_search_flights", origin=place(conv, origin), dest=place(conv, dest), date=iso)))
 
 
 def travel_book(conv: dict, flight: str):

@@ -77,9 +77,7 @@ def _pay_then_balance(rng, conv):
     left = state["accounts"][src]["balance"] - amount
     text = f"Pay {names[0]} {amount} from my {label} account, then tell me its new balance."
     checks = bank_payments(conv, state, [(src, dst, amount)]) + [answer(left)]
-    return Draft(
-        text, {"bank": state}, checks, {"label": label, "payee": names[0], "amount": amount}, answer=str(left)
-    )
+    return Draft(text, {"bank": state}, checks, {"label": label, "payee": names[0], "amount": amount}, answer=str(left))
 
 
 def _o_refund(p, conv):
@@ -108,9 +106,7 @@ def _refund(rng, conv):
         {"kind": kind, "src": h["theirs"][who], "dst": rng.choice(mine), "amount": last},
     ]
     refund = state["ledger"][-1]
-    text = rng.choice(
-        ["Refund the last payment {} sent me.", "Send {} back the last amount they paid me."]
-    ).format(who)
+    text = rng.choice(["Refund the last payment {} sent me.", "Send {} back the last amount they paid me."]).format(who)
     checks = bank_payments(conv, state, [(refund["dst"], refund["src"], last)])
     return Draft(text, {"bank": state}, checks, {"payee": who})
 

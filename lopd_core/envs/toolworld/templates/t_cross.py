@@ -39,9 +39,7 @@ def _bank_msg(rng, conv):
     amount = rng.randrange(10, 200, 5)
     text = f"sent you {amount}"
     instr = f"Pay {names[0]} {amount} from my account {src} and message them '{text}'."
-    checks = bank_payments(conv, bank, [(src, h["theirs"][names[0]], amount)]) + msg_sent(
-        conv, m[names[0]], text
-    )
+    checks = bank_payments(conv, bank, [(src, h["theirs"][names[0]], amount)]) + msg_sent(conv, m[names[0]], text)
     return Draft(
         instr,
         {"bank": bank, "msg": msg},
@@ -88,9 +86,7 @@ def _cal_msg(rng, conv):
     msg, m = msg_state(rng, names)
     instr = f"Tell {names[0]} what time '{title}' starts on {say_date(iso)}."
     checks = msg_sent(conv, m[names[0]], like=f"{start}")
-    return Draft(
-        instr, {"calendar": cal, "msg": msg}, checks, {"date": iso, "title": title, "name": names[0]}
-    )
+    return Draft(instr, {"calendar": cal, "msg": msg}, checks, {"date": iso, "title": title, "name": names[0]})
 
 
 def _o_trip_cal(p, conv):

@@ -48,9 +48,7 @@ def _phone(rng, conv):
     state, h = msg_state(rng, names, inbox_from=names[:1])
     number = state["contacts"][h[names[0]]]["phone"]
     instr = f"What is {names[0]}'s phone number?"
-    return Draft(
-        instr, {"msg": state}, [answer(number), count(["msg", "sent"], 0)], {"name": names[0]}, answer=number
-    )
+    return Draft(instr, {"msg": state}, [answer(number), count(["msg", "sent"], 0)], {"name": names[0]}, answer=number)
 
 
 def _o_add_send(p, conv):
@@ -65,9 +63,7 @@ def _add_send(rng, conv):
     new, number, text = names[3], phone(rng), rng.choice(MESSAGES)
     email = f"{new.lower()}@mail.com"
     instr = f"Save {new} ({number}, {email}) as a contact and send them '{text}'."
-    cid = next(
-        f"c{n}" for n in range(1, 200) if f"c{n}" not in state["contacts"]
-    )  # the id msg_add_contact assigns
+    cid = next(f"c{n}" for n in range(1, 200) if f"c{n}" not in state["contacts"])  # the id msg_add_contact assigns
     checks = msg_sent(conv, cid, text) + [count(["msg", "contacts"], 4)]
     return Draft(instr, {"msg": state}, checks, {"name": new, "phone": number, "email": email, "text": text})
 

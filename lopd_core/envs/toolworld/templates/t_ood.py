@@ -114,9 +114,7 @@ def _clean(rng, conv):
     keep = len(state["files"]) - len(gone)
     instr = f"Remove every file in my {folders[0]} folder."
     checks = [file_removed(conv, f) for f in gone]
-    checks.append(
-        count(["files", "files"], keep) if conv["files"]["remove_tool"] == "delete" else files_count(state)
-    )
+    checks.append(count(["files", "files"], keep) if conv["files"]["remove_tool"] == "delete" else files_count(state))
     return Draft(instr, {"files": state}, checks, {"folder": folders[0]})
 
 
@@ -140,9 +138,7 @@ def _trip(rng, conv):
         f"and the cheapest hotel there for {nights} nights."
     )
     checks = flight_booked(flight, total=2) + [hotel_booked(hotel, nights)]
-    return Draft(
-        instr, {"travel": state}, checks, {"origin": origin, "dest": dest, "date": iso, "nights": nights}
-    )
+    return Draft(instr, {"travel": state}, checks, {"origin": origin, "dest": dest, "date": iso, "nights": nights})
 
 
 def _o_tell_price(p, conv):
@@ -179,13 +175,9 @@ def _agenda(rng, conv):
     files, fh = files_state(rng, [folder], per_folder=(1, 2))
     file = rng.choice(sorted(fh))
     instr = f"Write the titles of my events on {say_date(iso)} into {file} in my {folder} folder."
-    checks = [
-        {"op": "contains", "path": ["files", "files", fh[file], "content"], "value": t} for t in sorted(ch)
-    ]
+    checks = [{"op": "contains", "path": ["files", "files", fh[file], "content"], "value": t} for t in sorted(ch)]
     checks.append(eq(["files", "files", fh[file], "locked"], False))
-    return Draft(
-        instr, {"calendar": cal, "files": files}, checks, {"date": iso, "folder": folder, "file": file}
-    )
+    return Draft(instr, {"calendar": cal, "files": files}, checks, {"date": iso, "folder": folder, "file": file})
 
 
 def _o_pay_and_note(p, conv):

@@ -24,9 +24,7 @@ def _buy(rng, conv):
     name = rng.choice(sorted(h))
     qty = rng.randint(1, 3)
     text = f"Order {qty} of the {name}." if qty > 1 else f"Buy one {name}."
-    return Draft(
-        text, {"shop": state}, shop_orders(conv, state, [[(h[name], qty)]]), {"name": name, "qty": qty}
-    )
+    return Draft(text, {"shop": state}, shop_orders(conv, state, [[(h[name], qty)]]), {"name": name, "qty": qty})
 
 
 def _o_cheapest(p, conv):
@@ -128,6 +126,4 @@ def _budget(rng, conv):
     qty = rng.randint(2, 4)
     budget = price * qty + rng.randint(0, price - 1)
     text = f"Buy as many of the {name} as {budget} can pay for."
-    return Draft(
-        text, {"shop": state}, shop_orders(conv, state, [[(h[name], qty)]]), {"name": name, "budget": budget}
-    )
+    return Draft(text, {"shop": state}, shop_orders(conv, state, [[(h[name], qty)]]), {"name": name, "budget": budget})

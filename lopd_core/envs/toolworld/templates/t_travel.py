@@ -22,11 +22,7 @@ def _city(code: str) -> str:
 
 
 def _route_flights(state, origin, dest, iso):
-    return {
-        k: f
-        for k, f in state["flights"].items()
-        if (f["origin"], f["dest"], f["date"]) == (origin, dest, iso)
-    }
+    return {k: f for k, f in state["flights"].items() if (f["origin"], f["dest"], f["date"]) == (origin, dest, iso)}
 
 
 def _o_book(p, conv):
@@ -82,6 +78,4 @@ def _price(rng, conv):
     price = min(f["price"] for f in _route_flights(state, origin, dest, iso).values())
     text = f"How much is the cheapest flight from {_city(origin)} to {_city(dest)} on {say_date(iso)}?"
     checks = [answer(price), count(["travel", "bookings"], 0)]
-    return Draft(
-        text, {"travel": state}, checks, {"origin": origin, "dest": dest, "date": iso}, answer=str(price)
-    )
+    return Draft(text, {"travel": state}, checks, {"origin": origin, "dest": dest, "date": iso}, answer=str(price))
