@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve")
+PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve", "lopd_cli")
 # The training path: what one LOPD step runs through, from the stream of tasks to the optimizer step.
 TRAINING_PATH = (
     "lopd_core/distill",
@@ -28,6 +28,9 @@ TRAINING_PATH = (
     "lopd_core/settings",
 )
 FILE_LIMIT, FUNCTION_LIMIT = 400, 60
+# Over the limit on purpose: the reference update is the one LOPD step read top to bottom in cleanrl's order,
+# the oracle the optimised update is tested against; cut into helpers it would no longer read in one place.
+OVER_ON_PURPOSE = {"lopd_core/distill/reference.py:reference_update"}
 
 
 def source_files() -> list[Path]:
@@ -70,13 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     for n, name in sorted(funcs, reverse=True)[: args.most]:
         print(f"  {n:5d}  {name}")
     over_files = [(n, r) for n, r in files if in_training_path(r) and n > FILE_LIMIT]
-    over_funcs = [(n, r) for n, r in funcs if in_training_path(r.split(":")[0]) and n > FUNCTION_LIMIT]
+    over_funcs = [
+        (n, r)
+        for n, r in funcs
+        if in_training_path(r.split(":")[0]) and n > FUNCTION_LIMIT and r not in OVER_ON_PURPOSE
+    ]
     print(
         f"\ntraining path: {len(over_files)} files over {FILE_LIMIT} lines, "
         f"{len(over_funcs)} functions over {FUNCTION_LIMIT} lines"
     )
     for n, r in over_files + over_funcs:
         print(f"  {n:5d}  {r}")
+    for n, r in funcs:
+        if r in OVER_ON_PURPOSE:
+            print(f"  {n:5d}  {r} (over on purpose: OVER_ON_PURPOSE says why)")
     return 1 if args.check and (over_files or over_funcs) else 0
 
 

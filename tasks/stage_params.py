@@ -32,6 +32,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lopd_core.distill.resume import RESUME_SETTINGS
+
 # Where things are (or run), not what is computed: a plugin's tools give the same results in a sandboxed child.
 PATH_FIELDS = frozenset(
     {
@@ -118,22 +120,9 @@ STAGES: dict[str, StageReads] = {
             *_ROLLOUT,
         ),
     ),
+    # What shapes a distillation's numbers is what its checkpoint must agree with to be resumed: one list.
     "distill": StageReads(
-        (
-            "seed",
-            *_POLICY,
-            "lopd",
-            "baselines",
-            "rollout",
-            "composer",
-            "envs",
-            "bank.top_j",
-            "bank.allow_self_retrieval",
-            "bank.same_world",
-            "bank.ef_search",
-            "bank.refresh_every",
-            "bank.min_reward",
-        ),
+        ("model.name_or_path", *RESUME_SETTINGS),
         {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",), "phi0": ("data/composer",), "traces": ()},
         cycle_params=("cycle.refresh_teacher",),
         # the bank's and the cold start's drivers: open_bank, and the re-exported names

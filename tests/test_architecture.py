@@ -114,3 +114,17 @@ def test_the_library_never_imports_the_orchestration():
         if name.split(".")[0] in heavy
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_training_path_keeps_its_files_and_functions_small():
+    """No file of the training path over 400 lines, no function over 60 (scripts/code_shape.py counts them and
+    names the one exception and why)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "code_shape.py"), "--check", "--most", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout

@@ -20,6 +20,7 @@ import torch
 from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.distill import sharded_checkpoint as SC
+from lopd_core.distill.resume import RESUME_FREE, RESUME_SETTINGS
 from lopd_core.errors import StateError
 from lopd_core.outputs import OutputPathError
 from lopd_core.outputs import _reason as output_reason
@@ -27,42 +28,6 @@ from lopd_core.outputs import _reason as output_reason
 if TYPE_CHECKING:
     from lopd_core.distill.trainer import Distiller
 
-# What a checkpoint must agree with to be resumed: the settings that shape a run's numbers (the distill stage's
-# reads in tasks/stage_params.py, less where things are). Free to change on a resume: lopd.steps (a longer run
-# continues a shorter one; a checkpoint past it is refused apart), where outputs go, how often checkpoints are
-# written, the memory schedule of a chunk (the same gradients either way) and resume_mismatch itself; where a
-# plugin's tools run and how long a step may take (the same episodes either way).
-RESUME_SETTINGS = (
-    "seed",
-    "model.dtype",
-    "lopd",
-    "baselines",
-    "rollout",
-    "composer",
-    "envs",
-    "bank.top_j",
-    "bank.allow_self_retrieval",
-    "bank.same_world",
-    "bank.ef_search",
-    "bank.refresh_every",
-    "bank.min_reward",
-)
-RESUME_FREE = frozenset(
-    {
-        "lopd.steps",
-        "lopd.out_dir",
-        "lopd.csv",
-        "lopd.checkpoint_every",
-        "lopd.resume_mismatch",
-        "lopd.max_skipped_share",
-        "lopd.low_memory",
-        "lopd.teacher_micro_batch",
-        "lopd.share_prompt",
-        "lopd.sharding",
-        "envs.isolate_tools",
-        "envs.step_timeout_s",
-    }
-)
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
 NOT_RECORDED = "(not recorded)"

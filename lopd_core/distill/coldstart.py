@@ -87,19 +87,7 @@ def train_coldstart(
             f"least the number of processes ({D.world_size()})"
         )
     log = log if D.is_main() else (lambda *_a, **_k: None)
-    freeze(base)
-    reader = _Reader(
-        base,
-        tokenizer,
-        Framing.from_tokenizer(tokenizer),
-        ExperienceEncoder(TeacherView(base), tokenizer, max_tokens=max_experience_tokens),
-        mean_embedding_norm(base),
-    )
-    if sharding == "fsdp2":
-        SH.setup()
-        shards = SH.Sharding([], SH.shard_lm(base))  # frozen: read like a teacher, never stepped
-    else:
-        shards = SH.Sharding([])
+    reader, shards = _frozen_reader(base, tokenizer, max_experience_tokens, sharding)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(composer.parameters(), lr=lr, weight_decay=0.0)
@@ -112,23 +100,46 @@ def train_coldstart(
         with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
             row, applied = _coldstart_step(reader, composer, opt, batch[mine.start : mine.stop], retriever, kl_weight)
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
-        run.rows.append(row)
-        if not applied:
-            run.skipped_updates += 1
-            log(
-                f"coldstart: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
-                f"{row['grad_norm']}), update skipped ({run.skipped_updates} so far)"
-            )
-        if step % 10 == 0 or step == steps or step == 1:
-            log(
-                f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
-                f"latent/embedding norm {row['latent_norm_ratio']:.2f}"
-            )
+        _record(run, row, applied, steps, log)
     if run.skipped_updates:
         log(f"coldstart: {run.skipped_updates} of {steps} updates skipped as non-finite")
     if csv_path is not None and D.is_main():
         _write_csv(Path(csv_path), run.rows)
     return run
+
+
+def _frozen_reader(base, tokenizer, max_experience_tokens: int, sharding: str):
+    """The frozen base as the cold start reads it, and its shards under `sharding: fsdp2` (frozen: read like a
+    teacher, never stepped)."""
+    freeze(base)
+    reader = _Reader(
+        base,
+        tokenizer,
+        Framing.from_tokenizer(tokenizer),
+        ExperienceEncoder(TeacherView(base), tokenizer, max_tokens=max_experience_tokens),
+        mean_embedding_norm(base),
+    )
+    if sharding != "fsdp2":
+        return reader, SH.Sharding([])
+    SH.setup()
+    return reader, SH.Sharding([], SH.shard_lm(base))
+
+
+def _record(run: ColdstartRun, row: dict, applied: bool, steps: int, log) -> None:
+    """Keep a step's row; count and say a skipped (non-finite) update; print progress every ten steps."""
+    run.rows.append(row)
+    step = row["step"]
+    if not applied:
+        run.skipped_updates += 1
+        log(
+            f"coldstart: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
+            f"{row['grad_norm']}), update skipped ({run.skipped_updates} so far)"
+        )
+    if step % 10 == 0 or step == steps or step == 1:
+        log(
+            f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
+            f"latent/embedding norm {row['latent_norm_ratio']:.2f}"
+        )
 
 
 @dataclass

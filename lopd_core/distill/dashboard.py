@@ -129,7 +129,15 @@ def step_result(
     }
     if not d.teacher_pass:
         values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
-    diag = {
+    diag = _diagnostics(d, sums, composer, per_traj_gap, successes, rollout_s)
+    # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
+    # (probes/margin_probe.py reads it to price margins and advantages).
+    return S.StepResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
+
+
+def _diagnostics(d: Distiller, sums: S.StepSums, composer: ComposerStep, per_traj_gap, successes, rollout_s: float):
+    """The diagnostics row (DIAGNOSTIC_COLUMNS): margins by outcome, norms, skips, cache hits, phase times."""
+    return {
         "step": d.state.step,
         "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
         "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
@@ -144,6 +152,3 @@ def step_result(
         "refresh_student": math.nan,
         "refresh_teacher": math.nan,  # filled on a step that ran the check
     }
-    # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
-    # (probes/margin_probe.py reads it to price margins and advantages).
-    return S.StepResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)

@@ -89,22 +89,8 @@ def score_actions_shared(
 
     body = model.model
     keyword = cache_keyword(body)
-    prompt_emb, prompt_mask = _pad(prompts, max(p.shape[0] for p in prompts))  # (G, P, D), (G, P)
-    width = prompt_emb.shape[1]
-    cache = DynamicCache()
-    body(
-        inputs_embeds=prompt_emb,
-        attention_mask=prompt_mask,
-        position_ids=torch.arange(width, device=device).expand(len(prompts), -1),
-        use_cache=True,
-        **{keyword: cache},
-    )
     index = torch.tensor(row_group, dtype=torch.long, device=device)
-    shared = DynamicCache(
-        ddp_cache_data=[
-            (layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers
-        ]
-    )  # (B, H_kv, P, d) per layer, graph kept
+    shared, prompt_mask = _prompt_cache(body, keyword, prompts, index)
     cont_emb, cont_mask = _pad(conts, max(c.shape[0] for c in conts))  # (B, C, D), (B, C)
     start = torch.tensor(starts, dtype=torch.long, device=device)
     positions = start[:, None] + torch.arange(cont_emb.shape[1], device=device)  # each row's true positions
@@ -119,3 +105,23 @@ def score_actions_shared(
     cols_t = torch.tensor(cols_i, dtype=torch.long, device=device)
     logits = head_logits(model, hidden[rows_t, cols_t])  # (N, V), float32 head on a bf16 model
     return ActionScores(logits, torch.tensor(acts, dtype=torch.long, device=device), rows_t, len(prompts))
+
+
+def _prompt_cache(body, keyword: str, prompts: list[Tensor], index: Tensor) -> tuple[DynamicCache, Tensor]:
+    """Run each distinct prompt once and give every row its prompt's KV cache (graph kept) and padding mask."""
+    device = index.device
+    prompt_emb, prompt_mask = _pad(prompts, max(p.shape[0] for p in prompts))  # (G, P, D), (G, P)
+    cache = DynamicCache()
+    body(
+        inputs_embeds=prompt_emb,
+        attention_mask=prompt_mask,
+        position_ids=torch.arange(prompt_emb.shape[1], device=device).expand(len(prompts), -1),
+        use_cache=True,
+        **{keyword: cache},
+    )
+    shared = DynamicCache(
+        ddp_cache_data=[
+            (layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers
+        ]
+    )  # (B, H_kv, P, d) per layer, graph kept
+    return shared, prompt_mask

@@ -67,6 +67,13 @@ def rollout(
         from lopd_core.rollout.served import served_rollout  # lazy: the in-process path needs no HTTP client
 
         return served_rollout(model, codec, requests, sampling=sampling, seed=seed, seeds=seeds, progress=progress)
+    return _play_local(
+        model, codec, requests, sampling, batch_size, seed, seeds, progress, context_embedder, keep_cache
+    )
+
+
+def _play_local(model, codec, requests, sampling, batch_size, seed, seeds, progress, context_embedder, keep_cache):
+    """`rollout` in this process: batches of `batch_size` played to the end, the model left in its mode."""
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
