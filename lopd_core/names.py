@@ -4,13 +4,13 @@ Why a module of its own: `lopd_core.config` validates these names at load time, 
 importing the trainer or the benchmark loaders to learn a list of strings would make every command that reads
 params.yaml load most of the library, and would let the lower layers (model/, envs/) reach the trainer through
 the configuration. The method names are not here: lopd/methods.py imports nothing, so the config reads its
-table directly. The benchmark modules (benchmarks/bfcl/data.py, benchmarks/acebench/data.py) load data files, so
-their names are copied here and tests/pipeline/test_config.py checks that the copies equal theirs.
+table directly. The benchmarks' category names are defined here and the benchmark modules
+(bench/bfcl/data.py, bench/acebench/data.py), which load data files, import them: one list each.
 
 Imports nothing.
 """
 
-# lopd_core/bench/bfcl/data.py: CATEGORIES (single-turn, then multi-turn)
+# BFCL's categories (lopd_core/bench/bfcl/data.py reads them): single-turn, then multi-turn
 BFCL_CATEGORIES = (
     "simple",
     "multiple",
@@ -29,7 +29,7 @@ BFCL_CATEGORIES = (
     "multi_turn_long_context",
 )
 
-# lopd_core/bench/acebench/data.py: GROUPS and CATEGORIES (the agent group is not supported)
+# ACEBench's groups and categories (lopd_core/bench/acebench/data.py reads them; the agent group is not supported)
 ACEBENCH_GROUPS = {
     "normal": (
         "normal_single_turn_single_function",

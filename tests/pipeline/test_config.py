@@ -271,14 +271,16 @@ def test_config_is_a_leaf_of_the_library():
     }
 
 
-def test_names_equal_the_lists_their_modules_define():
-    """lopd_core/names.py copies these lists so the config can stay a leaf; the copies must not drift."""
+def test_the_benchmarks_read_the_names_the_configuration_checks():
+    """One list of each benchmark's categories (lopd_core/names.py): BFCL's single-turn ones come first, then the
+    multi-turn ones, as the runner expects, and ACEBench's categories are its groups'."""
     from lopd_core import names
     from lopd_core.bench.acebench import data as ace
     from lopd_core.bench.bfcl import data as bfcl
 
-    assert names.BFCL_CATEGORIES == bfcl.CATEGORIES
-    assert names.ACEBENCH_GROUPS == ace.GROUPS and names.ACEBENCH_CATEGORIES == ace.CATEGORIES
+    assert bfcl.SINGLE_TURN_CATEGORIES + bfcl.MULTI_TURN_CATEGORIES == names.BFCL_CATEGORIES
+    assert bfcl.MULTI_TURN_CATEGORIES and all(c.startswith("multi_turn_") for c in bfcl.MULTI_TURN_CATEGORIES)
+    assert ace.CATEGORIES == ace.GROUPS["normal"] + ace.GROUPS["special"] == names.ACEBENCH_CATEGORIES
 
 
 def test_bank_retrieval_settings_travel_as_one_value():

@@ -20,25 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lopd_core.bench.results import read_jsonl
+from lopd_core.names import ACEBENCH_GROUPS
 
-NORMAL = (
-    "normal_single_turn_single_function",
-    "normal_single_turn_parallel_function",
-    "normal_multi_turn_user_adjust",
-    "normal_multi_turn_user_switch",
-    "normal_similar_api",
-    "normal_preference",
-    "normal_atom_bool",
-    "normal_atom_enum",
-    "normal_atom_number",
-    "normal_atom_list",
-    "normal_atom_object_deep",
-    "normal_atom_object_short",
-)
-SPECIAL = ("special_incomplete", "special_error_param", "special_irrelevant")
+# The names are the configuration's (lopd_core/names.py, a leaf bench.acebench_categories is checked against).
+NORMAL, SPECIAL = ACEBENCH_GROUPS["normal"], ACEBENCH_GROUPS["special"]
 AGENT = ("agent_multi_turn", "agent_multi_step")
 CATEGORIES = NORMAL + SPECIAL
-GROUPS = {"normal": NORMAL, "special": SPECIAL}
+GROUPS = ACEBENCH_GROUPS
 LANGUAGES = ("en", "zh")
 
 

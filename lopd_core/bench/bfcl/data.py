@@ -17,22 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lopd_core.bench import results
+from lopd_core.names import BFCL_CATEGORIES
 
-SINGLE_TURN_CATEGORIES = (
-    "simple",
-    "multiple",
-    "parallel",
-    "parallel_multiple",
-    "irrelevance",
-    "live_simple",
-    "live_multiple",
-    "live_parallel",
-    "live_parallel_multiple",
-    "live_irrelevance",
-    "live_relevance",
-)
-MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
-CATEGORIES = SINGLE_TURN_CATEGORIES + MULTI_TURN_CATEGORIES
+# The names are the configuration's (lopd_core/names.py, a leaf bench.bfcl_categories is checked against).
+CATEGORIES = BFCL_CATEGORIES  # single-turn, then multi-turn
+SINGLE_TURN_CATEGORIES = tuple(c for c in CATEGORIES if not c.startswith("multi_turn_"))
+MULTI_TURN_CATEGORIES = tuple(c for c in CATEGORIES if c.startswith("multi_turn_"))
 # Categories whose answer is "no call" / "some call" rather than a specific call.
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
 # v4 renamed `simple` to `simple_python` (next to simple_java / simple_javascript, which we do not score).
