@@ -285,7 +285,7 @@ from lopd_core.model.demos import build_demos
 from lopd_core.model.loading import tiny_qwen3
 from lopd_core.model.tokenizer import train_tokenizer
 from tests.pipeline.test_faults import _successes
-from tests.lopd.test_trainer import _params
+from tests.distill.test_trainer import _params
 
 out = Path(sys.argv[2])
 demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
