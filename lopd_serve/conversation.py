@@ -133,8 +133,48 @@ def followup_ids(chat, role: str, text: str) -> list[int]:
     return chat.encode(f"\n{IM_START}user\n{text}{IM_END}\n{IM_START}assistant\n")
 
 
+def control_tokens(tokenizer) -> list[str]:
+    """The strings the tokenizer reads as one added token each (its special and added tokens): chat framing,
+    the experience block's markers, the call syntax."""
+    return sorted(t for t in tokenizer.get_added_vocab() if t)
+
+
+def refuse_control_tokens(chat, parsed: Parsed, start: int = 0) -> None:
+    """Refuse client text that would be rendered with a control token in it: the tokenizer reads such a string as
+    the token itself, so a user could close its own turn and forge a system, assistant or experience block in
+    the ids the trace records. OpenAI treats it as text; the chat layer cannot (it renders text through the
+    tokenizer), so it is a 400 rather than a silent rewrite. An assistant message may hold the call syntax: it is
+    the model's own action vocabulary (a reply the server returned as content is sent back as such)."""
+    tokens = control_tokens(chat.tokenizer)
+    if not tokens:
+        return
+    allowed_in_reply = {TOOL_CALL, TOOL_CALL_END}
+    pieces: list[tuple[str, str, set]] = []
+    if start == 0:
+        pieces += [("system message", parsed.system, set()), ("first user message", parsed.user, set())]
+        pieces.append(("tools", json.dumps(parsed.tools), set()))
+    for n, (role, text, call) in enumerate(parsed.rest[start:], start=start):
+        where = f"{role} message #{n + 1} after the first user message"
+        if call:
+            pieces.append((where + " tool call", json.dumps({"name": call[0], "arguments": call[1]}), set()))
+        else:
+            pieces.append((where, text, allowed_in_reply if role == "assistant" else set()))
+    for where, text, allowed in pieces:
+        found = next((t for t in tokens if t not in allowed and t in text), None)
+        if found is not None:
+            raise ApiError(
+                400,
+                f"{where} contains {found!r}, a control token of the model's chat format (it would be read as "
+                "framing, not text): remove or escape it",
+                "control_token_in_content",
+                param="messages",
+            )
+
+
 def render(chat, parsed: Parsed, start: int = 0) -> TrajectoryIds:
-    """Forced ids of the whole conversation (start == 0), or of its messages from `rest[start]` on."""
+    """Forced ids of the whole conversation (start == 0), or of its messages from `rest[start]` on; client text
+    holding a control token is refused first (`refuse_control_tokens`)."""
+    refuse_control_tokens(chat, parsed, start)
     ids = TrajectoryIds()
     if start == 0:
         tools = [t["function"] for t in parsed.tools] or None

@@ -35,15 +35,37 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+SEARCH_DEPTH = 3  # an MLflow artifact nests its files two or three folders down (model/, components/tokenizer/)
+SEARCH_FOLDERS = 2000  # folders looked at before giving up: a reload must not walk a whole disk
+
+
 def _folder_with(root: Path, filename: str) -> Path:
-    """The folder under `root` holding `filename` (an MLflow transformers artifact keeps the weights in
-    `model/` and the tokenizer in `components/tokenizer/`; a plain export keeps both at its top)."""
-    if (root / filename).exists():
+    """The one folder under `root` (itself, or at most SEARCH_DEPTH levels down) holding `filename` (an MLflow
+    transformers artifact keeps the weights in `model/` and the tokenizer in `components/tokenizer/`; a plain
+    export keeps both at its top). Two candidates is an error, not a choice: a folder of several checkpoints
+    is not a model folder, and serving one of them would record the wrong version in every trace."""
+    if (root / filename).is_file():
         return root
-    found = sorted(root.rglob(filename))
+    found, level, seen = [], [root], 0
+    for _ in range(SEARCH_DEPTH):
+        below = []
+        for folder in level:
+            try:
+                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            seen += len(children)
+            if seen > SEARCH_FOLDERS:
+                raise FileNotFoundError(f"{root}: not a model folder (no {filename} near its top)")
+            found += [c for c in children if (c / filename).is_file()]
+            below += children
+        level = below
     if not found:
         raise FileNotFoundError(f"no {filename} under {root}: not a Hugging Face checkpoint")
-    return found[0].parent
+    if len(found) > 1:
+        shown = ", ".join(str(f.relative_to(root)) for f in found[:3])
+        raise ValueError(f"{root} holds more than one checkpoint ({shown}, ...): name the checkpoint's own folder")
+    return found[0]
 
 
 def load_checkpoint(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class ApiError(Exception):
@@ -101,7 +101,8 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str = ""
-    prompt: str | list[int] | list[list[int]] = Field(min_length=1)
+    # strict ids: `true` is not token 1 (a client's wrong type must not become a token the model reads)
+    prompt: str | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -122,8 +123,10 @@ class CompletionRequest(BaseModel):
 class Feedback(BaseModel):
     model_config = ConfigDict(extra="forbid")
     session: str = Field(min_length=1, max_length=256)
-    reward: float  # checked by hand: out of [0, 1] is a 422 of its own
-    success: bool
+    # strict: a label lands in training data, so `true` or "1" is refused rather than read as 1.0 (an int is a
+    # number and passes); out of [0, 1], NaN included, is a 422 checked by hand
+    reward: float = Field(strict=True)
+    success: StrictBool
     checks: list[Any] | dict[str, Any] | None = None
     trajectory_id: str | None = None  # default: the session's latest trajectory
 
