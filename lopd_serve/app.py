@@ -29,9 +29,10 @@ from lopd_serve.completions import add_completions
 from lopd_serve.config import ServeConfig
 from lopd_serve.models import ModelHolder
 from lopd_serve.protocol import ApiError, Feedback, Reload, error_response
-from lopd_serve.sessions import SessionTable
+from lopd_serve.sessions import Recorded, SessionTable
 
 log = logging.getLogger("lopd.serve")
+RECORDED_PER_SESSION = 64  # feedback targets kept per session slot (serve.max_sessions): the oldest go first
 
 
 class BodyLimit:
@@ -80,10 +81,11 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     batcher = Batcher(window_s=cfg.batch_window_ms / 1000, max_batch=cfg.max_batch, seed=cfg.seed)
     sessions = SessionTable(cfg.max_sessions, idle_s=900.0)
     key = cfg.api_key()
-    recorded: dict[str, str] = {}  # trajectory id -> session, of what this process wrote (feedback targets)
+    recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest kept
 
     app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder))
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
+    app.state.recorded = recorded
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
 
     _add_error_handlers(app)
@@ -179,7 +181,7 @@ def _add_error_handlers(app) -> None:
         return error_response(500, f"internal error: {type(exc).__name__}", "internal_error", kind="server_error")
 
 
-def _add_feedback(app, *, sessions, store, recorded: dict, authorized, room) -> None:
+def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room) -> None:
     @app.post("/v1/feedback", dependencies=[Depends(authorized)])
     async def feedback(fb: Feedback):
         if not math.isfinite(fb.reward) or not 0.0 <= fb.reward <= 1.0:
@@ -203,7 +205,8 @@ def _add_feedback(app, *, sessions, store, recorded: dict, authorized, room) -> 
         if recorded.get(trajectory_id) != fb.session:  # a label must land on a conversation of that session
             raise ApiError(
                 404,
-                f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} served by this process",
+                f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} served by this process "
+                f"(among its latest {recorded.cap})",
                 "unknown_trajectory",
                 param="trajectory_id",
             )

@@ -80,7 +80,7 @@ def _max_tokens(req: ChatRequest, cfg) -> int:
     return max_tokens
 
 
-def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded: dict, authorized, room) -> None:
+def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized, room) -> None:
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(req: ChatRequest, request: Request):
         max_tokens = _max_tokens(req, cfg)
@@ -131,7 +131,7 @@ async def _generate(turn: Turn, batcher, on_token=None):
     )
 
 
-async def _record(turn: Turn, out, store, recorded: dict) -> dict:
+async def _record(turn: Turn, out, store, recorded) -> dict:
     """The sampled turn as an OpenAI message, appended to the trace store (on disk before the client hears of
     it), the session advanced; returns the response body."""
     req, plan, loaded, session = turn.req, turn.plan, turn.loaded, turn.session
@@ -170,7 +170,7 @@ async def _record(turn: Turn, out, store, recorded: dict) -> dict:
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
     await asyncio.to_thread(store.append, record)
-    recorded[plan.trajectory_id] = session.id
+    recorded.add(plan.trajectory_id, session.id)
     session.advance(
         plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
     )
@@ -207,7 +207,7 @@ def _chunk(head: dict, delta: dict, finish=None, logprobs=None) -> str:
     return f"data: {json.dumps(event)}\n\n"
 
 
-async def _stream(turn: Turn, batcher, store, recorded: dict):
+async def _stream(turn: Turn, batcher, store, recorded):
     """Server-sent events of one turn: the role, each token's text as it is sampled (unless held, see the
     module's docstring), then the closing events once the turn is recorded, then [DONE]."""
     req, loaded = turn.req, turn.loaded

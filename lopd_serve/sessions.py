@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from lopd_core.model.chat import TrajectoryIds
@@ -123,3 +124,27 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
         list(segment.token_ids),
         len(parsed.rest) + 2,
     )
+
+
+class Recorded:
+    """Which session each trajectory this process wrote belongs to (what feedback may label), the latest `cap`.
+
+    Why bounded: every answered request adds a trajectory (a request without a session adds one each), so an
+    unbounded map grows with the server's whole traffic; the oldest entries go first, and feedback naming one of
+    them is a 404 like any trajectory this process does not know."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self._owner: OrderedDict[str, str] = OrderedDict()
+
+    def add(self, trajectory_id: str, session_id: str) -> None:
+        self._owner[trajectory_id] = session_id
+        self._owner.move_to_end(trajectory_id)
+        while len(self._owner) > self.cap:
+            self._owner.popitem(last=False)
+
+    def get(self, trajectory_id: str) -> str | None:
+        return self._owner.get(trajectory_id)
+
+    def __len__(self) -> int:
+        return len(self._owner)

@@ -98,3 +98,20 @@ def test_reload_of_a_folder_of_checkpoints_is_refused(live, tiny_checkpoints, tm
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
     assert _post(live, body).json()["lopd"]["model_version"] == ok.json()["model_version"]
     assert json.loads(read_traces(live.app.state.store.dir)["messages"][0])[-1]["role"] == "assistant"
+
+
+def test_feedback_targets_are_bounded(tiny_checkpoints, tmp_path):
+    """Requests without a session each add a trajectory: what feedback may label is kept for the latest ones
+    only, so the server's memory does not grow with its whole traffic."""
+    from lopd_serve.app import RECORDED_PER_SESSION
+    from tests.serve.conftest import make_server
+
+    with make_server(tiny_checkpoints[0], tmp_path / "t", max_sessions=1) as live:
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        answered = [_post(live, body).json()["lopd"] for _ in range(RECORDED_PER_SESSION + 6)]
+        assert len(live.app.state.recorded) == RECORDED_PER_SESSION
+        oldest, latest = answered[0], answered[-1]
+        for ids, status in ((oldest, 404), (latest, 200)):
+            label = {"session": ids["session"], "trajectory_id": ids["trajectory_id"], "reward": 0.0, "success": False}
+            assert _post(live, label, "/feedback").status_code == status
+    assert len(read_traces(tmp_path / "t")) == RECORDED_PER_SESSION + 6  # every trace is kept on disk
