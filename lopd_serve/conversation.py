@@ -33,8 +33,8 @@ def call_text(name: str, arguments: dict) -> str:
 def _arguments(raw: str, where: str) -> dict:
     try:
         value = json.loads(raw)
-    except ValueError:
-        raise ApiError(400, f"{where}: arguments are not JSON", "invalid_tool_call") from None
+    except (ValueError, RecursionError):  # a string nested past the parser's limit is bad input, not a crash
+        raise ApiError(400, f"{where}: arguments are not JSON (or nested too deep)", "invalid_tool_call") from None
     if not isinstance(value, dict):
         raise ApiError(400, f"{where}: arguments must be a JSON object", "invalid_tool_call")
     return value

@@ -7,10 +7,11 @@ non-text `response_format`) is refused with a 400 naming it. Errors are OpenAI's
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 
 class ApiError(Exception):
@@ -28,6 +29,28 @@ def error_response(
     status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status_code=status)
+
+
+MAX_JSON_DEPTH = 32  # nesting of free-form JSON a request hands to the store (tool schemas, feedback checks)
+
+
+def storable_json(value: Any) -> Any:
+    """Free-form JSON that goes into a trace record as it came: refused (a 400) when the store could not hold
+    it or read it back. NaN and infinities parse from a request body but cannot be written as JSON (the record's
+    write would fail after the turn was sampled: a 500); a nesting near the parser's recursion limit could be
+    written and then break every later read of the store."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{item} is not a JSON number")
+        if isinstance(item, dict):
+            stack += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+    return value
 
 
 class FunctionCall(BaseModel):
@@ -64,6 +87,8 @@ class FunctionDef(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    _storable = field_validator("parameters")(storable_json)
 
 
 class Tool(BaseModel):
@@ -129,6 +154,8 @@ class Feedback(BaseModel):
     success: StrictBool
     checks: list[Any] | dict[str, Any] | None = None
     trajectory_id: str | None = None  # default: the session's latest trajectory
+
+    _storable = field_validator("checks")(storable_json)
 
 
 class Reload(BaseModel):

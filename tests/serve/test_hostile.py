@@ -115,3 +115,28 @@ def test_feedback_targets_are_bounded(tiny_checkpoints, tmp_path):
             label = {"session": ids["session"], "trajectory_id": ids["trajectory_id"], "reward": 0.0, "success": False}
             assert _post(live, label, "/feedback").status_code == status
     assert len(read_traces(tmp_path / "t")) == RECORDED_PER_SESSION + 6  # every trace is kept on disk
+
+
+def test_unstorable_json_is_a_400_not_a_500(live):
+    """NaN in feedback checks or a tool schema parses from the body but cannot be written to the store (the
+    record's write failed after sampling: a 500); tool-call arguments nested past the parser's limit crashed the
+    handler. Each is now refused before any work, and the server goes on."""
+    headers = {"content-type": "application/json"}
+    chat = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "user": "j"'
+    assert httpx.post(live.url + "/chat/completions", content=chat + b"}", headers=headers).status_code == 200
+    checks = b'{"session": "j", "reward": 0.5, "success": false, "checks": {"a": NaN}}'
+    assert _code(httpx.post(live.url + "/feedback", content=checks, headers=headers), 400) == "invalid_request"
+    schema = b', "tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": Infinity}}}]}'
+    response = httpx.post(live.url + "/chat/completions", content=chat + schema, headers=headers)
+    assert _code(response, 400) == "invalid_request"
+    deep = '{"a":' * 5000 + "1" + "}" * 5000
+    call = {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": deep}}
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "ok"},
+    ]
+    assert _code(_post(live, {"messages": messages, "tools": TOOLS, "max_tokens": 2}), 400) == "invalid_tool_call"
+    assert (
+        len(read_traces(live.app.state.store.dir)) == 1 and not read_traces(live.app.state.store.dir)["labeled"].any()
+    )
