@@ -16,8 +16,10 @@ assistant message (the chat layer's limit: lopd_core/model/chat/template.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from lopd_core.envs.toolworld.tools import parse_action
@@ -139,12 +141,19 @@ def control_tokens(tokenizer) -> list[str]:
     return sorted(t for t in tokenizer.get_added_vocab() if t)
 
 
-def refuse_control_tokens(chat, parsed: Parsed, start: int = 0) -> None:
+def reply_digest(key: str) -> str:
+    """A reply's key, short: what a session keeps of the replies it was given (`refuse_control_tokens`)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def refuse_control_tokens(chat, parsed: Parsed, start: int = 0, sampled: Collection[str] = ()) -> None:
     """Refuse client text that would be rendered with a control token in it: the tokenizer reads such a string as
     the token itself, so a user could close its own turn and forge a system, assistant or experience block in
     the ids the trace records. OpenAI treats it as text; the chat layer cannot (it renders text through the
     tokenizer), so it is a 400 rather than a silent rewrite. An assistant message may hold the call syntax: it is
-    the model's own action vocabulary (a reply the server returned as content is sent back as such)."""
+    the model's own action vocabulary (a reply the server returned as content is sent back as such); and a reply
+    this session was given (its key's digest in `sampled`) may hold any: the model sampled those tokens itself, and a
+    conversation re-rendered after a hot swap or an edit replays it."""
     tokens = control_tokens(chat.tokenizer)
     if not tokens:
         return
@@ -157,6 +166,8 @@ def refuse_control_tokens(chat, parsed: Parsed, start: int = 0) -> None:
         where = f"{role} message #{n + 1} after the first user message"
         if call:
             pieces.append((where + " tool call", json.dumps({"name": call[0], "arguments": call[1]}), set()))
+        elif role == "assistant" and reply_digest(parsed.keys[n + 2]) in sampled:
+            continue
         else:
             pieces.append((where, text, allowed_in_reply if role == "assistant" else set()))
     for where, text, allowed in pieces:
@@ -171,10 +182,10 @@ def refuse_control_tokens(chat, parsed: Parsed, start: int = 0) -> None:
             )
 
 
-def render(chat, parsed: Parsed, start: int = 0) -> TrajectoryIds:
+def render(chat, parsed: Parsed, start: int = 0, sampled: Collection[str] = ()) -> TrajectoryIds:
     """Forced ids of the whole conversation (start == 0), or of its messages from `rest[start]` on; client text
-    holding a control token is refused first (`refuse_control_tokens`)."""
-    refuse_control_tokens(chat, parsed, start)
+    holding a control token is refused first (`refuse_control_tokens`; `sampled`: digests of the session's replies)."""
+    refuse_control_tokens(chat, parsed, start, sampled)
     ids = TrajectoryIds()
     if start == 0:
         tools = [t["function"] for t in parsed.tools] or None

@@ -16,8 +16,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from lopd_core.model.chat import TrajectoryIds
-from lopd_serve.conversation import Parsed, render
+from lopd_serve.conversation import Parsed, render, reply_digest
 from lopd_serve.protocol import ApiError
+
+REPLIES_KEPT = 64  # replies a session remembers as its own when a branch renders them again
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Session:
     version: str = ""
     tools_key: str = ""
     keys: list[str] = field(default_factory=list)  # the trajectory's messages, the replies it sampled included
+    replies: tuple[str, ...] = ()  # digests of the latest replies this session was given (the model's own text)
     ids: TrajectoryIds = field(default_factory=TrajectoryIds)
     num_turns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -41,6 +44,7 @@ class Session:
         self.ids.action_mask += segment.action_mask
         self.ids.sample_logprobs += segment.sample_logprobs
         self.keys = keys
+        self.replies = (*self.replies, reply_digest(keys[-1]))[-REPLIES_KEPT:]
         self.num_turns += 1
 
 
@@ -114,7 +118,7 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
         first_diff = next((i for i, (a, b) in enumerate(zip(known, parsed.keys)) if a != b), None)
         differs_at_reply = first_diff is not None and parsed.keys[first_diff].startswith('["assistant"')
         origin = "assistant_differs" if differs_at_reply else "context_differs"
-    segment = render(chat, parsed)
+    segment = render(chat, parsed, sampled=session.replies)
     return Plan(
         "traj-" + uuid.uuid4().hex,
         0,
