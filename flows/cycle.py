@@ -19,8 +19,6 @@ MLflow: one parent run per cycle, a child run per stage (flows/stage_flows.py).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from prefect import flow
 from flows import stage_flows as S
 from lopd_core.config import Params, load_params
 from lopd_core.envs.mix import resolve_mix
+from lopd_core.jsonio import read_json, write_json
 from lopd_core.locks import folder_lock
 from lopd_core.methods import resolve_method
 from tasks.caching import content_hash
@@ -48,17 +47,6 @@ class Champion:
     generation: int = 0
     cycle: int = 0  # the cycle that promoted it
     version: str | None = None  # its lopd-student version in the registry
-
-
-def _read(path: Path, default):
-    return json.loads(path.read_text()) if path.exists() else default
-
-
-def _write(path: Path, value) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def gate_score(params: Params, results: dict | None) -> float:
@@ -108,17 +96,17 @@ def _run_cycles(params: Params, cycles: int, tracker: Tracker | NullTracker) -> 
     root = Path(params.cycle.dir)
     tracker.close_abandoned_runs()
     base = S.base_flow(params)
-    state = _read(root / "champion.json", None)
+    state = read_json(root / "champion.json", None)
     champion = Champion(**state) if state else Champion(model=base)
-    history = _read(root / "history.json", [])
+    history = read_json(root / "history.json", [])
     records = []
     for _ in range(cycles):
         record = run_one_cycle(params, tracker, champion, base, number=len(history) + 1, history=history)
         history.append(record)
-        _write(root / "history.json", history)
+        write_json(root / "history.json", history, default=str)
         if record["promoted"]:
             champion = Champion(**record["new_champion"])
-            _write(root / "champion.json", asdict(champion))
+            write_json(root / "champion.json", asdict(champion), default=str)
         records.append(record)
     return records
 
@@ -322,7 +310,7 @@ def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
 
 def summarize(record: dict, params: Params) -> list[str]:
     """The few lines `lopd cycle` ends with."""
-    ev = {k: S.read_json(v) for k, v in record["eval"].items()}
+    ev = {k: read_json(v) for k, v in record["eval"].items()}
     g = params.cycle
 
     def cell(results, env, split, mode):

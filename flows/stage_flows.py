@@ -291,7 +291,3 @@ def report_flow(
         if parent_run:
             tracker.log_artifact(parent_run, out_dir, "report")
     return path
-
-
-def read_json(path: str | Path | None) -> dict | None:
-    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None

@@ -36,7 +36,9 @@ class OutputPathError(StateError):
     """An output path that must not be written as it is; the message names it and what to do."""
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError | None) -> str:
+    if exc is None:
+        return "unknown cause"
     if exc.errno == errno.ENOSPC:
         return "no space left on the device"
     if exc.errno in (errno.EROFS,):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, is_dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lopd_core.jsonio import write_json
 from tasks.stage_params import STAGES
 
 DONE = "_stage.json"  # written last by a stage: its summary, and the proof that its outputs are complete
@@ -112,10 +112,7 @@ def is_complete(work: str | Path) -> bool:
 
 def mark_complete(work: str | Path, summary: dict) -> dict:
     """Write the stage's summary last (atomically): its presence means the outputs beside it are whole."""
-    path = Path(work) / DONE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    os.replace(tmp, path)
+    write_json(Path(work) / DONE, summary, default=str)
     return summary
 
 

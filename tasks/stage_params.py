@@ -66,6 +66,7 @@ UNSHAPING_CODE = frozenset(
         "lopd_core/errors.py",
         "lopd_core/offline.py",
         "lopd_core/outputs.py",
+        "lopd_core/jsonio.py",
         "lopd_core/locks.py",
         "lopd_core/drivers/__init__.py",
     }

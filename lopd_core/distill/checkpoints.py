@@ -22,7 +22,7 @@ from lopd_core.config import Params
 from lopd_core.distill import sharded_checkpoint as SC
 from lopd_core.distill.resume import RESUME_FREE, RESUME_SETTINGS
 from lopd_core.errors import StateError
-from lopd_core.outputs import OutputPathError
+from lopd_core.outputs import OutputPathError, atomic_write
 from lopd_core.outputs import _reason as output_reason
 
 if TYPE_CHECKING:
@@ -157,17 +157,13 @@ def save_checkpoint(d: Distiller, path: Path) -> Path:
     if not D.is_main():
         D.barrier()
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = checkpoint_payload(d, theta_dir)
-    tmp = path.with_suffix(".tmp")
     try:  # into a file object: a full disk is then an OSError naming its cause, not torch's "unexpected pos"
-        with open(tmp, "wb") as f:
+        with atomic_write(path) as f:  # a crash mid-write leaves the previous checkpoint intact
             torch.save(payload, f)
-        tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)  # what was half-written goes; the previous checkpoint stays
+    except OutputPathError as exc:
         raise OutputPathError(
-            f"cannot write the checkpoint {path}: {output_reason(exc)}; the previous "
+            f"cannot write the checkpoint {path}: {output_reason(exc.__cause__)}; the previous "
             "checkpoint (if any) is intact: free space and rerun to resume"
         ) from None
     if theta_dir is not None:

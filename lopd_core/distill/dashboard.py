@@ -91,7 +91,7 @@ def step_result(
     started: float,
     rollout_s: float,
     trajectories: list,
-) -> S.StepResult:
+) -> S.UpdateResult:
     """The dashboard row and the diagnostics, from the sums the chunks accumulated; `trajectories` are this
     rank's (a growing bank reads them)."""
     counts = batch.token_counts.clamp(min=1)
@@ -132,7 +132,7 @@ def step_result(
     diag = _diagnostics(d, sums, composer, per_traj_gap, successes, rollout_s)
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).
-    return S.StepResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
+    return S.UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
 
 
 def _diagnostics(d: Distiller, sums: S.StepSums, composer: ComposerStep, per_traj_gap, successes, rollout_s: float):

@@ -41,7 +41,7 @@ def copy_input_bank(source_parquet: Path, out_dir: str | Path) -> tuple[Path, Pa
 
 
 class BankGrowth:
-    """`run_distill`'s per-step hook: collects the step's trajectories (`StepResult.trajectories`), refreshes
+    """`run_distill`'s per-step hook: collects the step's trajectories (`UpdateResult.trajectories`), refreshes
     the bank every `every` steps and at the end. `added` counts the rows it added."""
 
     def __init__(self, bank: ExperienceBank, *, every: int, min_reward: float, cycle: int, total_steps: int, log=print):

@@ -20,8 +20,7 @@ from lopd_core import sharding as SH
 from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
 from lopd_core.distill.models import export_student, replicated_copy
 from lopd_core.errors import TrainingDiverged
-from lopd_core.outputs import OutputPathError
-from lopd_core.outputs import _reason as output_reason
+from lopd_core.outputs import atomic_write
 
 if TYPE_CHECKING:
     from lopd_core.distill.checkpoints import DistillState
@@ -33,18 +32,11 @@ DIVERGENCE_FACTOR = 10.0  # a KL this many times its recent median is a teacher 
 
 def write_rows(path: Path, columns: list[str], rows: list[dict]) -> None:
     """Rewrite the CSV with `rows` (atomic), so a resumed run never duplicates or loses a step."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    try:
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            for r in rows:
-                writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputPathError(f"cannot write the training curves {path}: {output_reason(exc)}") from None
+    with atomic_write(path, text=True) as f:  # an OSError is one OutputPathError naming the file
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
 def margin_by_divergence(recent_kl: list[float], kl: float, delta: float, margin: float) -> bool:

@@ -7,7 +7,7 @@ functions for their arithmetic. `update.update` (update.py) composes them in the
   student_token_loss step 3: the student's per-token loss for its `StudentLoss` (resolved once per run)
   composer_terms     step 4: per-token KL(sg[p_S,old] ‖ p_T,φ) and per-trajectory δ(τ) on the same scores
   StepSums           each chunk's share of the batch's means, and per-trajectory sums for the diagnostics
-  StepResult         the dashboard row (dashboard.py), the diagnostics row, the per-trajectory gaps, the rollouts
+  UpdateResult         the dashboard row (dashboard.py), the diagnostics row, the per-trajectory gaps, the rollouts
 
 What each mean is divided by, and why:
   * the student loss and the composer's KL are token means over the whole batch (every rank's tokens): each
@@ -323,8 +323,8 @@ class StepSums:
 
 
 @dataclass
-class StepResult:
-    """What one update reports."""
+class UpdateResult:
+    """What one training update reports (named apart from `lopd_core.envs.StepResult`, one environment step)."""
 
     row: DashboardRow  # plots/distill.csv (dashboard.py)
     diagnostics: dict  # plots/distill_diagnostics.csv (dashboard.DIAGNOSTIC_COLUMNS)

@@ -47,7 +47,7 @@ REFRESH_SEED_OFFSET = 303  # the check's tasks come from their own seed stream (
 METRICS = ("success", "reward")
 
 if TYPE_CHECKING:
-    from lopd_core.distill.step import StepResult
+    from lopd_core.distill.step import UpdateResult
     from lopd_core.distill.trainer import Distiller
 
 
@@ -127,7 +127,7 @@ def _merge_adapter_into_base(peft_model) -> None:
             module.reset_lora_parameters(name, True)
 
 
-def refresh_check(d: Distiller, out: StepResult) -> None:
+def refresh_check(d: Distiller, out: UpdateResult) -> None:
     """The held-out check after this step, and θ̄ ← student where the student is ahead (module docstring). The
     teacher base is scored once; after a refresh its score is the student's. Fills the step's row and
     diagnostics with the check's figures."""

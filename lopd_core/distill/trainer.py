@@ -68,7 +68,7 @@ from lopd_core.distill.loop import (  # noqa: F401  re-exported
 )
 from lopd_core.distill.loop import write_rows as _write_rows  # noqa: F401  re-exported
 from lopd_core.distill.models import make_student_and_teacher
-from lopd_core.distill.step import StepResult, chunk_group, micro_batches
+from lopd_core.distill.step import UpdateResult, chunk_group, micro_batches
 from lopd_core.distill.teacher import Framing
 from lopd_core.distill.teacher_context import TeacherContext  # noqa: F401  re-exported
 from lopd_core.envs import Task
@@ -248,10 +248,10 @@ class Distiller:
             )
         return self._task_blocks[block][within * per_step : (within + 1) * per_step]
 
-    def step(self) -> StepResult:
+    def step(self) -> UpdateResult:
         """One full step: roll out this step's tasks (or take served traces: `lopd.trajectories`,
         trace_source.py), then `update` on the trajectories. The result carries this rank's trajectories
-        (`StepResult.trajectories`, what a growing bank adds)."""
+        (`UpdateResult.trajectories`, what a growing bank adds)."""
         cfg = self.cfg
         started = time.perf_counter()
         s = self.state.step
@@ -298,7 +298,7 @@ class Distiller:
             seeds=seeds,
         )
 
-    def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> StepResult:
+    def update(self, tasks: list[Task], trajs: list, *, started: float | None = None) -> UpdateResult:
         """Steps 2-5 on trajectories of `tasks` (samples_per_task each, in task order), as update.py runs them
         (reference.py is the same update without the optimisations). Also what benchmarks/step_cost.py times
         against a plain policy-gradient update."""
@@ -342,7 +342,7 @@ class Distiller:
         self.state.check_episodes += len(self._check_tasks)
         return R.greedy_score(lm, self.codec, self._check_tasks, self.params.rollout, seed=self.params.seed)
 
-    def _refresh_check(self, out: StepResult) -> None:
+    def _refresh_check(self, out: UpdateResult) -> None:
         R.refresh_check(self, out)
 
     # ---- helpers --------------------------------------------------------------------------------------

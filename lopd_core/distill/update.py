@@ -61,7 +61,7 @@ def grad_norm(params, max_norm: float) -> float:
     return float(SH.full_value(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)))
 
 
-def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S.StepResult:
+def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S.UpdateResult:
     """Steps 2-5 on `trajs` (samples_per_task each per task, in task order), in the order of DESIGN §3."""
     t_update = time.perf_counter()
     batch = S.rollout_batch(

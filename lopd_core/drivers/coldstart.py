@@ -14,6 +14,7 @@ from lopd_core.distill.coldstart_data import pretraining_retriever, pretraining_
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy
+from lopd_core.outputs import atomic_write
 
 
 def new_composer(params: Params, model) -> Composer:
@@ -57,10 +58,8 @@ def run_coldstart(params: Params, log=print) -> dict:
         )
     out = Path(cs.out)
     if D.is_main():  # every rank holds the same φ0: one copy on disk
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        torch.save(composer.state_dict(), tmp)
-        tmp.replace(out)
+        with atomic_write(out) as f:
+            torch.save(composer.state_dict(), f)
     D.barrier()
     return {
         "successes": len(successes),

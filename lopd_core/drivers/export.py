@@ -3,15 +3,11 @@ and registering the export in MLflow's registry is the tracking layer's (tasks/t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.export import export_checkpoint
-
-
-def _read(path: str | Path | None) -> dict | None:
-    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
+from lopd_core.jsonio import read_json
 
 
 def run_export(
@@ -29,8 +25,8 @@ def run_export(
         model,
         out,
         rollout=params.rollout,
-        student_eval=_read(student_eval),
-        base_eval=_read(base_eval),
+        student_eval=read_json(student_eval),
+        base_eval=read_json(base_eval),
         lineage=lineage,
         name=params.tracking.registered_model,
     )

@@ -105,11 +105,10 @@ def _launch(procs: int, mode: str, out: Path) -> None:
 
 def _reference(case: str, out: Path) -> dict:
     """The same three updates in this process, unsharded, and update 3 resumed from the sharded checkpoint."""
-    from tests.distill.fsdp_worker import CASES
-
     from benchmarks.sharded_update import distiller
     from benchmarks.update_fingerprint import setup
     from lopd_core.distill.loop import export
+    from tests.distill.fsdp_worker import CASES
 
     method, mode = CASES[case]
     base, tokenizer, tasks, trajs, texts = setup()
@@ -158,6 +157,7 @@ def _compare(label: str, ref: dict, got: dict) -> None:
 @pytest.mark.slow
 def test_sharded_updates_and_checkpoint_match_one_process(tmp_path):
     from safetensors.torch import load_file
+
     from tests.distill.fsdp_worker import CASES
 
     _launch(2, "train", tmp_path)  # sharded over 2 ranks; checkpoint after update 2

@@ -136,7 +136,10 @@ def test_a_read_only_sqlite_store_is_one_line(tmp_path, monkeypatch):
 
 # ---- item 14: a full disk during distill -----------------------------------------------------------------------
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(tmp_path, tiny_model, tiny_tokenizer):
+def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
+    from lopd_core import outputs
     from lopd_core.config import Params
     from lopd_core.distill.composer import Composer
     from lopd_core.distill.trainer import Distiller
@@ -152,14 +155,20 @@ def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(tmp_pa
         composer=composer,
         log=lambda m: None,
     )
-    tmp = d.checkpoint_path().with_suffix(".tmp")
-    tmp.parent.mkdir(parents=True)
-    tmp.symlink_to("/dev/full")  # whatever is written there meets a full device (ENOSPC), for real
+    made = []
+
+    def full_temporary(dir, prefix, suffix):  # the writer's temporary is /dev/full: a real ENOSPC on write
+        path = Path(dir) / f"{prefix}full{suffix}"
+        path.symlink_to("/dev/full")
+        made.append(path)
+        return os.open(path, os.O_WRONLY), str(path)
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", full_temporary)
     with pytest.raises(StateError) as caught:
         d.save_checkpoint()
     message = str(caught.value)
     assert str(d.checkpoint_path()) in message and "no space left" in message and "\n" not in message
-    assert not tmp.exists() and not tmp.is_symlink() and not d.checkpoint_path().exists()
+    assert made and not any(p.exists() or p.is_symlink() for p in made) and not d.checkpoint_path().exists()
 
 
 # ---- item 15: the small ones ---------------------------------------------------------------------------------------
