@@ -161,15 +161,18 @@ def method_spec(name: str, baselines=None) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHOD_NAMES)}")
     spec = METHODS[name]
-    if baselines is None:
+    if baselines is None or name not in BASELINE_KNOBS:
         return spec
-    if name == "sdpo":
-        return replace(spec, teacher=replace(spec.teacher, weights=baselines.sdpo_teacher))
-    if name == "sharpened_teacher":
-        return replace(spec, teacher=replace(spec.teacher, temperature=baselines.sharpen_temperature))
-    if name == "grpo":
-        return replace(spec, student=replace(spec.student, reference_kl=baselines.grpo_kl))
-    return spec
+    part, field_name, knob = BASELINE_KNOBS[name]
+    return replace(spec, **{part: replace(getattr(spec, part), **{field_name: getattr(baselines, knob)})})
+
+
+# The `baselines` settings that set a field of one method's spec: method -> (part, field, baselines key).
+BASELINE_KNOBS = {
+    "sdpo": ("teacher", "weights", "sdpo_teacher"),
+    "sharpened_teacher": ("teacher", "temperature", "sharpen_temperature"),
+    "grpo": ("student", "reference_kl", "grpo_kl"),
+}
 
 
 def resolve_method(lopd, baselines) -> MethodSpec:
