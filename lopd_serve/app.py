@@ -83,7 +83,9 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     key = cfg.api_key()
     recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest kept
 
-    app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder))
+    # behind a key, the schema pages are not served to whoever asks: they name every route and field
+    pages = {} if key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder), **pages)
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
     app.state.recorded = recorded
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
@@ -109,7 +111,11 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
             raise ApiError(503, str(exc), "trace_store_full", kind="server_error") from None
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        try:
+            authorized(request)
+        except ApiError:  # a liveness probe needs no key; what is served, from where, and the traffic does
+            return {"status": "ok"}
         return {
             "status": "ok",
             "model_version": holder.current.version,
