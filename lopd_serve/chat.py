@@ -34,6 +34,7 @@ from lopd_serve.protocol import ApiError, ChatRequest
 from lopd_serve.sessions import plan_turn
 
 SESSION_HEADER = "x-session-id"
+MAX_SESSION_NAME = 256  # the bound of `user` and of feedback's `session` (protocol.py)
 
 
 @dataclass
@@ -86,7 +87,15 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
         max_tokens = _max_tokens(req, cfg)
         parsed = parse_messages(req, max_messages=cfg.max_messages)
         room()
-        session = sessions.get(request.headers.get(SESSION_HEADER) or req.user)
+        name = request.headers.get(SESSION_HEADER) or req.user
+        if name is not None and len(name) > MAX_SESSION_NAME:  # feedback could never name it (its own bound)
+            raise ApiError(
+                400,
+                f"{SESSION_HEADER}: a session name has at most {MAX_SESSION_NAME} characters",
+                "invalid_session",
+                param=SESSION_HEADER,
+            )
+        session = sessions.get(name)
         await session.lock.acquire()  # released when the turn is answered (or its stream ends)
         streaming = False
         try:

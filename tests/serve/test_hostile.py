@@ -182,3 +182,15 @@ def test_behind_a_key_health_says_only_ok(tiny_checkpoints, tmp_path, monkeypatc
         assert full["model_version"].startswith("path:") and "store" in full
         for page in ("/docs", "/openapi.json", "/redoc"):
             assert httpx.get(live.root + page).status_code == 404
+
+
+def test_a_session_name_feedback_could_not_name_is_refused(live):
+    """The header took any length while feedback's `session` (and `user`) stop at 256 characters: a longer name
+    held memory in every record and could never be labeled."""
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    long_name = httpx.post(live.url + "/chat/completions", json=body, headers={"X-Session-Id": "s" * 257})
+    assert _code(long_name, 400) == "invalid_session"
+    ok = httpx.post(live.url + "/chat/completions", json=body, headers={"X-Session-Id": "s" * 256})
+    assert ok.status_code == 200
+    assert _post(live, {"session": "s" * 256, "reward": 0.0, "success": False}, "/feedback").status_code == 200
+    assert next(iter(read_records(live.app.state.store.dir)))["session"] == "s" * 256
