@@ -8,6 +8,7 @@ the tokenizer or the weights under a request, and every trace names the version 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     chat: object  # ChatFormat (lopd_core/model/chat/codec.py)
-    version: str  # `<registered model>/<version>` from the registry, `path:<folder>` for a folder
+    version: str  # `<registered model>/<version>` from the registry, `path:<folder>#<stamp of its files>` for a folder
     name: str  # the model name /v1/models reports
 
 
@@ -68,6 +69,19 @@ def _folder_with(root: Path, filename: str) -> Path:
     return found[0]
 
 
+def _stamp(*folders: Path) -> str:
+    """What tells two saves into one folder apart: the name, size and modification time of each file. A trainer
+    syncing a server saves every update into the same folder (rollout.sync_dir), so the path alone would label
+    different weights as one version: their traces could not be told apart, and a session crossing the update
+    would go on in one trajectory with another model's log-probs."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            info = path.stat()
+            digest.update(f"{path.name}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]
+
+
 def load_checkpoint(
     folder: str | Path, *, version: str | None = None, name: str | None = None, device: str = "auto"
 ) -> LoadedModel:
@@ -76,7 +90,9 @@ def load_checkpoint(
     if not root.is_dir():
         raise FileNotFoundError(f"no model folder at {root}")
     weights = _folder_with(root, "config.json")
-    tokenizer = AutoTokenizer.from_pretrained(_folder_with(root, "tokenizer_config.json"))
+    tokenizer_dir = _folder_with(root, "tokenizer_config.json")
+    stamp = _stamp(weights, tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(weights, dtype="auto")
     if not is_embedded_format(tokenizer):
         add_experience_tokens(tokenizer, model)
@@ -84,7 +100,7 @@ def load_checkpoint(
         tokenizer.pad_token = tokenizer.eos_token
     chat = check_chat_format(tokenizer, str(root))
     model.to(_device(device)).eval()
-    return LoadedModel(model, tokenizer, chat, version or f"path:{root.resolve()}", name or root.name)
+    return LoadedModel(model, tokenizer, chat, version or f"path:{root.resolve()}#{stamp}", name or root.name)
 
 
 class Registry:

@@ -194,3 +194,25 @@ def test_a_session_name_feedback_could_not_name_is_refused(live):
     assert ok.status_code == 200
     assert _post(live, {"session": "s" * 256, "reward": 0.0, "success": False}, "/feedback").status_code == 200
     assert next(iter(read_records(live.app.state.store.dir)))["session"] == "s" * 256
+
+
+def test_new_weights_in_the_same_folder_are_a_new_version(live, tiny_checkpoints, tmp_path):
+    """A trainer syncing a server saves each update into one folder and reloads it: each save must be a version
+    of its own, in the reload's answer and in the traces, and a session crossing it must branch."""
+    sync = tmp_path / "sync"
+    shutil.copytree(tiny_checkpoints[0], sync)
+    first = httpx.post(live.root + "/admin/reload", json={"model": str(sync)}, timeout=60).json()
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "seed": 3}
+    reply = _post(live, {**body, "user": "crossing"}).json()
+    again = httpx.post(live.root + "/admin/reload", json={"model": str(sync)}, timeout=60).json()
+    assert again == {"model_version": first["model_version"], "changed": False}  # nothing saved in between
+    shutil.rmtree(sync)
+    shutil.copytree(tiny_checkpoints[1], sync)  # the next update, saved into the same folder
+    updated = httpx.post(live.root + "/admin/reload", json={"model": str(sync)}, timeout=60).json()
+    assert updated["changed"] and updated["model_version"] != first["model_version"]
+    history = body["messages"] + [reply["choices"][0]["message"], {"role": "user", "content": "more"}]
+    after = _post(live, {**body, "messages": history, "user": "crossing"}).json()["lopd"]
+    assert after["model_version"] == updated["model_version"]
+    traces = read_traces(live.app.state.store.dir).set_index("trajectory_id")
+    assert traces.loc[after["trajectory_id"], "origin"] == "model_changed"
+    assert traces.loc[reply["lopd"]["trajectory_id"], "model_version"] == first["model_version"]
