@@ -227,6 +227,8 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
             "time": time.time(),
         }
         await asyncio.to_thread(store.append, record)
+        if session is not None and session.trajectory_id == trajectory_id:
+            session.labeled = True  # its conversation is judged: the first to make room (sessions.py)
         return {"ok": True, "trajectory_id": trajectory_id}
 
 

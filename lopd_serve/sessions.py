@@ -1,8 +1,11 @@
 """Sessions: which trajectory a conversation is on, and whether a request extends it or starts a new one.
 
 A session is named by the `X-Session-Id` header or the request's `user` field; a request with neither is a
-session of its own (one turn, not kept). The table holds at most `max_sessions`; sessions idle longer than
-`idle_s` make room, and when none is idle a new session is refused (429) rather than evicting a live one.
+session of its own (one turn, not kept). The table holds at most `max_sessions`; when it is full, sessions
+that were labeled (feedback came: the conversation is over for its client) make room first, oldest first, then
+sessions idle longer than `idle_s`; when none is either, a new session is refused (429) rather than evicting a
+live one. Without the first rule a client playing more than `max_sessions` labeled episodes in `idle_s` was
+refused for the rest of that time. A labeled session that speaks again is live again (its trajectory extends).
 Turns of one session are answered one at a time (its lock): two requests racing on one conversation could
 otherwise both claim to extend it.
 """
@@ -34,6 +37,7 @@ class Session:
     num_turns: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+    labeled: bool = False  # feedback came after its last turn: first to make room (module docstring)
 
     def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
         """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
@@ -73,21 +77,29 @@ class SessionTable:
         session = self.sessions.get(session_id)
         if session is None:
             if len(self.sessions) >= self.max_sessions:
-                now = time.monotonic()
-                for sid, s in list(self.sessions.items()):
-                    if now - s.last_used > self.idle_s and not s.lock.locked():
-                        del self.sessions[sid]
+                self._make_room()
             if len(self.sessions) >= self.max_sessions:
                 raise ApiError(
                     429,
-                    f"{len(self.sessions)} sessions are open (serve.max_sessions); none has been "
+                    f"{len(self.sessions)} sessions are open (serve.max_sessions); none is labeled or has been "
                     f"idle for {self.idle_s:g}s: retry later",
                     "too_many_sessions",
                     kind="rate_limit_error",
                 )
             session = self.sessions[session_id] = Session(id=session_id)
-        session.last_used = time.monotonic()
+        session.last_used, session.labeled = time.monotonic(), False
         return session
+
+    def _make_room(self) -> None:
+        """Close the labeled sessions (the oldest first, down to 90 % of the cap, so the next requests do not each
+        scan the table), then every session idle past `idle_s`; a session answering a turn (its lock) stays."""
+        free = [(s.last_used, sid) for sid, s in self.sessions.items() if s.labeled and not s.lock.locked()]
+        for _, sid in sorted(free)[: max(1, len(self.sessions) - self.max_sessions * 9 // 10)]:
+            del self.sessions[sid]
+        now = time.monotonic()
+        for sid, s in list(self.sessions.items()):
+            if now - s.last_used > self.idle_s and not s.lock.locked():
+                del self.sessions[sid]
 
     def find(self, session_id: str) -> Session | None:
         return self.sessions.get(session_id)

@@ -194,6 +194,21 @@ def test_session_cap_is_429(tiny_checkpoints, tmp_path):
         assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "two"}), 429)
 
 
+def test_a_labeled_session_makes_room_for_a_new_one(tiny_checkpoints, tmp_path):
+    """A client playing more labeled episodes than serve.max_sessions within the idle time is not refused: a
+    session whose conversation got its feedback is the first to make room; a live one is never evicted."""
+    from tests.serve.conftest import make_server
+
+    with make_server(tiny_checkpoints[0], tmp_path / "t", max_sessions=1) as live:
+        body = {"model": "tiny", "messages": first_turn(), "max_tokens": 2}
+        assert httpx.post(live.url + "/chat/completions", json={**body, "user": "one"}).status_code == 200
+        label = {"session": "one", "reward": 1.0, "success": True}
+        assert httpx.post(live.url + "/feedback", json=label).status_code == 200
+        assert httpx.post(live.url + "/chat/completions", json={**body, "user": "two"}).status_code == 200
+        assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "three"}), 429)  # two: live
+    assert sorted(read_traces(tmp_path / "t")["session"]) == ["one", "two"]
+
+
 def test_full_store_refuses_with_503(tiny_checkpoints, tmp_path):
     from tests.serve.conftest import make_server
 
