@@ -37,6 +37,30 @@ def oracle_texts(n: int) -> list[str]:
     return out
 
 
+def loop_params(tmp_path, *, max_new_tokens: int = 24, **lopd) -> Params:
+    """Params of a short resumable run (2 tasks × 2 samples, 3 steps, a checkpoint every step): the paper's
+    LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m (the default prices it: auto);
+    `lopd` overrides any of the section's fields."""
+    p = Params()
+    p.seed = 0
+    p.rollout = replace(p.rollout, max_new_tokens=max_new_tokens, max_context=640)
+    p.lopd = replace(
+        p.lopd,
+        **{
+            "method": "lopd",
+            "tasks_per_step": 2,
+            "samples_per_task": 2,
+            "steps": 3,
+            "checkpoint_every": 1,
+            "out_dir": str(tmp_path / "lopd"),
+            "margin": 0.05,
+            "csv": str(tmp_path / "plots" / "distill.csv"),
+            **lopd,
+        },
+    )
+    return p
+
+
 def step_params(tmp_path, **lopd) -> Params:
     """Params of one small LOPD step on that batch (3 tasks × 2 samples): the paper's LOPD, φ trained, at the
     paper's constant m and β starting at 0.5; `lopd` overrides any of the section's fields."""

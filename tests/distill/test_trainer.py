@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lopd_core.config import Params
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
@@ -19,6 +18,7 @@ from lopd_core.distill.teacher import Framing, action_logits, build_batch, splic
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
+from tests._batches import loop_params
 
 
 def _oracle_trajectory(codec, task, experiences=None):
@@ -82,26 +82,7 @@ def test_lora_teacher_is_the_base_with_one_copy(tiny_model, tiny_tokenizer):
 
 
 def _params(tmp_path, **lopd):
-    p = Params()
-    p.seed = 0
-    p.rollout = replace(p.rollout, max_new_tokens=24, max_context=640)
-    # the paper's LOPD, φ trained (the default method keeps φ = φ0), at the paper's constant m: what these tests
-    # exercise (the default prices it: auto)
-    p.lopd = replace(
-        p.lopd,
-        **{
-            "method": "lopd",
-            "tasks_per_step": 2,
-            "samples_per_task": 2,
-            "steps": 3,
-            "checkpoint_every": 1,
-            "out_dir": str(tmp_path / "lopd"),
-            "margin": 0.05,
-            "csv": str(tmp_path / "plots" / "distill.csv"),
-            **lopd,
-        },
-    )
-    return p
+    return loop_params(tmp_path, **lopd)
 
 
 def _retriever():

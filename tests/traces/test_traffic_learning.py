@@ -19,6 +19,7 @@ from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.distill.trace_source import TraceStream, trace_count
 from lopd_core.traces import read_traces, trace_table, traces_as_trajectories
 from lopd_core.traces.schema import episode_records, trace_world
+from tests._batches import loop_params
 from tests.traces._traffic import TOOLS, write_store
 
 LABELS = {0: (1.0, True), 1: (0.5, False), 2: (1.0, True), 4: (0.0, False), 5: (1.0, True)}  # 3, 6, 7 unlabeled
@@ -69,25 +70,7 @@ def test_the_stream_is_a_function_of_seed_and_step(store):
 
 
 def _params(tmp_path, store, **lopd):
-    p = Params()
-    p.seed = 0
-    p.rollout = replace(p.rollout, max_new_tokens=16, max_context=640)
-    p.lopd = replace(
-        p.lopd,
-        **{
-            "method": "lopd",
-            "tasks_per_step": 2,
-            "samples_per_task": 2,
-            "steps": 3,
-            "checkpoint_every": 1,
-            "out_dir": str(tmp_path / "lopd"),
-            "margin": 0.05,
-            "csv": str(tmp_path / "plots" / "distill.csv"),
-            "traces": str(store),
-            **lopd,
-        },
-    )
-    return p
+    return loop_params(tmp_path, max_new_tokens=16, traces=str(store), **lopd)
 
 
 def _distiller(params, tiny_model, tiny_tokenizer):
