@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lopd_core.outputs import atomic_write, file_target
 from lopd_core.traces.schema import TRACE_SCHEMA, validate_traces
 
 SEGMENT_GLOB = "traces-*.jsonl"
@@ -196,8 +197,14 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
 
 
 def read_traces(store_dir: str | Path) -> pd.DataFrame:
-    """The trace table of a store: one validated row per trajectory (schema.TRACE_SCHEMA)."""
+    """The trace table of a store: one validated row per trajectory (schema.TRACE_SCHEMA); a store with no
+    traffic yet is an empty table, a path that is no folder is FileNotFoundError (a mistyped --store or lopd.traces)."""
+    if not Path(store_dir).is_dir():
+        raise FileNotFoundError(f"no trace store at {store_dir} (a folder of traces-*.jsonl that `lopd serve` writes)")
     frame = pd.DataFrame(_assemble(read_records(store_dir)), columns=list(TRACE_SCHEMA.columns))
+    for name, column in TRACE_SCHEMA.columns.items():  # an empty table's columns are objects, not strings
+        if isinstance(column.dtype.type, pd.StringDtype):
+            frame[name] = frame[name].astype(column.dtype.type)
     frame["reward"] = frame["reward"].astype(float)
     for col in ("prompt_length", "num_turns"):
         frame[col] = frame[col].astype(int)
@@ -209,13 +216,13 @@ def read_traces(store_dir: str | Path) -> pd.DataFrame:
 
 
 def snapshot(store_dir: str | Path, out: str | Path) -> Path:
-    """Write the store's trace table to `out` as parquet, atomically (a crash leaves no half file)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    read_traces(store_dir).to_parquet(tmp, index=False)
-    tmp.replace(out)
-    return out
+    """Write the store's trace table to `out` as parquet under the project's output rules (outputs.atomic_write:
+    a crash leaves no half file, a folder or device is refused in one line, no temporary is left behind)."""
+    file_target(out)  # a folder or device named as --out is refused before the store is read
+    frame = read_traces(store_dir)
+    with atomic_write(out) as fh:
+        frame.to_parquet(fh, index=False)
+    return Path(out)
 
 
 def read_snapshot(path: str | Path) -> pd.DataFrame:

@@ -144,3 +144,22 @@ def test_the_trace_library_stays_below_the_server():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_snapshot_over_a_folder_is_refused_and_leaves_nothing(tmp_path):
+    """`--out` naming someone's folder (or `..`) is one line and touches nothing: no temporary beside it."""
+    from lopd_core.outputs import OutputPathError
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    with pytest.raises(OutputPathError, match="folder"):
+        snapshot(tmp_path / "s", mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and (mine / "notes.txt").read_text() == "precious"
+
+
+def test_an_empty_store_is_an_empty_table_and_a_missing_one_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert len(read_traces(tmp_path / "empty")) == 0
+    with pytest.raises(FileNotFoundError, match="no trace store at"):
+        read_traces(tmp_path / "typo")
