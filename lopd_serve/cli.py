@@ -31,6 +31,7 @@ def _config(params, args):
 
 
 def cmd_serve(params, args) -> int:
+    from lopd_core.traces import TraceStoreError
     from lopd_serve.config import ServeConfigError
     from lopd_serve.server import run
 
@@ -40,11 +41,17 @@ def cmd_serve(params, args) -> int:
     except ServeConfigError as exc:
         print(f"lopd serve: {exc}", file=sys.stderr)
         return 2
-    run(cfg)
+    try:
+        run(cfg)
+    except TraceStoreError as exc:  # the store could not be opened: nothing was served
+        print(f"lopd serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_client(params, args) -> int:
+    import openai
+
     from lopd_core.envs import make_tasks
     from lopd_core.envs.toolworld.worlds import WorldSplit
     from lopd_serve.client import run_client
@@ -53,15 +60,19 @@ def cmd_client(params, args) -> int:
     worlds = WorldSplit.from_config(params.envs).for_split(args.split)
     tasks = make_tasks("toolworld", args.split, args.n, args.seed, worlds)
     url = args.url or f"http://127.0.0.1:{cfg.port}/v1"
-    summary = run_client(
-        url,
-        tasks,
-        concurrency=args.concurrency,
-        api_key=cfg.api_key() or "none",
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-    )
+    try:
+        summary = run_client(
+            url,
+            tasks,
+            concurrency=args.concurrency,
+            api_key=cfg.api_key() or "none",
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+    except openai.APIConnectionError:  # before any session: the server's model could not be listed
+        print(f"lopd serve client: no server answers at {url}: start `lopd serve` or pass --url", file=sys.stderr)
+        return 1
     episodes = summary.pop("episodes")
     print(json.dumps(summary, indent=2))
     if args.verbose:

@@ -62,6 +62,8 @@ class TraceStore:
         if segment_bytes <= 0 or max_bytes <= 0:
             raise ValueError("segment_bytes and max_bytes must be positive")
         self.dir = Path(store_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise TraceStoreError(f"{self.dir}: a trace store is a folder, and this is a file (name a folder)")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes

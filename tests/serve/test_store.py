@@ -163,3 +163,11 @@ def test_an_empty_store_is_an_empty_table_and_a_missing_one_is_named(tmp_path):
     assert len(read_traces(tmp_path / "empty")) == 0
     with pytest.raises(FileNotFoundError, match="no trace store at"):
         read_traces(tmp_path / "typo")
+
+
+def test_a_store_path_that_is_a_file_is_refused_and_kept(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("precious")
+    with pytest.raises(TraceStoreError, match="is a file"):
+        TraceStore(mine, segment_bytes=1 << 20, max_bytes=1 << 30)
+    assert mine.read_text() == "precious"
