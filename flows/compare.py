@@ -130,6 +130,8 @@ def _job(
     spec = method_spec(method, p.baselines)
     bank = banks.get(pair) if spec.uses_bank else None
     phi0 = phi0s.get(pair) if spec.needs_composer else None
+    if bank and phi0:  # a method that reads the fitted φ pays for the text teacher's rollouts it was fitted on
+        bank = {**bank, "sampled": bank["sampled"] + bank.get("fit_sampled", 0)}
     sections = {
         "seed": seed,
         "world": world,
@@ -275,7 +277,11 @@ def compare_flow(
                 bank = S.bank_flow(p, base, None, 0, parent_run=parent, tracker=tracker)
                 banks[pair] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
                 if any(s.needs_composer for s in specs):
-                    phi0s[pair] = S.coldstart_flow(p, base, bank, parent_run=parent, tracker=tracker)["phi0"]
+                    phi0 = S.coldstart_flow(p, base, bank, parent_run=parent, tracker=tracker)["phi0"]
+                    # φ read into the replicate's world (DESIGN §3); its text-teacher rollouts are charged below
+                    fitted = S.fit_flow(p, base, bank, phi0, parent_run=parent, tracker=tracker)
+                    phi0s[pair] = fitted["phi"]
+                    banks[pair]["fit_sampled"] = fitted["online_rollouts"]
 
         tuning, best = [], {}
         if tune:

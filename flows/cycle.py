@@ -27,6 +27,7 @@ from prefect import flow
 
 from flows import stage_flows as S
 from lopd_core.config import Params, load_params
+from lopd_core.distill.teacher_play import teacher_lines
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.locks import folder_lock
@@ -137,9 +138,14 @@ def run_one_cycle(
         if phi0 is None:
             cold = S.coldstart_flow(params, champion.model, bank, **common)
             phi0 = cold["phi0"]
-        distilled = S.distill_flow(params, champion.model, bank, phi0, teacher_for(params, champion, base), **common)
+        teacher = teacher_for(params, champion, base)
+        # φ read into this cycle's bank by the weights that will read its latents (DESIGN §3: φ0 does not transfer)
+        fitted = S.fit_flow(params, teacher or champion.model, bank, phi0, **common)
+        play = S.teacher_flow(params, teacher or champion.model, bank, fitted["phi"], **common)
+        distilled = S.distill_flow(params, champion.model, bank, fitted["phi"], teacher, **common)
         champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
         student_eval = S.evaluate_flow(params, distilled["student"], label="student", **common)
+        student_eval["eval"] = with_teacher(params, number, student_eval["eval"], play["results"])
         base_eval = champ_eval if champion.model == base else S.evaluate_flow(params, base, label="base", **common)
 
         old, new = gate_score(params, champ_eval["results"]), gate_score(params, student_eval["results"])
@@ -198,13 +204,18 @@ def run_one_cycle(
                 for k, v in (
                     ("bank", bank),
                     ("coldstart", cold),
+                    ("fit", fitted),
+                    ("teacher", play),
                     ("distill", distilled),
                     ("champion_eval", champ_eval),
                     ("student_eval", student_eval),
                 )
                 if v is not None
             },
-            "composer_from": "the champion's" if cold is None else "cold start φ0",
+            "composer_from": ("the champion's" if cold is None else "cold start φ0")
+            + (f", fitted in the world on {fitted['targets']} trajectories" if fitted["fitted"] else ", not fitted"),
+            "teacher_in_play": play["results"],
+            "base_hash": lineage["base model content"],
             # the bank the student's own successes grew during distillation, when it grew (growing_bank.py)
             "new_champion": asdict(
                 Champion(
@@ -237,6 +248,17 @@ def run_one_cycle(
         for label, path in record["eval"].items():
             tracker.log_artifact(parent, path, f"eval/{label}")
     return record
+
+
+def with_teacher(params: Params, number: int, eval_path: str, teacher: dict) -> str:
+    """The student's eval.json with this cycle's teacher in play under each env and split, as a file of the
+    cycle's own (the evaluation's folder is a cached stage result, shared by any cycle that made the same
+    student)."""
+    from lopd_core.distill.teacher_play import merge_teacher
+
+    out = Path(params.cycle.dir) / "evals" / f"cycle-{number:03d}-student.json"
+    write_json(out, merge_teacher(read_json(eval_path), teacher))
+    return str(out)
 
 
 def write_cycle_report(
@@ -272,6 +294,8 @@ def write_cycle_report(
                 f"{last['delta_mean']:+.4f} (margin m = {last['margin']:g})"
             ),
         ),
+        ("teacher in play", "; ".join(teacher_lines(last.get("teacher_in_play") or {}, params.eval.modes)) or "n/a"),
+        ("base weights (content hash)", last.get("base_hash", "n/a")),
         ("exported student", last["export"]),
         ("registered version", str(last["version"])),
     ]
@@ -321,7 +345,10 @@ def summarize(record: dict, params: Params) -> list[str]:
         return f"{100 * c['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
     worlds = ", ".join(params.envs.deploy_worlds)
-    lines = [f"cycle {record['cycle']} summary ({record.get('seconds', 0):.0f}s; deployment world(s): {worlds}):"]
+    lines = [
+        f"cycle {record['cycle']} summary ({record.get('seconds', 0):.0f}s; deployment world(s): {worlds}; "
+        f"base weights {record.get('base_hash', 'n/a')}):"
+    ]
     bank = record.get("bank") or {}
     if bank:
         by_domain = ", ".join(f"{d} {n}" for d, n in sorted(bank.get("by_domain", {}).items()))
@@ -341,6 +368,9 @@ def summarize(record: dict, params: Params) -> list[str]:
                     f"    {label + split:<14} {mode:<8} {cell(ev['base'], env, split, mode)} -> "
                     f"{cell(ev['student'], env, split, mode)}"
                 )
+    teacher = [f"    {line}" for line in teacher_lines(record.get("teacher_in_play") or {}, params.eval.modes)]
+    if teacher:
+        lines += ["  teacher in play (the frozen base alone, reading its bank rows as text, as φ's latents):", *teacher]
     lines += [
         (
             f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "

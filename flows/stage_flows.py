@@ -178,6 +178,91 @@ def coldstart_flow(
     return {**summary, "cached": cached}
 
 
+@flow(name="lopd-fit", **FLOW)
+def fit_flow(
+    params: Params,
+    teacher: str,
+    bank: dict,
+    start: str,
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> dict:
+    """φ fitted in the deployment world: the composer `start` (φ0, or the champion's φ) read into this cycle's
+    bank by `teacher`, the frozen weights distillation reads with latents. Keyed by the bank's content, so a
+    cycle whose bank changed fits again."""
+    tags = _tags("fit", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    with tracker.run("fit", parent=parent_run, tags=tags) as run:
+        inputs, ids = model_input(teacher, "teacher")
+        inputs.update(bank=Path(bank["bank_dir"]), start=start)
+        summary, cached = run_cached(
+            T.fit_task,
+            params,
+            "fit",
+            inputs,
+            ids,
+            teacher=teacher,
+            bank_dir=bank["bank_dir"],
+            index_dir=bank["index_dir"],
+            start=start,
+        )
+        tracker.set_tags(run, {"lopd.cached": cached, "lopd.fit.fitted": summary["fitted"]})
+        metrics = {"fit.targets": summary["targets"], "fit.online_rollouts": summary["online_rollouts"]}
+        for when in ("first", "last"):
+            metrics.update({f"fit.{when}.{k}": v for k, v in (summary[when] or {}).items() if isinstance(v, float)})
+        tracker.log_metrics(run, metrics)
+        if summary["fitted"]:
+            tracker.log_step_metrics(run, summary["csv"])
+            tracker.log_artifact(run, summary["csv"])
+    return {**summary, "cached": cached}
+
+
+@flow(name="lopd-teacher", **FLOW)
+def teacher_flow(
+    params: Params,
+    teacher: str,
+    bank: dict,
+    phi: str,
+    parent_run: str | None = None,
+    cycle: int = 0,
+    *,
+    tracker: AnyTracker,
+) -> dict:
+    """The teacher in play of a cycle: the ceiling its distillation trains toward (base, text, latents of φ)."""
+    tags = _tags("teacher", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
+    with tracker.run("teacher", parent=parent_run, tags=tags) as run:
+        inputs, ids = model_input(teacher, "teacher")
+        inputs.update(bank=Path(bank["bank_dir"]), phi=phi)
+        summary, cached = run_cached(
+            T.teacher_task,
+            params,
+            "teacher",
+            inputs,
+            ids,
+            teacher=teacher,
+            bank_dir=bank["bank_dir"],
+            index_dir=bank["index_dir"],
+            phi=phi,
+        )
+        tracker.set_tags(run, {"lopd.cached": cached})
+        tracker.log_metrics(run, teacher_metrics(summary["results"]))
+        tracker.log_artifact(run, summary["teacher_in_play"], "eval/teacher")
+    return {**summary, "cached": cached}
+
+
+def teacher_metrics(results: dict) -> dict[str, float]:
+    """`teacher_in_play.<env>.<split>.<condition>.<mode>.success_rate` (and reward_mean) for MLflow."""
+    return {
+        f"teacher_in_play.{env}.{split}.{condition}.{mode}.{name}": float(cell[name])
+        for env, splits in results.items()
+        for split, section in splits.items()
+        for condition, modes in section.get("teacher_in_play", {}).items()
+        for mode, cell in modes.items()
+        for name in ("success_rate", "reward_mean")
+    }
+
+
 @flow(name="lopd-distill", **FLOW)
 def distill_flow(
     params: Params,

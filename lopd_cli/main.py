@@ -2,7 +2,8 @@
 
     lopd base      [--params params.yaml] [--set section.key=value ...]   build the embedded base policy
     lopd bank      [--params ...] [--set ...] [--source S]  roll out the policy (or read traces), keep successes
-    lopd coldstart [--params ...] [--set ...]        train φ0, the composer's cold start, on bank successes
+    lopd coldstart [--params ...] [--set ...]        train φ0, the composer's cold start, on pretraining worlds
+    lopd fit       [--params ...] [--set ...] [--start PHI]   fit φ in the deployment world (KL to the text reading)
     lopd distill   [--params ...] [--set ...] [--fresh]   LOPD training; resumes from the last checkpoint
     lopd evaluate  [--params ...] [--set ...]                               held-out success -> metrics/eval.json
     lopd cycle     [--params ...] [--set ...] [--cycles N]   continual cycles (Prefect flow, MLflow, gated promotion)
@@ -72,6 +73,20 @@ def cmd_coldstart(params: Params, args) -> int:
     return 0
 
 
+def cmd_fit(params: Params, args) -> int:
+    from lopd_core.drivers.fit import run_fit
+
+    summary = run_fit(params, start=args.start, log=_log)
+    if summary["fitted"]:
+        _log(
+            f"fit done on {summary['targets']} deployment-world trajectories: kl {summary['first']['kl']:.3f} -> "
+            f"{summary['last']['kl']:.3f}; φ at {summary['out']}"
+        )
+    else:
+        _log(f"fit: φ unchanged from {summary['start']}, written to {summary['out']}")
+    return 0
+
+
 def cmd_distill(params: Params, args) -> int:
     from lopd_core.drivers.distill import run_lopd
 
@@ -97,6 +112,9 @@ def cmd_evaluate(params: Params, args) -> int:
         params.model.name_or_path or params.model.base_dir,
         "the model being evaluated",
     )
+    if args.task_runner and args.teacher_in_play:
+        print("lopd: --teacher-in-play runs in this process: drop --task-runner to use it", file=sys.stderr)
+        return 2
     if args.task_runner:
         from flows.evaluate_sharded import check_task_runner
 
@@ -113,8 +131,20 @@ def cmd_evaluate(params: Params, args) -> int:
     else:
         path = args.out or params.eval.out
         results = run_evaluate(params, path, log=_log)
+    if args.teacher_in_play:  # the same policy as the frozen teacher, beside its own figures in the same file
+        from lopd_core.distill.teacher_play import merge_teacher
+        from lopd_core.drivers.teacher import run_teacher_in_play
+        from lopd_core.evaluation import write_metrics
+
+        results = merge_teacher(results, run_teacher_in_play(params, log=_log))
+        write_metrics(results, path)
     _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(summary_table(results))  # the whole file is at `path`; here, one line per environment, split and mode
+    if args.teacher_in_play:
+        from lopd_core.distill.teacher_play import teacher_lines
+
+        for line in teacher_lines(results, params.eval.modes):
+            print(f"teacher in play, {line}")
     return 0
 
 
@@ -124,6 +154,7 @@ WRITES = {
     "bank": "bank.dir (data/bank: experience.parquet, seed_rollouts.parquet, bank_report.json) and its Chroma "
     "index in bank.index_dir",
     "coldstart": "coldstart.out (data/composer/phi0.pt) and plots/coldstart.csv",
+    "fit": "coldstart.fit_out (data/composer_fit/phi.pt) and plots/fit.csv",
     "distill": "lopd.out_dir (data/lopd: student, composer, checkpoint) and lopd.csv (plots/distill.csv)",
     "evaluate": "eval.out (metrics/eval.json)",
     "compare": "compare.work_dir (data/compare: one folder per run) and compare.report_dir (reports/compare.md, "
@@ -145,7 +176,7 @@ def settings_epilog(command: str) -> str:
 
 
 # Commands that play environments: every environment of the mix is resolved before they start (one line if not).
-RESOLVES_ENVS = ("base", "bank", "coldstart", "distill", "evaluate", "cycle", "compare")
+RESOLVES_ENVS = ("base", "bank", "coldstart", "fit", "distill", "evaluate", "cycle", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the bank adds: successes of fresh rollouts, the labeled successes of the served traces at "
         "lopd.traces, or both (sets lopd.bank_source)",
     )
-    stage("coldstart", "train the composer's cold start φ0 on bank successes", cmd_coldstart)
+    stage(
+        "coldstart", "train the composer's cold start φ0 on oracle successes of the pretraining worlds", cmd_coldstart
+    )
+    stage(
+        "fit",
+        "fit φ in the deployment world: KL to the base reading the bank rows as text, on its own rollouts",
+        cmd_fit,
+    ).add_argument("--start", default=None, help="the composer fitted from (default: coldstart.out, φ0)")
     distill = stage("distill", "LOPD distillation (resumes from the last checkpoint)", cmd_distill)
     distill.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     distill.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # resumption tests
@@ -205,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SPEC",
         help="run the shards as Prefect tasks: threads[:N], dask[:ADDRESS], ray[:ADDRESS]",
+    )
+    evaluate_parser.add_argument(
+        "--teacher-in-play",
+        action="store_true",
+        help="also play the policy as the frozen teacher on eval.teacher_splits: alone, reading its bank rows "
+        "(bank.dir) as text and as the composer's latents (coldstart.fit_out) -> teacher_in_play in the file",
     )
     add_pipeline_parsers(stage)
     sub.choices["cycle"].add_argument(

@@ -44,6 +44,7 @@ PATH_FIELDS = frozenset(
         "bank.index_dir",
         "bank.chroma_url",
         "coldstart.out",
+        "coldstart.fit_out",
         "lopd.out_dir",
         "lopd.csv",
         "eval.out",
@@ -81,17 +82,22 @@ class StageReads:
     code: tuple[str, ...] = ()
 
 
-_POLICY = "model.name_or_path", "model.dtype"  # which policy, loaded how (its content is an input)
+_POLICY = "model.name_or_path", "model.dtype", "model.threads"  # which policy, loaded how (its content is an input)
 # The warm start and the cold start play only the pretraining worlds: a new deployment world reuses both.
 _PRETRAIN_ENVS = "envs.mix", "envs.pretrain_worlds", "envs.world_seed"
 # Source every stage that plays environments with a policy runs: the environments (a reward check), the model
 # (loading, chat template), the experience texts.
 _PLAY = "lopd_core/envs", "lopd_core/model", "lopd_core/experience.py"
 _ROLLOUT = *_PLAY, "lopd_core/rollout"
+# The cold start's own keys (φ0) and the in-world fit's (coldstart.fit_*): one section, two stages.
+_COLDSTART = tuple(f"coldstart.{k}" for k in ("steps", "batch_size", "lr", "kl_weight", "oracle_tasks", "out"))
+_RETRIEVAL = "bank.top_j", "bank.same_world", "bank.ef_search"
+_FIT = tuple(f"coldstart.{k}" for k in ("fit_steps", "fit_batch_size", "fit_lr", "online_rollouts", "fit_out"))
 
 STAGES: dict[str, StageReads] = {
     "base": StageReads(
-        ("seed", "model.tiny", "model.warmstart", *_PRETRAIN_ENVS), code=("lopd_core/drivers/base.py", *_PLAY)
+        ("seed", "model.tiny", "model.warmstart", "model.threads", *_PRETRAIN_ENVS),
+        code=("lopd_core/drivers/base.py", *_PLAY),
     ),
     # `traces`: the served traces at lopd.traces when lopd.bank_source (lopd.trajectories for distill) names them,
     # keyed by content; an optional path, so the cycle hashes it and DVC lists only the key (`lopd.traces`). The
@@ -103,7 +109,7 @@ STAGES: dict[str, StageReads] = {
     ),
     # The cold start reads oracle episodes of the pretraining worlds, never the deployment bank.
     "coldstart": StageReads(
-        ("seed", *_POLICY, "composer", "coldstart", *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search", "bank.min_reward"),
+        ("seed", *_POLICY, "composer", *_COLDSTART, *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search", "bank.min_reward"),
         {"policy": ("data/base",)},
         code=(
             "lopd_core/drivers/coldstart.py",
@@ -121,10 +127,63 @@ STAGES: dict[str, StageReads] = {
             *_ROLLOUT,
         ),
     ),
+    # φ fitted in the deployment world: the teacher's weights read the bank's rows (its seed rollouts the targets)
+    # with the composer it starts from; `rollout` and `envs` shape the text teacher's fresh rollouts.
+    "fit": StageReads(
+        ("seed", *_POLICY, "composer", *_FIT, "bank.top_j", "bank.same_world", "bank.ef_search", "rollout", "envs"),
+        {"teacher": ("data/base",), "bank": ("data/bank",), "start": ("data/composer",)},
+        code=(
+            "lopd_core/drivers/fit.py",
+            "lopd_core/drivers/bank.py",
+            "lopd_core/drivers/coldstart.py",
+            "lopd_core/distill/__init__.py",
+            "lopd_core/distill/world_fit.py",
+            "lopd_core/distill/coldstart.py",
+            "lopd_core/distill/coldstart_data.py",
+            "lopd_core/distill/composer.py",
+            "lopd_core/distill/losses.py",
+            "lopd_core/distill/pg_losses.py",
+            "lopd_core/distill/models.py",
+            "lopd_core/distill/teacher.py",
+            "lopd_core/distributed.py",
+            "lopd_core/sharding.py",
+            "lopd_core/bank",
+            "lopd_core/traces",
+            *_ROLLOUT,
+        ),
+    ),
+    # The teacher in play: the frozen weights alone, reading the bank as text and as φ's latents, on held-out tasks.
+    "teacher": StageReads(
+        ("seed", *_POLICY, "eval", "rollout", "envs", "composer", "coldstart.fit_steps", *_RETRIEVAL),
+        {"teacher": ("data/base",), "bank": ("data/bank",), "phi": ("data/composer", "data/composer_fit")},
+        code=(
+            "lopd_core/drivers/teacher.py",
+            "lopd_core/drivers/bank.py",
+            "lopd_core/drivers/coldstart.py",
+            "lopd_core/drivers/distill.py",
+            "lopd_core/distill",
+            "lopd_core/evaluation.py",
+            "lopd_core/export.py",
+            "lopd_core/bench",
+            "lopd_core/methods.py",
+            "lopd_core/distributed.py",
+            "lopd_core/sharding.py",
+            "lopd_core/bank",
+            "lopd_core/traces",
+            *_ROLLOUT,
+        ),
+    ),
     # What shapes a distillation's numbers is what its checkpoint must agree with to be resumed: one list.
     "distill": StageReads(
         ("model.name_or_path", *RESUME_SETTINGS),
-        {"policy": ("data/base",), "teacher": (), "bank": ("data/bank",), "phi0": ("data/composer",), "traces": ()},
+        # phi0: the composer it starts from, the fitted φ (coldstart.fit_out) unless coldstart.fit_steps is 0
+        {
+            "policy": ("data/base",),
+            "teacher": (),
+            "bank": ("data/bank",),
+            "phi0": ("data/composer", "data/composer_fit"),
+            "traces": (),
+        },
         cycle_params=("cycle.refresh_teacher",),
         # the bank's and the cold start's drivers: open_bank, and the re-exported names
         code=(

@@ -96,6 +96,27 @@ def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str)
     return mark_complete(out, {**summary, "phi0": str(out / "phi0.pt"), "csv": str(out / "coldstart.csv")})
 
 
+@task(name="fit", **CACHED)
+def fit_task(
+    stage: str, key: str, work: str, params: Params, teacher: str, bank_dir: str, index_dir: str, start: str
+) -> dict:
+    """φ fitted in the deployment world (lopd_core/distill/world_fit.py): the composer `start` read into the bank
+    at `bank_dir` by `teacher`, the frozen weights distillation will read with latents."""
+    from lopd_core.drivers.fit import run_fit
+
+    out = _fresh(work)
+    p = with_paths(
+        params,
+        model__name_or_path=teacher,
+        bank__dir=bank_dir,
+        bank__index_dir=index_dir,
+        coldstart__fit_out=str(out / "phi.pt"),
+        lopd__csv=str(out / "distill.csv"),
+    )
+    summary = run_fit(p, start=start, log=log)
+    return mark_complete(out, {**summary, "phi": str(out / "phi.pt"), "csv": str(out / "fit.csv")})
+
+
 @task(name="distill", **CACHED)
 def distill_task(
     stage: str,
@@ -120,6 +141,7 @@ def distill_task(
         bank__index_dir=index_dir,
         model__name_or_path=policy,
         coldstart__out=phi0,
+        coldstart__fit_out=phi0,  # the composer it starts from, fitted in the world or not (drivers/distill.py)
         lopd__out_dir=str(out),
         lopd__csv=str(out / "distill.csv"),
     )
@@ -144,6 +166,22 @@ def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -
     log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
     results = run_evaluate(p, out / "eval.json", log=log)
     return mark_complete(out, {"eval": str(out / "eval.json"), "model": model, "results": results})
+
+
+@task(name="teacher", **CACHED)
+def teacher_task(
+    stage: str, key: str, work: str, params: Params, teacher: str, bank_dir: str, index_dir: str, phi: str
+) -> dict:
+    """The teacher in play: `teacher`'s frozen weights alone, reading the bank at `bank_dir` as text and as the
+    latents of composer `phi`, on the held-out tasks of eval.teacher_splits -> work/teacher_in_play.json."""
+    from lopd_core.drivers.teacher import run_teacher_in_play
+    from lopd_core.jsonio import write_json
+
+    out = _fresh(work)
+    p = with_paths(params, model__name_or_path=teacher, bank__dir=bank_dir, bank__index_dir=index_dir)
+    results = run_teacher_in_play(p, composer=phi, log=log)
+    write_json(out / "teacher_in_play.json", results)
+    return mark_complete(out, {"teacher_in_play": str(out / "teacher_in_play.json"), "results": results})
 
 
 @task(name="export")

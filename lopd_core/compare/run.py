@@ -133,7 +133,7 @@ def run_method(
     steps, spent = plan_steps(p, method, budget, bank_rollouts)
     p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
     # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
-    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "")
+    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
     if bank_dir:
         p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
 

@@ -73,13 +73,18 @@ def train_coldstart(
     csv_path: str | Path | None = None,
     max_experience_tokens: int = 256,
     sharding: str = "none",
+    nll_weight: float = 1.0,
+    label: str = "coldstart",
     log=print,
 ) -> ColdstartRun:
     """`successes`: oracle trajectories (token_ids, action_mask, task) of the pretraining worlds; `retriever(tasks)`
     gives experience texts per task, excluding the task itself. Trains `composer` in place. `sharding: fsdp2`
-    shards the frozen base between steps (lopd_core/sharding.py; the composer stays replicated)."""
+    shards the frozen base between steps (lopd_core/sharding.py; the composer stays replicated). `nll_weight` 0
+    with `kl_weight` > 0 is the in-world fit (world_fit.py): the targets are the policy's own samples, failures
+    among them, so their tokens are read, never imitated; the NLL is still logged. `label` names the progress
+    lines."""
     if not successes:
-        raise ValueError("cold start needs at least one successful trajectory of the pretraining worlds' oracle")
+        raise ValueError(f"{label}: needs at least one target trajectory")
     D.setup()
     if D.world_size() > min(batch_size, len(successes)):
         raise ValueError(
@@ -98,11 +103,13 @@ def train_coldstart(
         batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
         mine = D.shard_range(len(batch))
         with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
-            row, applied = _coldstart_step(reader, composer, opt, batch[mine.start : mine.stop], retriever, kl_weight)
+            row, applied = _coldstart_step(
+                reader, composer, opt, batch[mine.start : mine.stop], retriever, kl_weight, nll_weight
+            )
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
-        _record(run, row, applied, steps, log)
+        _record(run, row, applied, steps, log, label)
     if run.skipped_updates:
-        log(f"coldstart: {run.skipped_updates} of {steps} updates skipped as non-finite")
+        log(f"{label}: {run.skipped_updates} of {steps} updates skipped as non-finite")
     if csv_path is not None and D.is_main():
         _write_csv(Path(csv_path), run.rows)
     return run
@@ -125,19 +132,19 @@ def _frozen_reader(base, tokenizer, max_experience_tokens: int, sharding: str):
     return reader, SH.Sharding([], SH.shard_lm(base))
 
 
-def _record(run: ColdstartRun, row: dict, applied: bool, steps: int, log) -> None:
+def _record(run: ColdstartRun, row: dict, applied: bool, steps: int, log, label: str = "coldstart") -> None:
     """Keep a step's row; count and say a skipped (non-finite) update; print progress every ten steps."""
     run.rows.append(row)
     step = row["step"]
     if not applied:
         run.skipped_updates += 1
         log(
-            f"coldstart: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
+            f"{label}: step {step}: non-finite loss/gradient (loss {row['loss']}, gradient norm "
             f"{row['grad_norm']}), update skipped ({run.skipped_updates} so far)"
         )
     if step % 10 == 0 or step == steps or step == 1:
         log(
-            f"coldstart: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
+            f"{label}: step {step}/{steps} nll {row['nll']:.4f} kl {row['kl']:.4f} "
             f"latent/embedding norm {row['latent_norm_ratio']:.2f}"
         )
 
@@ -154,7 +161,7 @@ class _Reader:
 
 
 def _coldstart_step(
-    reader: _Reader, composer: Composer, opt, batch: list, retriever, kl_weight: float
+    reader: _Reader, composer: Composer, opt, batch: list, retriever, kl_weight: float, nll_weight: float = 1.0
 ) -> tuple[dict, bool]:
     """One update on this rank's share of a batch; returns the row's figures and whether the step was applied."""
     base = reader.base
@@ -174,7 +181,7 @@ def _coldstart_step(
         kl = L.forward_kl_full(lat_logits, txt_logits).sum() / n_tokens  # KL(p_text ‖ p_latent), into φ
     else:
         kl = torch.zeros(())
-    loss = nll + kl_weight * kl
+    loss = nll_weight * nll + kl_weight * kl
     opt.zero_grad(set_to_none=True)
     loss.backward()
     D.sum_gradients(composer.parameters())

@@ -14,10 +14,12 @@ learn a list of names.
 RESUME_SETTINGS = (
     "seed",
     "model.dtype",
+    "model.threads",
     "lopd",
     "baselines",
     "rollout",
     "composer",
+    "coldstart.fit_steps",  # 0: distillation starts from φ0 itself, else from the φ fitted in the world
     "envs",
     "bank.top_j",
     "bank.allow_self_retrieval",

@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from lopd_core.bank import ExperienceBank, read_bank
-from lopd_core.config import Params
+from lopd_core.config import Params, RetrievalSettings
+from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy, model_path
@@ -42,6 +43,21 @@ def open_bank(params: Params) -> ExperienceBank:
         collection=params.bank.collection,
         hnsw={"ef_search": params.bank.ef_search},
     )
+
+
+def make_retriever(bank: ExperienceBank, retrieval: RetrievalSettings):
+    """The J nearest experiences' texts per task, under the `bank` section's retrieval settings taken whole
+    (`params.bank.retrieval`; `dataclasses.replace` it to change one, e.g. no self-retrieval)."""
+
+    def retrieve(tasks: list[Task]) -> list[list[str]]:
+        return [
+            [h.experience_text for h in hits]
+            for hits in bank.retrieve(
+                tasks, retrieval.top_j, retrieval.allow_self_retrieval, same_world=retrieval.same_world
+            )
+        ]
+
+    return retrieve
 
 
 def _rollout_frame(params: Params, log):

@@ -16,33 +16,25 @@ from pathlib import Path
 from lopd_core import distributed as D
 from lopd_core import methods as M
 from lopd_core.bank import ExperienceBank
-from lopd_core.config import Params, RetrievalSettings
+from lopd_core.config import Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import margin as MG
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
 from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.distill.trainer import Distiller, check_top_k, export, load_composer, run_distill
-from lopd_core.drivers.bank import bank_paths, open_bank, seed_bank  # noqa: F401  (re-exported)
+from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank, seed_bank  # noqa: F401  (re-exported)
 from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
 from lopd_core.envs import Task
 from lopd_core.model.loading import load_policy
 from lopd_core.rollout.table import read_trajectories
 
 
-def make_retriever(bank: ExperienceBank, retrieval: RetrievalSettings):
-    """The J nearest experiences' texts per task, under the `bank` section's retrieval settings taken whole
-    (`params.bank.retrieval`; `dataclasses.replace` it to change one, e.g. no self-retrieval)."""
-
-    def retrieve(tasks: list[Task]) -> list[list[str]]:
-        return [
-            [h.experience_text for h in hits]
-            for hits in bank.retrieve(
-                tasks, retrieval.top_j, retrieval.allow_self_retrieval, same_world=retrieval.same_world
-            )
-        ]
-
-    return retrieve
+def starting_composer(params: Params) -> str:
+    """The composer distillation starts from and anchors to: the φ fitted in the deployment world (`lopd fit`,
+    coldstart.fit_out), or φ0 itself (coldstart.out) when coldstart.fit_steps is 0."""
+    cs = params.coldstart
+    return cs.fit_out if cs.fit_steps else cs.out
 
 
 def no_retrieval(tasks: list[Task]) -> list[list[str]]:
@@ -125,12 +117,12 @@ def run_lopd(
     model, tokenizer = load_policy(params.model)
     check_top_k(params.lopd, model)  # the setting first: a later error (no φ0) must not hide it
     spec = M.method_spec(params.lopd.method, params.baselines)
-    if spec.needs_composer and not Path(params.coldstart.out).exists():
-        raise FileNotFoundError(f"no cold-start composer at {params.coldstart.out}: run `lopd coldstart` first")
-    # a method whose teacher reads no latents still owns a composer (unused): φ0 when there is one, else fresh
-    composer = load_composer(
-        params.coldstart.out, model.config.hidden_size, params.composer, mean_embedding_norm(model)
-    )
+    start = starting_composer(params)
+    if spec.needs_composer and not Path(start).exists():
+        fix = "lopd fit" if params.coldstart.fit_steps else "lopd coldstart"
+        raise FileNotFoundError(f"no composer at {start}: run `{fix}` first (the composer distillation starts from)")
+    # a method whose teacher reads no latents still owns a composer (unused): φ when there is one, else fresh
+    composer = load_composer(start, model.config.hidden_size, params.composer, mean_embedding_norm(model))
     seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
     priced = M.resolve_method(params.lopd, params.baselines).composer.margin is None  # `lopd.margin: auto`
     pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)

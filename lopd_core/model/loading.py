@@ -98,8 +98,16 @@ def model_path(cfg: ModelConfig) -> str:
     return cfg.name_or_path or cfg.base_dir
 
 
+def pin_threads(cfg: ModelConfig) -> None:
+    """Every stage's CPU threads at `model.threads` (0: torch's default): a float reduction split over threads
+    rounds differently with their number, so the same numbers come out on every machine only at one count."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+
+
 def load_policy(cfg: ModelConfig, device: torch.device | None = None):
     """Return (model, tokenizer) in eval mode on `device`; a clear error when the model is missing."""
+    pin_threads(cfg)
     source = model_path(cfg)
     local = Path(source)
     if not cfg.name_or_path and not (local / "config.json").exists():

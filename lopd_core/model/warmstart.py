@@ -32,7 +32,7 @@ from lopd_core.model.chat import ChatCodec, TrajectoryIds
 from lopd_core.model.codegen_demos import build_codegen_demos
 from lopd_core.model.demos import build_demos, encode_demo
 from lopd_core.model.drills import build_drills, encode_drill
-from lopd_core.model.loading import tiny_qwen3
+from lopd_core.model.loading import pin_threads, tiny_qwen3
 from lopd_core.model.muon import StackedMuon
 from lopd_core.model.tokenizer import train_tokenizer
 from lopd_core.outputs import check_folder, publish_folder
@@ -262,6 +262,7 @@ def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildRepor
     check_folder(out_dir, BASE_MARKER, "a base", _earlier_base)
     t0 = time.perf_counter()
     ws, tiny = params.model.warmstart, params.model.tiny
+    pin_threads(params.model)  # the same base whatever the machine's cores (model.threads)
     torch.manual_seed(params.seed)
     rng = random.Random(params.seed)
     # Demonstrations per env in the proportions of the mix's pretraining part: a plugin environment has no oracle

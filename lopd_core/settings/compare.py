@@ -118,6 +118,7 @@ def _smoke_preset() -> ComparePreset:
             "coldstart.oracle_tasks=8",
             "envs.pretrain_worlds=2",
             "coldstart.steps=2",
+            "coldstart.fit_steps=2",
             "coldstart.batch_size=4",
             "composer.num_queries=4",
             "composer.num_layers=1",

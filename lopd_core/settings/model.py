@@ -127,6 +127,13 @@ class ModelConfig(Section):
     base_dir: str = setting("data/base", help="where `lopd base` writes the embedded base")
     dtype: str = setting("float32", help="weights' dtype", check=one_of("float32", "bfloat16", "float16"))
     device: str = setting("auto", help="auto | cpu | cuda | cuda:N | mps", check=device_name())
+    threads: int = setting(
+        2,
+        help="CPU threads of every stage's torch ops (0: torch's default, the machine's cores): a float sum split "
+        "over threads rounds differently with their number, so a base or a run is the same on every machine only "
+        "at one count",
+        check=non_negative(),
+    )
     tiny: TinyModelConfig = setting(
         factory=TinyModelConfig, help="the embedded base: a small Qwen3 and its BPE tokenizer"
     )

@@ -162,3 +162,20 @@ class ColdStartConfig(Section):
         "never a deployment world (the base's own successes are too rare to teach it)",
     )
     out: str = setting("data/composer/phi0.pt", help="where φ0 is written")
+    # The in-world fit (lopd_core/distill/world_fit.py): φ0 does not transfer to a new world, so before distillation
+    # φ is fitted in the deployment world by KL to the base reading the same retrieved rows as text.
+    fit_steps: int = setting(
+        300,
+        help="in-world fit of φ (`lopd fit`): optimizer steps of KL(base reading the bank rows as text || base "
+        "reading φ's latents of them) on the deployment world's own sampled trajectories; 0: φ0 serves as it is",
+        check=non_negative(),
+    )
+    fit_batch_size: int = setting(16, help="in-world fit: target trajectories per step", check=positive())
+    fit_lr: float = setting(1e-3, help="in-world fit: learning rate", check=positive())
+    online_rollouts: int = setting(
+        0,
+        help="in-world fit: fresh rollouts of the text teacher (the base reading its retrieved bank rows as text) "
+        "on training tasks, added to the bank's seed rollouts as targets; charged as rollouts",
+        check=non_negative(),
+    )
+    fit_out: str = setting("data/composer_fit/phi.pt", help="where the fitted φ is written")

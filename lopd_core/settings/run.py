@@ -38,6 +38,12 @@ class EvalConfig(Section):
         3, help="same-world successes in context for the +experience splits", check=positive()
     )
     out: str = setting("metrics/eval.json", help="the metrics file")
+    teacher_splits: list[str] = setting(
+        factory=lambda: ["test_id"],
+        check=any_of("train", "test_id", "test_ood", "pretrain_test"),
+        help="splits (of splits) the teacher in play is played on: the frozen base alone, reading its bank rows as "
+        "text and as the composer's latents (`lopd evaluate --teacher-in-play`, every cycle); []: none",
+    )
     benchmarks: list[str] = setting(
         factory=list,
         check=any_of("bfcl", "acebench", "humaneval"),

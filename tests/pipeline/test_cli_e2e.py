@@ -130,6 +130,10 @@ LOPD_SMALL = SMALL + [
     "--set",
     "coldstart.batch_size=4",
     "--set",
+    "coldstart.fit_steps=3",
+    "--set",
+    "coldstart.fit_batch_size=4",
+    "--set",
     "lopd.steps=3",
     "--set",
     "lopd.tasks_per_step=2",
@@ -157,6 +161,16 @@ def test_bank_coldstart_distill_resume_and_export(built):
     assert cold.returncode == 0, cold.stderr
     assert (workdir / "data" / "composer" / "phi0.pt").exists()
     assert "cold start done" in cold.stdout
+
+    early = lopd("distill", *LOPD_SMALL, cwd=workdir)  # before `lopd fit`: the composer it starts from is missing
+    assert early.returncode == 1 and "run `lopd fit` first" in early.stderr, early.stderr
+    fit = lopd("fit", *LOPD_SMALL, cwd=workdir)
+    assert fit.returncode == 0, fit.stderr
+    assert (workdir / "data" / "composer_fit" / "phi.pt").exists()
+    if report["bank_rows"]:  # a bank with rows to read: φ is fitted on the seed rollouts that retrieve them
+        assert "fit done" in fit.stdout
+        with open(workdir / "plots" / "fit.csv") as f:
+            assert len(f.read().splitlines()) == 1 + 3
 
     first = lopd("distill", *LOPD_SMALL, "--stop-after", "1", cwd=workdir)
     assert first.returncode == 0, first.stderr

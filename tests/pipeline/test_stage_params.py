@@ -51,6 +51,8 @@ DRIVERS = {
     "base": "lopd_core.drivers.base",
     "bank": "lopd_core.drivers.bank",
     "coldstart": "lopd_core.drivers.coldstart",
+    "fit": "lopd_core.drivers.fit",
+    "teacher": "lopd_core.drivers.teacher",
     "distill": "lopd_core.drivers.distill",
     "evaluate": "lopd_core.drivers.evaluate",
     "export": "lopd_core.drivers.export",
@@ -142,7 +144,7 @@ def test_an_edit_under_envs_moves_the_keys_of_the_stages_that_run_it(tmp_path, m
     checks.write_text(checks.read_text() + "\n# an edited reward check\n")
     after = keys()
     moved = {stage for stage in stages if after[stage] != before[stage]}
-    assert moved == {"base", "bank", "coldstart", "distill", "evaluate"}
+    assert moved == {"base", "bank", "coldstart", "fit", "teacher", "distill", "evaluate"}
     assert moved == {stage for stage in stages if "lopd_core/envs" in STAGES[stage].code}
     report = tmp_path / "lopd_core" / "run_report.py"
     report.write_text(report.read_text() + "\n# a new caption\n")
