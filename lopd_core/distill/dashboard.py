@@ -38,6 +38,7 @@ class DashboardRow:
     delta_success: float  # δ̄'s part on successful trajectories (margin.delta_parts)
     delta_failure: float  # δ̄'s part on failed ones
     anchor: float  # mean((c_φ − c_φ0)²)
+    kl_text: float  # the reading term's KL(p_text ‖ p_latent), a token mean on its rows (reading.py); 0 when off
     student_entropy: float  # token means over the batch
     teacher_entropy: float
     topk_mass: float  # the teacher's mass on its top-k ids
@@ -77,6 +78,7 @@ class ComposerStep:
     anchor: float  # mean((c_φ − c_φ0)²) over every rank's latents
     grad_norm: float
     latent_norm: float  # mean norm of a latent vector, every rank's
+    kl_text: float = 0.0  # the reading term's KL, a token mean on its rows (reading.py)
 
 
 def step_result(
@@ -117,6 +119,7 @@ def step_result(
         "delta_success": delta_success,
         "delta_failure": delta_failure,
         "anchor": composer.anchor,
+        "kl_text": composer.kl_text,
         "student_entropy": totals["student_entropy"] / n,
         "teacher_entropy": totals["teacher_entropy"] / n,
         "topk_mass": totals["topk_mass"] / n,

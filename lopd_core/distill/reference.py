@@ -22,6 +22,7 @@ from lopd_core.distill import margin as MG
 from lopd_core.distill import step as S
 from lopd_core.distill.composer import compose_latents
 from lopd_core.distill.dashboard import TEACHER_COLUMNS, DashboardRow
+from lopd_core.distill.reading import reading_kl, reading_rows
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.teacher_context import context_embeddings, teacher_lm
 from lopd_core.envs import Task
@@ -76,8 +77,26 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
     flat = torch.cat(latents) if latents else torch.zeros((0, d.composer.proj_out.out_features), device=device)
     if trains_phi:
         anchor = L.anchor_loss(flat, torch.cat(d.anchor_latents(experiences)).to(device))
-    loss_phi = L.composer_loss(
-        kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor, anchor_weight=spec.composer.anchor_weight
+    kl_text = torch.zeros((), device=device)  # the reading term (reading.py): φ reads the bank as the text does
+    if trains_phi and cfg.text_kl_weight:
+        picked = reading_rows(len(ids), cfg.samples_per_task, cfg.text_kl_rows)
+        with teacher_lm(d) as lm:
+            kl_sum, n = reading_kl(
+                lm,
+                d.tokenizer,
+                d.framing,
+                [ids[i] for i in picked],
+                [batch.action_masks[i] for i in picked],
+                [latents[i] for i in picked],
+                [experiences[i] for i in picked],
+                max_context=d.params.rollout.max_context,
+            )
+        kl_text = kl_sum / max(n, 1)
+    loss_phi = (
+        L.composer_loss(
+            kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor, anchor_weight=spec.composer.anchor_weight
+        )
+        + cfg.text_kl_weight * kl_text
     )
     # ---- the optimizer steps: θ on loss_θ, φ on loss_φ
     grad_theta, grad_phi = optimizer_steps(d, loss_theta, loss_phi if trains_phi else None)
@@ -101,6 +120,7 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
         delta_success=delta_success,
         delta_failure=delta_failure,
         anchor=float(anchor),
+        kl_text=float(kl_text),
         student_entropy=float(-(s_lp_old.exp() * s_lp_old).sum()) / n_tokens,
         teacher_entropy=0.0 if scores is None else scores.entropy_sum / n_tokens,
         topk_mass=0.0 if scores is None else float(scores.topk_logprobs.exp().sum()) / n_tokens,

@@ -34,10 +34,12 @@ from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
 from lopd_core.distill import step as S
 from lopd_core.distill.dashboard import ComposerStep, step_result
+from lopd_core.distill.reading import reading_kl, reading_rows
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.teacher_context import (
     TeacherContext,
     check_teacher_rows,
+    row_latents,
     rows_context,
     teacher_context,
     teacher_lm,
@@ -82,6 +84,7 @@ def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S
     d.opt_theta.zero_grad(set_to_none=True)
     for c, chunk in enumerate(chunks):  # 2-4 on each micro-batch, gradients accumulated
         run_chunk(d, batch, context, chunk, sums, beta=beta, scale=scale, train_composer=c in picked)
+    kl_text = reading_backward(d, batch, context, sums)  # 4'. the reading term, into the latents' gradient
     totals = sums.reduced()
     if d.margin is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
         d.price_on_batch(batch, sums)
@@ -89,7 +92,7 @@ def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S
     with timed(sums, "student"):
         grad_theta = step_student(d, totals["distill"])  # 3. once, on the accumulated gradient
     with timed(sums, "composer"):
-        composer = step_composer(d, context, totals, beta)  # 4. anchor + latents' gradient, one backward
+        composer = step_composer(d, context, totals, beta, kl_text)  # 4. anchor + latents' gradient, one backward
     delta_bar = totals["delta"]
     if d.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
         d.state.beta = L.dual_ascent(beta, margin=d.margin, delta_bar=delta_bar, lr=d.cfg.beta_lr)
@@ -308,7 +311,9 @@ def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float)
     return flat.detach(), anchor.detach()
 
 
-def step_composer(d: Distiller, context: TeacherContext, totals: dict[str, float], beta: float) -> ComposerStep:
+def step_composer(
+    d: Distiller, context: TeacherContext, totals: dict[str, float], beta: float, kl_text: float = 0.0
+) -> ComposerStep:
     """The composer's step: the anchor's piece plus the latents' accumulated gradient, one backward through
     the resampler, then the optimizer step (skipped when non-finite)."""
     width = d.composer.proj_out.out_features
@@ -321,15 +326,18 @@ def step_composer(d: Distiller, context: TeacherContext, totals: dict[str, float
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()
     anchor_v = D.global_sum([float(anchor)])[0]
     D.sum_gradients(d.composer.parameters())
-    loss_phi = float(
-        L.composer_loss(
-            torch.tensor(totals["kl"]),
-            torch.tensor(totals["delta"]),
-            beta=beta,
-            margin=d.margin,
-            anchor=anchor_v,
-            anchor_weight=d.method.composer.anchor_weight,
+    loss_phi = (
+        float(
+            L.composer_loss(
+                torch.tensor(totals["kl"]),
+                torch.tensor(totals["delta"]),
+                beta=beta,
+                margin=d.margin,
+                anchor=anchor_v,
+                anchor_weight=d.method.composer.anchor_weight,
+            )
         )
+        + d.cfg.text_kl_weight * kl_text
     )
     grad = grad_norm(d.composer.parameters(), d.cfg.max_grad_norm)
     if math.isfinite(loss_phi) and math.isfinite(grad):
@@ -338,4 +346,25 @@ def step_composer(d: Distiller, context: TeacherContext, totals: dict[str, float
         d.state.skipped_updates += 1
         d.log(f"distill: step {d.state.step + 1}: non-finite composer loss/gradient, update skipped")
     norm_sum, norm_rows = D.global_sum([float(flat.norm(dim=-1).sum()), flat.shape[0]])
-    return ComposerStep(anchor_v, grad, norm_sum / norm_rows if norm_rows else 0.0)
+    return ComposerStep(anchor_v, grad, norm_sum / norm_rows if norm_rows else 0.0, kl_text)
+
+
+def reading_backward(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, sums: S.StepSums) -> float:
+    """The composer's reading term (reading.py): w · KL(p_text ‖ p_latent) on a few of the step's rows, backward
+    into the latents' leaf, whose gradient step_composer then pushes through the resampler with the rest of
+    loss_φ. Returns the KL (a token mean over every rank's rows); 0 where φ does not train or w is 0."""
+    if not (d.cfg.text_kl_weight and d.method.composer.trainable and context.latents is not None):
+        return 0.0
+    with timed(sums, "composer"):
+        rows = reading_rows(len(batch), d.cfg.samples_per_task, d.cfg.text_kl_rows)
+        ids, masks = batch.rows(rows)
+        texts = [[context.texts[j] for j in context.slots[i]] for i in rows]
+        with teacher_lm(d) as lm:
+            latents = [row_latents(d, context, i) for i in rows]
+            kl_sum, n = reading_kl(
+                lm, d.tokenizer, d.framing, ids, masks, latents, texts, max_context=d.params.rollout.max_context
+            )
+            total_sum, total_n = D.global_sum([float(kl_sum.detach()), n])
+            if kl_sum.requires_grad:
+                (d.cfg.text_kl_weight * kl_sum / max(total_n, 1)).backward()
+    return total_sum / max(total_n, 1)

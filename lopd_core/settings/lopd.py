@@ -96,6 +96,18 @@ class LopdConfig(Section):
         0.5, help="margin: auto only: the share of that gap m asks for", check=in_range(0.0, 1.0, open_low=True)
     )
     anchor_weight: float = setting(0.2, help="λ: pull of the latents toward φ0's", check=non_negative())
+    text_kl_weight: float = setting(
+        1.0,
+        help="w of the composer's reading term w·KL(p_text || p_latent) beside the margin (lopd_core/distill/"
+        "reading.py): φ keeps reading the growing bank as the text does; acts only where φ trains; 0: the paper's "
+        "loss",
+        check=non_negative(),
+    )
+    text_kl_rows: int = setting(
+        8,
+        help="trajectories per step the reading term is computed on (the first sample of each task)",
+        check=positive(),
+    )
     beta_lr: float = setting(0.5, help="η_β: step of β's dual ascent", check=non_negative())
     beta_init: float = setting(0.0, help="β_0", check=non_negative())
     advantage: str = setting(

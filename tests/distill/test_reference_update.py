@@ -114,3 +114,5 @@ def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_to
     learns = fast.method.composer.trainable
     assert all(torch.equal(p, phi0[n]) != learns for n, p in fast.composer.named_parameters()), COMPARED[method]
     assert (fast.state.beta != beta0) == learns, COMPARED[method]
+    # the reading term (lopd.text_kl_weight, on by default) is part of what is compared where φ learns
+    assert (got["kl_text"] > 0) == learns, got["kl_text"]
