@@ -22,7 +22,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lopd_core.traces import StoreFull, TraceStore
+from lopd_core.traces import DiskFull, StoreFull, TraceStore
 from lopd_serve.batching import Batcher
 from lopd_serve.chat import add_chat
 from lopd_serve.completions import add_completions
@@ -85,7 +85,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
 
     # behind a key, the schema pages are not served to whoever asks: they name every route and field
     pages = {} if key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder), **pages)
+    app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder, store), **pages)
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
     app.state.recorded = recorded
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
@@ -104,9 +104,9 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
                 kind="authentication_error",
             )
 
-    def room() -> None:
+    def room(*, feedback: bool = False) -> None:
         try:
-            store.ensure_room()
+            store.ensure_room(feedback=feedback)
         except StoreFull as exc:
             raise ApiError(503, str(exc), "trace_store_full", kind="server_error") from None
 
@@ -159,6 +159,12 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     return app
 
 
+def disk_full_error(exc: DiskFull) -> ApiError:
+    """A record that could not be written (the disk is full): 507, the request's turn not kept, nothing partial on
+    disk; the client may retry once space is freed."""
+    return ApiError(507, str(exc), "disk_full", kind="server_error")
+
+
 def _add_error_handlers(app) -> None:
     """Every error in OpenAI's shape: validation 400, unknown route 404, anything unexpected 500."""
 
@@ -176,6 +182,10 @@ def _add_error_handlers(app) -> None:
             )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
+
+    @app.exception_handler(DiskFull)
+    async def disk_full(request, exc: DiskFull):
+        return disk_full_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):
@@ -216,7 +226,7 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
                 "unknown_trajectory",
                 param="trajectory_id",
             )
-        room()
+        room(feedback=True)  # labels of conversations already answered may pass the bound (its reserve)
         record = {
             "kind": "feedback",
             "session": fb.session,
@@ -244,8 +254,9 @@ def _add_reload(app, holder, authorized) -> None:
         return {"model_version": version, "changed": changed}
 
 
-def _lifespan(cfg: ServeConfig, batcher: Batcher, holder: ModelHolder):
-    """Start the decoder thread (and the registry poller, serving the registry) with the app; stop them after."""
+def _lifespan(cfg: ServeConfig, batcher: Batcher, holder: ModelHolder, store: TraceStore):
+    """Start the decoder thread (and the registry poller, serving the registry) with the app; stop them after,
+    then close the store (its writer lock goes with it)."""
 
     async def poll_registry():
         while True:
@@ -265,5 +276,6 @@ def _lifespan(cfg: ServeConfig, batcher: Batcher, holder: ModelHolder):
         if poller:
             poller.cancel()
         await asyncio.to_thread(batcher.stop)
+        store.close()
 
     return lifespan

@@ -10,7 +10,9 @@ callback), the record is written when the turn is done, then the finish reason a
 text until the turn is done and send it whole: a request that declares tools (the turn may be a tool call, which
 is only known once it is complete) and a model speaking its own chat template (its message text is rewritten
 from the sampled text: a dropped think block, another call syntax). A stream its client abandons is not
-recorded: the client never received the turn, so the session does not advance past it.
+recorded: the client never received the turn, so the session does not advance past it. A turn whose record
+cannot be written (a full disk: DiskFull) is answered 507, or, streaming, with an error event: it is not kept and
+the session does not advance.
 
 `logprobs` / `top_logprobs` return the sampled tokens' log-probs (the end-of-turn token included when sampled);
 `return_token_ids` adds `prompt_token_ids` and `choices[].token_ids` (vLLM's names).
@@ -28,6 +30,7 @@ from fastapi import Depends, Request
 from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
+from lopd_core.traces import DiskFull
 from lopd_serve.conversation import parse_messages, reply
 from lopd_serve.logprobs import chat_logprobs
 from lopd_serve.protocol import ApiError, ChatRequest
@@ -254,7 +257,13 @@ async def _stream(turn: Turn, batcher, store, recorded):
             if live and piece:
                 yield _chunk(head, {"content": piece}, logprobs={"content": pending} if req.logprobs else None)
                 pending = []
-        body = await _record(turn, job.result(), store, recorded)
+        try:
+            body = await _record(turn, job.result(), store, recorded)
+        except DiskFull as exc:  # the turn is not kept: the client hears so instead of a finish reason
+            error = {"error": {"message": str(exc), "type": "server_error", "code": "disk_full", "param": None}}
+            yield f"data: {json.dumps(error)}\n\n"
+            yield "data: [DONE]\n\n"
+            return
         head["lopd"] = body["lopd"]
         choice = body["choices"][0]
         message = choice["message"]

@@ -3,6 +3,7 @@
     lopd serve [--model DIR] [--host H] [--port P] [--store DIR]    the champion (or DIR) on /v1
     lopd serve client [--url URL] [--n N] [--concurrency C] [--split S]   play toolworld through the endpoint
     lopd serve snapshot --out FILE [--store DIR] [--as-trajectories]      the store as one parquet (a DVC out)
+    lopd serve store check|repair [DIR]           list the lines readers refuse; quarantine them
 
 Settings come from params.yaml's `serve` section (lopd_core/settings/serve.py; `--set serve.KEY=VALUE` like every
 command) and the flags, which override it; the API key from the environment variable `serve.api_key_env`
@@ -96,6 +97,37 @@ def cmd_snapshot(params, args) -> int:
     return 0
 
 
+def cmd_store(params, args) -> int:
+    """`check` lists every bad line (exit 1 if any); `repair` quarantines them with a report (repair.py)."""
+    from pathlib import Path
+
+    from lopd_core.traces import TraceStoreError
+    from lopd_core.traces.repair import check_store, repair_store
+
+    store = Path(args.dir or _config(params, args).store_dir)
+    if not store.is_dir():
+        print(f"lopd serve store: no trace store at {store} (a folder that `lopd serve` writes)", file=sys.stderr)
+        return 2
+    if args.action == "check":
+        problems = check_store(store)
+    else:
+        try:
+            problems, report = repair_store(store)
+        except TraceStoreError as exc:  # a server holds the store
+            print(f"lopd serve store repair: {exc}", file=sys.stderr)
+            return 1
+    for p in problems:
+        kept = f" (the whole record after it, {p.kept_bytes} bytes, kept)" if p.kept_bytes else ""
+        print(f"{store / p.segment}:{p.line} (byte {p.offset}, {p.bytes} bytes): {p.why}{kept}")
+    if args.action == "check":
+        print(
+            f"{len(problems)} bad lines" + (f": `lopd serve store repair {store}` quarantines them" if problems else "")
+        )
+        return 1 if problems else 0
+    print(f"{len(problems)} lines quarantined" + (f"; report: {report}" if problems else ": the store was clean"))
+    return 0
+
+
 def add_serve_parsers(sub, add_common) -> None:
     serve = sub.add_parser(
         "serve",
@@ -146,3 +178,9 @@ def add_serve_parsers(sub, add_common) -> None:
         help="with --as-trajectories: unlabeled traces too, as reward 0, never successes",
     )
     snap.set_defaults(func=cmd_snapshot, resolve_envs=False)
+
+    store = inner.add_parser("store", help="check a trace store for bad lines, or quarantine them (repair)")
+    add_common(store)
+    store.add_argument("action", choices=("check", "repair"))
+    store.add_argument("dir", nargs="?", default=None, help="the store folder (default serve.store_dir)")
+    store.set_defaults(func=cmd_store, resolve_envs=False)

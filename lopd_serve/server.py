@@ -8,11 +8,27 @@ from lopd_serve.config import ServeConfig
 from lopd_serve.models import ModelHolder, Registry, initial_model
 
 
+def open_store(cfg: ServeConfig) -> TraceStore:
+    return TraceStore(
+        cfg.store_dir,
+        segment_bytes=cfg.store_segment_bytes,
+        max_bytes=cfg.store_max_bytes,
+        feedback_bytes=cfg.store_feedback_bytes,
+    )
+
+
 def build_app(cfg: ServeConfig):
+    """The store first: a second server on the same store is refused before it spends a minute loading a model."""
     cfg.check_exposure()
-    registry = None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias, cfg.model_cache_dir)
-    holder = ModelHolder(initial_model(cfg.model, registry, cfg.device), registry=registry, device=cfg.device)
-    store = TraceStore(cfg.store_dir, segment_bytes=cfg.store_segment_bytes, max_bytes=cfg.store_max_bytes)
+    store = open_store(cfg)
+    try:
+        registry = (
+            None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias, cfg.model_cache_dir)
+        )
+        holder = ModelHolder(initial_model(cfg.model, registry, cfg.device), registry=registry, device=cfg.device)
+    except BaseException:
+        store.close()
+        raise
     return create_app(cfg, holder, store)
 
 

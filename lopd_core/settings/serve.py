@@ -31,6 +31,11 @@ class ServeConfig(Section):
     store_max_bytes: int = setting(
         2**30, help="the store's bound: beyond it requests get 503 until it is cleared", check=positive()
     )
+    store_feedback_bytes: int = setting(
+        16 * 2**20,
+        help="room past store_max_bytes kept for feedback, so conversations already answered can still be labeled",
+        check=at_least(0),
+    )
     batch_window_ms: float = setting(
         10.0, help="how long the first request of a batch waits for others to join", check=non_negative()
     )

@@ -13,9 +13,16 @@ Records (JSON objects, `kind` first):
 `read_traces` assembles the turns of each trajectory, in order, into one row of the trace table (schema.py).
 
 Bound (stated, never a silent drop): a segment is closed at `segment_bytes` and the next one opened; once the
-store holds `max_bytes`, `ensure_room` raises StoreFull and the server refuses new work with 503 until the
-store is snapshot and cleared (or the bound raised). The check runs before a request starts, so the records of
+segments on disk hold `max_bytes`, `ensure_room` raises StoreFull and the server refuses new work with 503 until
+the store is snapshot and cleared (or the bound raised). The bound is counted from disk, not from this process's
+writes, so moving segments away frees room at once; a feedback record may go `feedback_bytes` past it, so the
+conversations already answered can still be labeled. The check runs before a request starts, so the records of
 requests already in flight may carry it past the bound by those records.
+
+Faults: one writer per store (lock.py: a second server on the same folder is refused). A write that fails (a
+full disk) is cut back to where its line began and raises DiskFull (the server answers 507): no partial line is
+ever followed by another record. A bad line found later (an edited store) is refused by readers with its file
+and line; `lopd serve store repair` (repair.py) quarantines it.
 
 Snapshot: `snapshot(store_dir, out)` writes the validated trace table as one parquet file (atomically), the file
 to `dvc add` or to name as a stage's out (`lopd serve snapshot --out FILE`, docs/serving.md).
@@ -23,9 +30,12 @@ to `dvc add` or to name as a stage's out (`lopd serve snapshot --out FILE`, docs
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
+import re
 import threading
 import warnings
 from collections.abc import Iterator
@@ -34,46 +44,76 @@ from pathlib import Path
 import pandas as pd
 
 from lopd_core.outputs import atomic_write, file_target
+from lopd_core.traces.errors import DiskFull, StoreFull, TraceStoreError
+from lopd_core.traces.lock import WriterLock
+from lopd_core.traces.records import parse_record
 from lopd_core.traces.schema import TRACE_SCHEMA, validate_traces
 
 SEGMENT_GLOB = "traces-*.jsonl"
-
-
-class StoreFull(RuntimeError):
-    """The store holds its stated maximum: nothing more is accepted until it is snapshot and cleared."""
-
-
-class TraceStoreError(ValueError):
-    """A record that cannot be read and is not a torn last line: the store was edited or corrupted."""
+SEGMENT_NAME = re.compile(r"traces-(\d+)\.jsonl")
+REPAIR_HINT = "`lopd serve store check DIR` lists every bad line, `lopd serve store repair DIR` quarantines them"
 
 
 def _segment_name(number: int) -> str:
     return f"traces-{number:06d}.jsonl"
 
 
+def segment_number(path: Path) -> int:
+    match = SEGMENT_NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else -1
+
+
 def segments(store_dir: str | Path) -> list[Path]:
-    return sorted(Path(store_dir).glob(SEGMENT_GLOB))
+    """The store's segments in order: files named traces-NNNNNN.jsonl (anything else in the folder, a stray
+    file or a folder of that name, is not the store's and is left alone)."""
+    found = [p for p in Path(store_dir).glob(SEGMENT_GLOB) if segment_number(p) >= 0 and p.is_file()]
+    return sorted(found, key=segment_number)
+
+
+def disk_bytes(store_dir: str | Path) -> int:
+    """The bytes the store's segments hold on disk now, whoever wrote them (a segment moved away meanwhile
+    counts 0)."""
+    total = 0
+    for path in segments(store_dir):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class TraceStore:
-    """Appends records to the newest segment; thread-safe (one lock around write + fsync)."""
+    """Appends records to the newest segment; thread-safe (one lock around write + fsync); the store's only
+    writer while open (lock.py)."""
 
-    def __init__(self, store_dir: str | Path, *, segment_bytes: int, max_bytes: int):
-        if segment_bytes <= 0 or max_bytes <= 0:
-            raise ValueError("segment_bytes and max_bytes must be positive")
+    def __init__(self, store_dir: str | Path, *, segment_bytes: int, max_bytes: int, feedback_bytes: int = 0):
+        if segment_bytes <= 0 or max_bytes <= 0 or feedback_bytes < 0:
+            raise ValueError("segment_bytes and max_bytes must be positive, feedback_bytes not negative")
         self.dir = Path(store_dir)
         if self.dir.exists() and not self.dir.is_dir():
             raise TraceStoreError(f"{self.dir}: a trace store is a folder, and this is a file (name a folder)")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.segment_bytes = segment_bytes
-        self.max_bytes = max_bytes
+        self.segment_bytes, self.max_bytes, self.feedback_bytes = segment_bytes, max_bytes, feedback_bytes
         self._lock = threading.Lock()
-        existing = segments(self.dir)
-        self.total_bytes = sum(p.stat().st_size for p in existing)
-        number = int(existing[-1].stem.split("-")[1]) if existing else 1
-        if existing and (self._torn(existing[-1]) or existing[-1].stat().st_size >= segment_bytes):
-            number += 1  # never append after a torn line: the reader could no longer tell it was the last
-        self._open(number)
+        self._fd: int | None = None
+        self._roll = False  # a failed write could not be undone: the next record starts a new segment
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._writer = WriterLock(self.dir, purpose="a trace store writer")
+        except PermissionError as exc:
+            raise TraceStoreError(f"{self.dir}: the trace store is not writable ({exc.strerror})") from None
+        try:
+            existing = segments(self.dir)
+            number = segment_number(existing[-1]) if existing else 1
+            if existing and (self._torn(existing[-1]) or existing[-1].stat().st_size >= segment_bytes):
+                number += 1  # never append after a torn line: the reader could no longer tell it was the last
+            self._open(number)
+        except OSError as exc:
+            self._writer.release()
+            raise TraceStoreError(f"{self.dir}: cannot open a segment to write ({exc.strerror})") from None
 
     @staticmethod
     def _torn(path: Path) -> bool:
@@ -85,50 +125,108 @@ class TraceStore:
             return f.read(1) != b"\n"
 
     def _open(self, number: int) -> None:
+        """Open segment `number` for appending, unbuffered: a write that fails leaves nothing in a buffer that a
+        later flush would add after the undo."""
         self.number = number
         self.path = self.dir / _segment_name(number)
-        self._file = open(self.path, "ab")  # noqa: SIM115  kept open for the store's life, closed in close()
-        self._size = self._file.tell()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
-    def ensure_room(self) -> None:
-        if self.total_bytes >= self.max_bytes:
-            raise StoreFull(
-                f"trace store {self.dir} is full ({self.total_bytes} bytes of max {self.max_bytes}): "
-                "snapshot it (`lopd serve snapshot`), move its segments away, or raise "
-                "serve.store_max_bytes"
-            )
+    def _next_segment(self) -> None:
+        os.close(self._fd)
+        self._fd = None
+        newest = segments(self.dir)
+        self._open(max([self.number] + [segment_number(p) for p in newest]) + 1)
+        self._roll = False
+
+    def _moved(self) -> bool:
+        """The open segment is no longer the file of its name (moved away to clear the store): records appended
+        to it would leave the store."""
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return True
+
+    @property
+    def total_bytes(self) -> int:
+        return disk_bytes(self.dir)
+
+    def ensure_room(self, *, feedback: bool = False) -> None:
+        """StoreFull once the segments on disk hold `max_bytes`; a feedback record may go `feedback_bytes` past
+        it, so the conversations already served can still be labeled when the store fills up."""
+        used = self.total_bytes
+        if used < self.max_bytes + (self.feedback_bytes if feedback else 0):
+            return
+        past = f" (and the {self.feedback_bytes} bytes past it kept for feedback)" if feedback else ""
+        raise StoreFull(
+            f"trace store {self.dir} is full ({used} bytes of max {self.max_bytes}{past}): "
+            "snapshot it (`lopd serve snapshot`), move its segments away, or raise serve.store_max_bytes"
+        )
 
     def append(self, record: dict) -> None:
+        """Write one record as one line, fsync'd. A write that fails (a full disk) is undone, the segment cut
+        back to where the line began, and raises DiskFull; if even the cut fails, the next record starts a new
+        segment, so the partial line stays a torn last line that readers skip."""
         line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
         with self._lock:
-            if self._size and self._size + len(line) > self.segment_bytes:
-                self._file.close()
-                self._open(self.number + 1)
-            self._file.write(line)
-            self._file.flush()
-            os.fsync(self._file.fileno())  # on disk before the request is answered
+            try:
+                if self._fd is None:  # opening the next segment failed last time: try again
+                    self._open(self.number)
+                elif self._roll or self._moved() or (self._size and self._size + len(line) > self.segment_bytes):
+                    self._next_segment()
+            except OSError as exc:
+                raise self._disk_full(exc) from exc
+            start = self._size
+            try:
+                _write_all(self._fd, line)
+                os.fsync(self._fd)  # on disk before the request is answered
+            except OSError as exc:
+                self._undo(start)
+                raise self._disk_full(exc) from exc
             self._size += len(line)
-            self.total_bytes += len(line)
+
+    def _undo(self, start: int) -> None:
+        try:
+            os.ftruncate(self._fd, start)
+            os.fsync(self._fd)
+        except OSError:
+            self._roll = True
+        self._size = start
+
+    def _disk_full(self, exc: OSError) -> DiskFull:
+        why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else f"a write failed ({exc.strerror})"
+        return DiskFull(
+            exc.errno or errno.EIO,
+            f"trace store {self.dir}: {why}; the record was not kept and nothing partial is left "
+            "(free space, then retry)",
+        )
+
+    def __enter__(self) -> TraceStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self._writer.release()
 
 
 def read_records(store_dir: str | Path) -> Iterator[dict]:
     """Every record in order. A torn last line of a segment (a write cut by a crash) is skipped with a warning;
-    an unreadable line anywhere else raises TraceStoreError naming the file and line."""
+    a bad line anywhere else raises TraceStoreError naming the file and line (`lopd serve store repair`
+    quarantines it)."""
     for path in segments(store_dir):
         *complete, tail = path.read_bytes().split(b"\n")  # a whole file ends with a newline: an empty tail
         for number, raw in enumerate(complete, start=1):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:
-                raise TraceStoreError(f"{path}:{number}: unreadable record ({exc})") from None
-            if not isinstance(record, dict) or "kind" not in record:
-                raise TraceStoreError(f"{path}:{number}: not a trace record")
+            record, why = parse_record(raw)
+            if record is None:
+                raise TraceStoreError(f"{path}:{number}: {why}; {REPAIR_HINT.replace('DIR', str(store_dir))}")
             yield record
         if tail:  # its request was never answered: the line's fsync had not returned
             warnings.warn(
@@ -146,7 +244,7 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
             row = rows.get(tid)
             if row is None:
                 if rec["turn"] != 0:
-                    raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} without its turn 0")
+                    raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} without its turn 0; {REPAIR_HINT}")
                 row = rows[tid] = {
                     "trajectory_id": tid,
                     "session": rec["session"],
@@ -169,7 +267,9 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
                     "ended": float(rec["time"]),
                 }
             elif rec["turn"] != row["num_turns"]:
-                raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} follows turn {row['num_turns'] - 1}")
+                raise TraceStoreError(
+                    f"trajectory {tid}: turn {rec['turn']} follows turn {row['num_turns'] - 1}; {REPAIR_HINT}"
+                )
             row["token_ids"] += rec["token_ids"]
             row["action_mask"] += rec["action_mask"]
             row["sample_logprobs"] += [float(v) for v in rec["sample_logprobs"]]

@@ -65,15 +65,14 @@ class LiveServer:
 
 
 def make_server(folder, store_dir, **settings) -> LiveServer:
-    from lopd_core.traces import TraceStore
     from lopd_serve.app import create_app
     from lopd_serve.config import ServeConfig
     from lopd_serve.models import ModelHolder, load_checkpoint
+    from lopd_serve.server import open_store
 
     cfg = ServeConfig.from_dict({"poll_s": 0.0, "store_dir": str(store_dir), "device": "cpu", **settings})
     holder = ModelHolder(load_checkpoint(folder, device="cpu"), device="cpu")
-    store = TraceStore(store_dir, segment_bytes=cfg.store_segment_bytes, max_bytes=cfg.store_max_bytes)
-    return LiveServer(create_app(cfg, holder, store))
+    return LiveServer(create_app(cfg, holder, open_store(cfg)))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ at their bound, a full store refuses, and a snapshot reads back through the sche
 
 from __future__ import annotations
 
-import pandera.errors
 import pytest
 
 from lopd_core.traces import StoreFull, TraceStore, TraceStoreError, read_records, read_traces, snapshot
@@ -88,8 +87,8 @@ def test_schema_catches_a_bad_record_and_snapshot_round_trips(tmp_path):
     out = snapshot(tmp_path / "s", tmp_path / "snap.parquet")
     back = read_snapshot(out)
     assert back["success"][0] and back["token_ids"][0] == [5, 6, 7]
-    store.append(turn("bad", 0, mask=(0, 2, 1)))  # a mask that is not 0/1
-    with pytest.raises(pandera.errors.SchemaErrors):
+    store.append(turn("bad", 0, mask=(0, 2, 1)))  # a mask that is not 0/1: found by its line, not the whole table
+    with pytest.raises(TraceStoreError, match=r"traces-000001.jsonl:3: .*action mask"):
         read_traces(tmp_path / "s")
 
 
