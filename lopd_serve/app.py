@@ -227,6 +227,7 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
                 param="trajectory_id",
             )
         room(feedback=True)  # labels of conversations already answered may pass the bound (its reserve)
+        turns = recorded.turns(trajectory_id)
         record = {
             "kind": "feedback",
             "session": fb.session,
@@ -235,11 +236,13 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
             "success": fb.success,
             "checks": fb.checks,
             "time": time.time(),
+            "turns": turns,  # the turns this label judges; a turn recorded after them clears it (store.py)
         }
         await asyncio.to_thread(store.append, record)
         if session is not None and session.trajectory_id == trajectory_id:
             session.labeled = True  # its conversation is judged: the first to make room (sessions.py)
-        return {"ok": True, "trajectory_id": trajectory_id}
+            session.judged = trajectory_id  # and its next turn starts a new trajectory (plan_turn)
+        return {"ok": True, "trajectory_id": trajectory_id, "turns": turns}
 
 
 def _add_reload(app, holder, authorized) -> None:

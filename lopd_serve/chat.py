@@ -165,6 +165,7 @@ async def _record(turn: Turn, out, store, recorded) -> dict:
         "origin": plan.origin if plan.turn == 0 else "extends",
         "parent": plan.parent,
         "model_version": loaded.version,
+        "tokenizer": loaded.tokenizer_fingerprint,
         "prompt_length": prompt_length,
         "token_ids": segment.token_ids,
         "action_mask": segment.action_mask,
@@ -182,7 +183,7 @@ async def _record(turn: Turn, out, store, recorded) -> dict:
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
     await asyncio.to_thread(store.append, record)
-    recorded.add(plan.trajectory_id, session.id)
+    recorded.add(plan.trajectory_id, session.id, turns=plan.turn + 1)
     session.advance(
         plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
     )

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lopd_core.model.chat import is_embedded_format
 from lopd_core.model.chat.template import check_chat_format
 from lopd_core.model.loading import add_experience_tokens
+from lopd_core.traces.fingerprint import tokenizer_fingerprint
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class LoadedModel:
     chat: object  # ChatFormat (lopd_core/model/chat/codec.py)
     version: str  # `<registered model>/<version>` from the registry, `path:<folder>#<stamp of its files>` for a folder
     name: str  # the model name /v1/models reports
+    tokenizer_fingerprint: str = ""  # every trace records it (lopd_core/traces/fingerprint.py)
 
 
 def _device(name: str) -> torch.device:
@@ -100,7 +102,8 @@ def load_checkpoint(
         tokenizer.pad_token = tokenizer.eos_token
     chat = check_chat_format(tokenizer, str(root))
     model.to(_device(device)).eval()
-    return LoadedModel(model, tokenizer, chat, version or f"path:{root.resolve()}#{stamp}", name or root.name)
+    version = version or f"path:{root.resolve()}#{stamp}"
+    return LoadedModel(model, tokenizer, chat, version, name or root.name, tokenizer_fingerprint(tokenizer))
 
 
 class Registry:

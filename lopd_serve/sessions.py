@@ -5,7 +5,9 @@ session of its own (one turn, not kept). The table holds at most `max_sessions`;
 that were labeled (feedback came: the conversation is over for its client) make room first, oldest first, then
 sessions idle longer than `idle_s`; when none is either, a new session is refused (429) rather than evicting a
 live one. Without the first rule a client playing more than `max_sessions` labeled episodes in `idle_s` was
-refused for the rest of that time. A labeled session that speaks again is live again (its trajectory extends).
+refused for the rest of that time. A labeled session that speaks again is live again, in a new trajectory
+(origin `after_label`): a label judges the turns it was given, and extending the judged trajectory would let it
+cover turns nobody judged.
 Turns of one session are answered one at a time (its lock): two requests racing on one conversation could
 otherwise both claim to extend it.
 """
@@ -38,6 +40,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     labeled: bool = False  # feedback came after its last turn: first to make room (module docstring)
+    judged: str = ""  # the trajectory a label judged: the session's next turn starts a new one
 
     def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
         """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
@@ -110,7 +113,8 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
     every earlier message and reply) and only adds tool or user messages; else start a new trajectory."""
     known = session.keys
     repeats = session.trajectory_id and len(parsed.keys) > len(known) and parsed.keys[: len(known)] == known
-    if repeats and session.version == version and session.tools_key == tools_key:
+    judged = session.trajectory_id and session.judged == session.trajectory_id
+    if repeats and session.version == version and session.tools_key == tools_key and not judged:
         start = len(known) - 2  # index into parsed.rest (keys hold system and first user before rest)
         segment = render(chat, parsed, start)
         return Plan(
@@ -124,6 +128,8 @@ def plan_turn(session: Session, parsed: Parsed, tools_key: str, chat, version: s
         )
     if not session.trajectory_id:
         origin = "new"
+    elif judged and repeats:  # a label judges the turns it was given: what follows is another trajectory
+        origin = "after_label"
     elif session.version != version:
         origin = "model_changed"
     else:
@@ -151,16 +157,21 @@ class Recorded:
 
     def __init__(self, cap: int):
         self.cap = cap
-        self._owner: OrderedDict[str, str] = OrderedDict()
+        self._owner: OrderedDict[str, tuple[str, int]] = OrderedDict()  # trajectory -> (session, turns written)
 
-    def add(self, trajectory_id: str, session_id: str) -> None:
-        self._owner[trajectory_id] = session_id
+    def add(self, trajectory_id: str, session_id: str, *, turns: int) -> None:
+        self._owner[trajectory_id] = (session_id, turns)
         self._owner.move_to_end(trajectory_id)
         while len(self._owner) > self.cap:
             self._owner.popitem(last=False)
 
     def get(self, trajectory_id: str) -> str | None:
-        return self._owner.get(trajectory_id)
+        owner = self._owner.get(trajectory_id)
+        return owner[0] if owner else None
+
+    def turns(self, trajectory_id: str) -> int:
+        """The turns of the trajectory written so far: what a label posted now judges."""
+        return self._owner[trajectory_id][1]
 
     def __len__(self) -> int:
         return len(self._owner)

@@ -17,6 +17,11 @@ step's slice are rolled out G times each and the rest of the batch, (B − ⌈B/
 traces; the whole batch is then read as groups of one (an exact view for distillation: a group only shares the
 teacher's prompt pass and defines GRPO's advantage, neither of which the distillation loss needs).
 
+Why the tokenizer is checked: a trace is token ids only; ids of another tokenizer (another model's, or the same
+size with other merges) would train on nonsense or fail in an embedding lookup. Each trace records its
+tokenizer's fingerprint (lopd_core/traces/fingerprint.py) and the first step refuses, in one line, labeled traces
+whose fingerprint is not the student's (traces from before fingerprints were kept are let through with a warning).
+
 Importance weight: `lopd.importance_weight` with `lopd.student_loss: sampled` weighs each token by
 min(p_S / p_sample, cap) with p_sample the recorded log-prob, i.e. the served champion's, an older policy.
 """
@@ -25,18 +30,27 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 from contextlib import contextmanager
 
 from lopd_core import distributed as D
 from lopd_core.rollout.engine import Trajectory
-from lopd_core.traces.source import as_trajectories, trace_table
+from lopd_core.traces.fingerprint import tokenizer_fingerprint
+from lopd_core.traces.schema import traces_as_trajectories
+from lopd_core.traces.source import as_trajectories, load_traces
 
 
 class TraceStream:
     """The labeled traces at `path`, dealt to steps in a seeded, resumable order."""
 
     def __init__(self, path: str, seed: int, *, max_tokens: int):
-        frame = trace_table(path, labeled_only=True)
+        traces = load_traces(path)
+        labeled = traces[traces["labeled"]]
+        self.path = path
+        self.tokenizers = dict(labeled["tokenizer"].value_counts())  # fingerprint -> labeled traces
+        self._checked = False
+        frame = traces_as_trajectories(traces, labeled_only=True)
+        frame = frame.sort_values("task_id", kind="stable").reset_index(drop=True)
         # the teacher splices its latents into the trajectory: a trace longer than the room a rollout keeps
         # (rollout.max_context minus the splice) cannot be scored, and is left out (counted in `too_long`)
         fits = frame["token_ids"].map(len) <= max_tokens
@@ -50,6 +64,27 @@ class TraceStream:
             )
         self.seed = seed
         self._passes: dict[int, list[int]] = {}
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """ValueError (one line) when a labeled trace was recorded with another tokenizer than `tokenizer`."""
+        if self._checked:
+            return
+        mine = tokenizer_fingerprint(tokenizer)
+        other = {fp: n for fp, n in self.tokenizers.items() if fp not in (mine, "")}
+        if other:
+            fp, n = max(other.items(), key=lambda item: item[1])
+            raise ValueError(
+                f"lopd.traces: {sum(other.values())} labeled traces at {self.path} were recorded with another "
+                f"tokenizer ({n} with {fp}; the student's is {mine}): train the model that served them, or "
+                "leave them out of lopd.traces"
+            )
+        if self.tokenizers.get("", 0):
+            warnings.warn(
+                f"lopd.traces: {self.tokenizers['']} traces at {self.path} predate tokenizer fingerprints: "
+                "assumed to be the student's tokenizer's",
+                stacklevel=2,
+            )
+        self._checked = True
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -84,6 +119,7 @@ def trace_step(d, started: float):
     trajectory, rolled out or read from a trace, is charged to `rollouts`. Under `accelerate launch` each rank
     takes its contiguous slice of the rolled-out tasks and of the traces."""
     cfg, s = d.cfg, d.state.step
+    d.traces.check_tokenizer(d.tokenizer)  # before any rollout or update is spent (once per stream)
     n_traces = trace_count(cfg.tasks_per_step, cfg.samples_per_task, cfg.trajectories)
     rolled = cfg.tasks_per_step - n_traces // cfg.samples_per_task  # tasks rolled out (0 with `traces`)
     mine = D.shard_range(rolled)

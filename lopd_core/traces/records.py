@@ -72,4 +72,7 @@ def _turn_problem(rec: dict) -> str:
 def _feedback_problem(rec: dict) -> str:
     if not 0.0 <= rec["reward"] <= 1.0 or (rec["success"] and rec["reward"] != 1.0):
         return "feedback record: a reward outside [0, 1], or a success with reward < 1"
+    turns = rec.get("turns", 0)
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 0:
+        return "feedback record: `turns` is not a non-negative integer"
     return ""

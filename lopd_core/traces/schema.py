@@ -8,6 +8,12 @@ table's columns (lopd_core/rollout/table.py), validated by that table's own sche
 trajectories (the bank, distillation) reads traces the same way: its episode is the environment-style record an
 experience text is built from, its world the one its instruction names. Unlabeled traces are left out there
 unless asked for, and then carry reward 0 and success False — an unlabeled conversation is never a success.
+
+Experience is what the model did: an assistant message the client wrote into the history (or a reply replayed
+into a new trajectory) is rendered as forced ids (action mask 0), so it is context and never a distillation
+target; and a trace holding one is never a success in the rollout view (the bank takes successes only), whatever
+its label says — the model sampled only part of it. Each turn record adds exactly one sampled reply, so the
+forced ones number (assistant messages − turns).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from lopd_core.envs import Task
 from lopd_core.envs.base import MAX_TURNS
 from lopd_core.rollout.table import TRAJECTORY_SCHEMA, validate_trajectories
 
-ORIGINS = ("new", "assistant_differs", "model_changed", "context_differs")
+# why a trajectory started: a new session, an edited reply, a hot swap, other system/user text or tools, or a
+# turn after the previous trajectory was labeled (a label judges the turns it was given, no later one)
+ORIGINS = ("new", "assistant_differs", "model_changed", "context_differs", "after_label")
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # finish_reason of a trace's last turn -> the rollout table's stop_reason. A conversation whose last turn asked
 # for a tool and never came back was cut off by the client, as a turn limit cuts a rollout.
@@ -46,6 +54,7 @@ TRACE_SCHEMA = pa.DataFrameSchema(
         "parent": pa.Column(str),  # "" unless the trajectory branched off another of its session
         "origin": pa.Column(str, pa.Check.isin(ORIGINS)),
         "model_version": pa.Column(str),
+        "tokenizer": pa.Column(str),  # the fingerprint of the tokenizer that made its ids ("" before they were kept)
         "tools": pa.Column(str),  # JSON list of the tool schemas the request declared
         "token_ids": pa.Column(object, pa.Check(lambda s: s.map(len) > 0, element_wise=False)),
         "action_mask": pa.Column(object, pa.Check(lambda m: all(v in (0, 1) for v in m), element_wise=True)),
@@ -149,10 +158,16 @@ def _instruction(messages_json: str) -> str:
     return next((m.get("content") or "" for m in json.loads(messages_json) if m.get("role") == "user"), "")
 
 
+def forced_replies(messages_json: str, num_turns: int) -> int:
+    """Assistant messages of a trace that the model did not sample in it (written by the client, or replayed)."""
+    return sum(m.get("role") == "assistant" for m in json.loads(messages_json)) - num_turns
+
+
 def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -> pd.DataFrame:
     """Traces as rows of the rollout table (same columns, same schema): what a reader of rollout trajectories
     (the bank, distillation) loads. `labeled_only` drops conversations no feedback reached; with False they come
-    with reward 0.0 and success False."""
+    with reward 0.0 and success False. A trace with a reply the model did not sample is no success (module
+    docstring); its label's reward stays."""
     traces = validate_traces(traces)
     if labeled_only:
         traces = traces[traces["labeled"]]
@@ -170,7 +185,7 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
             "sample_logprobs": [float(v) for v in r["sample_logprobs"]],
             "prompt_length": int(r["prompt_length"]),
             "reward": float(r["reward"]) if r["labeled"] else 0.0,
-            "success": bool(r["success"]),
+            "success": bool(r["success"]) and forced_replies(r["messages"], int(r["num_turns"])) <= 0,
             "stop_reason": STOP_REASONS[r["finish_reason"]],
             "num_turns": int(r["num_turns"]),
             "episode": json.dumps(episode_records(json.loads(r["messages"]))),

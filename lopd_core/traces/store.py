@@ -8,8 +8,11 @@ A reopened store never appends after a torn line: it starts the next segment.
 Records (JSON objects, `kind` first):
   * `turn`     — one served turn of a trajectory: the segment of ids it added (forced ids of the request's new
                  messages, then the sampled ids) with their action mask and sampling log-probs, the model version,
-                 the messages it added; a trajectory's turn 0 also names its session, origin, parent and tools.
-  * `feedback` — a reward in [0, 1], success and optional check results for one trajectory.
+                 the messages it added, the fingerprint of the tokenizer that made the ids (fingerprint.py); a
+                 trajectory's turn 0 also names its session, origin, parent and tools.
+  * `feedback` — a reward in [0, 1], success and optional check results for one trajectory, and the number of
+                 its turns it judged (`turns`): a turn recorded after them clears the label on read, since nobody
+                 judged it (the server starts a new trajectory after a label; this covers a turn in flight).
 `read_traces` assembles the turns of each trajectory, in order, into one row of the trace table (schema.py).
 
 Bound (stated, never a silent drop): a segment is closed at `segment_bytes` and the next one opened; once the
@@ -251,6 +254,7 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
                     "parent": rec.get("parent") or "",
                     "origin": rec["origin"],
                     "model_version": rec["model_version"],
+                    "tokenizer": str(rec.get("tokenizer") or ""),
                     "tools": json.dumps(rec.get("tools") or []),
                     "token_ids": [],
                     "action_mask": [],
@@ -265,6 +269,7 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
                     "messages": [],
                     "started": float(rec["time"]),
                     "ended": float(rec["time"]),
+                    "judged_turns": 0,
                 }
             elif rec["turn"] != row["num_turns"]:
                 raise TraceStoreError(
@@ -290,11 +295,15 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
                 reward=float(rec["reward"]),
                 success=bool(rec["success"]),
                 checks=json.dumps(rec.get("checks")),
+                # the turns it judged: recorded with it, else (an older record) the turns written before it
+                judged_turns=int(rec.get("turns", row["num_turns"])),
             )  # the latest feedback wins
         else:
             raise TraceStoreError(f"unknown record kind {rec['kind']!r}")
     for row in rows.values():
         row["messages"] = json.dumps(row["messages"])
+        if row.pop("judged_turns") < row["num_turns"]:  # a turn came after its label: nobody judged it
+            row.update(labeled=False, reward=math.nan, success=False, checks="null")
     return list(rows.values())
 
 
@@ -329,6 +338,8 @@ def snapshot(store_dir: str | Path, out: str | Path) -> Path:
 
 def read_snapshot(path: str | Path) -> pd.DataFrame:
     frame = pd.read_parquet(path)
+    if "tokenizer" not in frame.columns:  # a snapshot from before traces kept their tokenizer's fingerprint
+        frame.insert(frame.columns.get_loc("model_version") + 1, "tokenizer", pd.Series([""] * len(frame), dtype=str))
     for col in ("token_ids", "action_mask", "sample_logprobs"):
         frame[col] = frame[col].map(list)
     return validate_traces(frame)

@@ -81,11 +81,12 @@ def test_chat_session_extension_and_feedback(live):
     assert len(first["token_ids"]) == r2.usage.total_tokens + (r2.choices[0].finish_reason == "length")
     # the edited reply is forced in the branch: only its own sampled turn counts as actions
     assert sum(branch["action_mask"]) == r3.usage.completion_tokens
-    # as rollout-table rows: the labeled trace only, never an unlabeled success
+    # as rollout-table rows: the labeled trace only, never an unlabeled success; and the branch holds a reply the
+    # client wrote ("something else"), so its label's reward stays but it is no success of the model's
     rows = traces_as_trajectories(read_traces(live.app.state.store.dir))
-    assert list(rows["task_id"]) == [branch.name] and rows["success"].all()
+    assert list(rows["task_id"]) == [branch.name] and rows["reward"][0] == 1.0 and not rows["success"].any()
     everything = traces_as_trajectories(read_traces(live.app.state.store.dir), labeled_only=False)
-    assert len(everything) == 2 and everything["success"].sum() == 1
+    assert len(everything) == 2 and everything["success"].sum() == 0
 
 
 def test_seeded_requests_repeat_and_stream_matches(live):

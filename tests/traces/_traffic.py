@@ -7,6 +7,7 @@ from lopd_core.envs import make_tasks
 from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 from lopd_core.traces import TraceStore
+from lopd_core.traces.fingerprint import tokenizer_fingerprint
 
 TOOLS = [{"type": "function", "function": {"name": "bank_pay", "parameters": {"type": "object"}}}]
 
@@ -30,6 +31,20 @@ def turn_record(tid: str, traj, *, session: str, messages: list[dict]) -> dict:
         "messages": messages,
         "time": 1.0,
     }
+
+
+def served_turns(tid: str, traj, *, session: str, messages: list[dict]) -> list[dict]:
+    """The trajectory as the server records a two-turn conversation: turn 0 up to the model's tool call, turn 1
+    from the tool's message on (one sampled reply each; the ids split anywhere, the reader joins them)."""
+    whole = turn_record(tid, traj, session=session, messages=messages)
+    cut_ids = int(traj.prompt_length) + (len(traj.token_ids) - int(traj.prompt_length)) // 2
+    cut_messages = next(i for i, m in enumerate(messages) if m["role"] == "tool")
+    first, second = dict(whole), {k: v for k, v in whole.items() if k not in ("tools", "origin", "parent")}
+    for name in ("token_ids", "action_mask", "sample_logprobs"):
+        first[name], second[name] = whole[name][:cut_ids], whole[name][cut_ids:]
+    first.update(messages=messages[:cut_messages], finish_reason="tool_calls")
+    second.update(turn=1, origin="extends", messages=messages[cut_messages:], prompt_length=0)
+    return [first, second]
 
 
 def conversation(task, answer: str) -> list[dict]:
@@ -66,7 +81,8 @@ def write_store(folder, model, tokenizer, *, n: int, labels: dict[int, tuple[flo
     for i, (task, traj) in enumerate(zip(tasks, trajs)):
         tid = f"t{seed}-{i:03d}"
         ids.append(tid)
-        store.append(turn_record(tid, traj, session=f"s{i}", messages=conversation(task, f"done {i}")))
+        for record in served_turns(tid, traj, session=f"s{i}", messages=conversation(task, f"done {i}")):
+            store.append({**record, "tokenizer": tokenizer_fingerprint(tokenizer)})
         if i in labels:
             reward, success = labels[i]
             store.append(
