@@ -34,6 +34,10 @@ def mlflow_ui_hint(params: Params) -> str:
 
 
 def cmd_cycle(params: Params, args) -> int:
+    if params.lopd.bank_source == "traces" or params.lopd.trajectories != "rollouts":
+        from lopd_core.traces.source import require_labeled
+
+        require_labeled(params.lopd.traces)  # no labeled trace: one line before Prefect, MLflow or a base start
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from flows.cycle import cycle_flow, summarize

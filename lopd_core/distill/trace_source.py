@@ -35,6 +35,7 @@ from contextlib import contextmanager
 
 from lopd_core import distributed as D
 from lopd_core.rollout.engine import Trajectory
+from lopd_core.settings.checks import ConfigError
 from lopd_core.traces.fingerprint import tokenizer_fingerprint
 from lopd_core.traces.schema import traces_as_trajectories
 from lopd_core.traces.source import as_trajectories, load_traces
@@ -57,7 +58,7 @@ class TraceStream:
         self.too_long = int((~fits).sum())
         self.frame = frame[fits].reset_index(drop=True)
         if self.frame.empty:
-            raise ValueError(
+            raise ConfigError(
                 f"lopd.traces: no labeled trace of at most {max_tokens} tokens at {path} "
                 f"({self.too_long} longer): post feedback for the served conversations (`lopd serve "
                 "client` does) or train on rollouts"
@@ -66,14 +67,14 @@ class TraceStream:
         self._passes: dict[int, list[int]] = {}
 
     def check_tokenizer(self, tokenizer) -> None:
-        """ValueError (one line) when a labeled trace was recorded with another tokenizer than `tokenizer`."""
+        """ConfigError (one line) when a labeled trace was recorded with another tokenizer than `tokenizer`."""
         if self._checked:
             return
         mine = tokenizer_fingerprint(tokenizer)
         other = {fp: n for fp, n in self.tokenizers.items() if fp not in (mine, "")}
         if other:
             fp, n = max(other.items(), key=lambda item: item[1])
-            raise ValueError(
+            raise ConfigError(
                 f"lopd.traces: {sum(other.values())} labeled traces at {self.path} were recorded with another "
                 f"tokenizer ({n} with {fp}; the student's is {mine}): train the model that served them, or "
                 "leave them out of lopd.traces"

@@ -15,19 +15,47 @@ import pandas as pd
 
 from lopd_core.envs import Task
 from lopd_core.rollout.engine import Trajectory
+from lopd_core.settings.checks import ConfigError
+from lopd_core.traces.errors import TraceStoreError
 from lopd_core.traces.schema import traces_as_trajectories
 from lopd_core.traces.store import read_snapshot, read_traces
 
 
 def load_traces(path: str | Path) -> pd.DataFrame:
-    """The validated trace table at `path`: a store folder or a snapshot parquet file."""
+    """The validated trace table at `path`: a store folder or a snapshot parquet file. What a careless setting
+    names (no such path, a file that is no parquet snapshot, a store a reader refuses) is one ConfigError naming
+    lopd.traces, which the command line prints as one line."""
     path = Path(path)
     if not str(path) or not path.exists():
         raise FileNotFoundError(
             f"no traces at {path!s}: point lopd.traces at a `lopd serve` store folder or a "
             "snapshot file (`lopd serve snapshot --out FILE`)"
         )
-    return read_snapshot(path) if path.is_file() else read_traces(path)
+    if path.is_file():
+        try:
+            return read_snapshot(path)
+        except (OSError, ValueError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise ConfigError(
+                f"lopd.traces: {path} is not a trace snapshot ({type(exc).__name__}): name a `lopd serve` store "
+                "folder or a file `lopd serve snapshot --out FILE` wrote"
+            ) from None
+    try:
+        return read_traces(path)
+    except TraceStoreError as exc:
+        raise ConfigError(f"lopd.traces: {exc}") from None
+
+
+def require_labeled(path: str | Path) -> int:
+    """The number of labeled traces at `path`; a ConfigError when there is none, so a command that learns from
+    traces stops before any work (a cold start, a rollout) instead of failing minutes later."""
+    traces = load_traces(path)
+    labeled = int(traces["labeled"].sum())
+    if labeled == 0:
+        raise ConfigError(
+            f"lopd.traces: no labeled trace at {path} ({len(traces)} traces, none with feedback): post feedback "
+            "for the served conversations (POST /v1/feedback; `lopd serve client` does) or train on rollouts"
+        )
+    return labeled
 
 
 def trace_table(path: str | Path, *, labeled_only: bool = True) -> pd.DataFrame:
