@@ -8,7 +8,8 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
      when `cycle.refresh_teacher` is false;
   5. evaluate champion and student on held-out tasks (the champion's evaluation is cached);
   6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
-     champion.json — only if it beats the champion by the gate's rule (`cycle.*` in params.yaml);
+     champion.json — only if the gate passes (flows/gate.py, lopd_core/gate.py: by default the paired interval
+     of the gain clears `cycle.min_gain` and no guard shows a fall);
   7. write the report across all cycles so far.
 
 State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows import gate as gate_flow
 from flows import stage_flows as S
 from lopd_core.config import Params, load_params
 from lopd_core.distill.teacher_play import teacher_lines
@@ -48,10 +50,12 @@ class Champion:
     generation: int = 0
     cycle: int = 0  # the cycle that promoted it
     version: str | None = None  # its lopd-student version in the registry
+    gate: dict | None = None  # the gate's decision that promoted it (flows/gate.py gate_record)
 
 
 def gate_score(params: Params, results: dict | None) -> float:
-    """The gate's number: `gate_metric` under `gate_mode`, averaged over envs and `gate_splits`."""
+    """The gate's point estimate from an eval.json: `gate_metric` under `gate_mode`, averaged over envs and
+    `gate_splits` (the base's figure on the parent run; the decision itself reads per-task outcomes)."""
     g = params.cycle
     values = [
         splits[s][g.gate_mode][g.gate_metric]
@@ -143,17 +147,24 @@ def run_one_cycle(
         fitted = S.fit_flow(params, teacher or champion.model, bank, phi0, **common)
         play = S.teacher_flow(params, teacher or champion.model, bank, fitted["phi"], **common)
         distilled = S.distill_flow(params, champion.model, bank, fitted["phi"], teacher, **common)
+        resolvable = gate_flow.resolvable_before(params)
+        log(
+            f"cycle {number}: the gate ({params.cycle.gate_test}) at n = {resolvable[1]} paired tasks can resolve a "
+            f"gain of about {100 * resolvable[0]:.0f} points or more (before the evaluation; lopd_core/gate.py)"
+        )
         champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
         student_eval = S.evaluate_flow(params, distilled["student"], label="student", **common)
         student_eval["eval"] = with_teacher(params, number, student_eval["eval"], play["results"])
         base_eval = champ_eval if champion.model == base else S.evaluate_flow(params, base, label="base", **common)
 
-        old, new = gate_score(params, champ_eval["results"]), gate_score(params, student_eval["results"])
-        promoted = new > old + params.cycle.min_gain
+        decision, looks = gate_flow.decide_promotion(
+            params, champion.model, distilled["student"], (champ_eval, student_eval), common=common
+        )
+        gate = gate_flow.gate_record(decision, resolvable)
+        promoted = decision.promoted
         log(
             f"cycle {number}: gate {params.cycle.gate_metric} ({params.cycle.gate_mode}, "
-            f"{'+'.join(params.cycle.gate_splits)}): student {new:.4f} vs champion {old:.4f} "
-            f"(min gain {params.cycle.min_gain:g}) -> {'PROMOTED' if promoted else 'not promoted'}"
+            f"{'+'.join(params.cycle.gate_splits)}): {decision.reason}"
         )
 
         lineage = {
@@ -166,7 +177,7 @@ def run_one_cycle(
             "git commit": commit,
             "mlflow cycle run": parent or "untracked",
             "distill steps": distilled["steps"],
-            "gate": f"{new:.4f} vs {old:.4f}",
+            "gate": decision.reason,
             "promoted": promoted,
         }
         exported = S.export_flow(
@@ -183,7 +194,7 @@ def run_one_cycle(
         record = {
             "cycle": number,
             "promoted": promoted,
-            "gate": {"champion": old, "student": new},
+            "gate": gate,
             "champion_before": asdict(champion),
             "student": distilled["student"],
             "csv": distilled["csv"],
@@ -209,6 +220,7 @@ def run_one_cycle(
                     ("distill", distilled),
                     ("champion_eval", champ_eval),
                     ("student_eval", student_eval),
+                    *((f"gate_look_{i + 2}", e) for i, e in enumerate(looks)),
                 )
                 if v is not None
             },
@@ -226,6 +238,7 @@ def run_one_cycle(
                     generation=champion.generation + 1,
                     cycle=number,
                     version=exported["version"],
+                    gate=gate,
                 )
             ),
         }
@@ -234,8 +247,7 @@ def run_one_cycle(
         tracker.log_metrics(
             parent,
             {
-                "gate.champion": old,
-                "gate.student": new,
+                **gate_flow.gate_metrics(gate),
                 "gate.base": gate_score(params, base_eval["results"]),
                 "beta": record["final_beta"],
                 "delta": record["final_delta"],
@@ -243,7 +255,10 @@ def run_one_cycle(
                 "cycle_seconds": record["seconds"],
             },
         )
-        tracker.set_tags(parent, {"lopd.promoted": promoted, "lopd.registered_version": exported["version"]})
+        tracker.set_tags(
+            parent,
+            {"lopd.promoted": promoted, "lopd.registered_version": exported["version"], "lopd.gate": decision.reason},
+        )
         tracker.log_artifact(parent, distilled["csv"], "plots")
         for label, path in record["eval"].items():
             tracker.log_artifact(parent, path, f"eval/{label}")
@@ -283,10 +298,15 @@ def write_cycle_report(
         (
             "last cycle",
             (
-                f"{last['cycle']}: {'promoted' if last['promoted'] else 'not promoted'} "
-                f"(gate {last['gate']['student']:.4f} vs champion {last['gate']['champion']:.4f})"
+                f"{last['cycle']}: "
+                + last["gate"].get(
+                    "reason",
+                    f"{'promoted' if last['promoted'] else 'not promoted'} (gate {last['gate']['student']:.4f} "
+                    f"vs champion {last['gate']['champion']:.4f})",
+                )
             ),
         ),
+        ("gate", gate_line(last["gate"], params)),
         (
             "final β / last δ̄ / mean δ̄",
             (
@@ -335,7 +355,6 @@ def bank_census(bank_dir: str, added_in_distill: int = 0) -> dict:
 def summarize(record: dict, params: Params) -> list[str]:
     """The few lines `lopd cycle` ends with."""
     ev = {k: read_json(v) for k, v in record["eval"].items()}
-    g = params.cycle
 
     def cell(results, env, split, mode):
         c = (results or {}).get(env, {}).get(split, {}).get(mode)
@@ -376,10 +395,9 @@ def summarize(record: dict, params: Params) -> list[str]:
             f"  final β {record['final_beta']:.4f}, δ̄ {record['final_delta']:+.4f} at the last step "
             f"(mean {record['delta_mean']:+.4f}; margin m = {record['margin']:g})"
         ),
-        (
-            f"  promoted: {'yes' if record['promoted'] else 'no'} (gate {g.gate_metric}: student "
-            f"{record['gate']['student']:.4f} vs champion {record['gate']['champion']:.4f}, min gain {g.min_gain:g})"
-        ),
+        f"  gate: {gate_line(record['gate'], params)}",
+        f"  promoted: {'yes' if record['promoted'] else 'no'} ({record['gate'].get('reason', 'point rule')})",
+        *(f"    guard {line}" for line in guard_lines(record["gate"])),
         (
             f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
             f"composer: {record.get('composer_from', 'cold start φ0')}"
@@ -387,4 +405,33 @@ def summarize(record: dict, params: Params) -> list[str]:
         f"  exported student: {record['export']} (registry version {record['version']})",
         f"  report: {record['report']}",
     ]
+    return lines
+
+
+def gate_line(gate: dict, params: Params) -> str:
+    """The gate's settings and point estimates in one line (the reason is the decision's own sentence)."""
+    g = params.cycle
+    before = gate.get("resolvable_before")
+    stated = (
+        f"; before the evaluation, n = {gate.get('n_before')} could resolve about {100 * before:.0f} points"
+        if before is not None
+        else ""
+    )
+    return (
+        f"{gate.get('test', 'point')} test of {g.gate_metric} ({g.gate_mode}, {'+'.join(g.gate_splits)}), "
+        f"min gain {g.min_gain:g}: student {gate['student']:.4f} vs champion {gate['champion']:.4f}"
+        f"{stated}; {gate.get('looks', 1)} look(s)"
+    )
+
+
+def guard_lines(gate: dict) -> list[str]:
+    """One line per guard: its paired change, or why it was not checked."""
+    lines = []
+    for guard in gate.get("guards", []):
+        iv = guard["interval"]
+        if iv is None:
+            lines.append(f"{guard['name']}: not checked (no outcomes for it in this evaluation)")
+            continue
+        change = f"{100 * iv['gain']:+.1f} points [{100 * iv['low']:+.1f}, {100 * iv['high']:+.1f}], n = {iv['n']}"
+        lines.append(f"{guard['name']}: {change} -> {'FAILED' if guard['failed'] else 'ok'}")
     return lines

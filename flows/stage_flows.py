@@ -314,7 +314,7 @@ def evaluate_flow(
     *,
     tracker: AnyTracker,
 ) -> dict:
-    """Held-out evaluation of the policy at `model`."""
+    """Held-out evaluation of the policy at `model`: eval.json and its per-task outcomes, both logged."""
     tags = _tags(f"evaluate-{label}", cycle, {"lopd.evaluated": label})
     with tracker.run(f"evaluate-{label}", parent=parent_run, tags=tags) as run:
         inputs, ids = model_input(model, "model")
@@ -322,6 +322,7 @@ def evaluate_flow(
         tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_metrics(run, eval_metrics(summary["results"]))
         tracker.log_artifact(run, summary["eval"], f"eval/{label}")
+        tracker.log_artifact(run, summary["outcomes"], f"eval/{label}")
     return {**summary, "cached": cached}
 
 

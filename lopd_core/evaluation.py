@@ -10,7 +10,13 @@ Plugin environments (lopd_core/envs/registry.py) are evaluated on the splits the
 unless they provide one: they have no pretraining worlds) and without `+experience` (it needs an oracle).
 
 Output (DESIGN §5): {env: {split: {mode: {success_rate, reward_mean, n, ci95}}}}; ci95 is the Wilson score
-interval [low, high] of the success rate.
+interval [low, high] of the success rate. Beside it, one row per played task (lopd_core/outcomes.py), which the
+promotion gate pairs task by task (lopd_core/gate.py).
+
+Pairing: the tasks of a split come from one seeded stream (`params.seed + EVAL_SEED_OFFSET`; instance i depends
+only on the env, the seed, the split and i) and the rollouts from one sampling seed (`params.seed`), whatever the
+policy: two policies evaluated under the same params play the same tasks with the same seeds. `eval.batch` k plays
+instances [k·n, (k+1)·n) of the same stream: fresh tasks for a sequential gate's next look, never a repeat.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import make_chat
 from lopd_core.model.codegen_demos import CodegenExperiencePool
 from lopd_core.model.demos import ExperiencePool
+from lopd_core.outcomes import outcome_rows
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation tasks come from their own seed stream, apart from training's
@@ -111,7 +118,8 @@ def _experience_pool(env_name: str, seed: int, worlds_key: str):
 def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
     registry.use_config(params.envs)
     worlds = WorldSplit.from_config(params.envs).for_split(shard.split)
-    tasks = make_tasks(shard.env, shard.split, params.eval.n_per_split, params.seed + EVAL_SEED_OFFSET, worlds)
+    n, first = params.eval.n_per_split, params.eval.n_per_split * params.eval.batch
+    tasks = make_tasks(shard.env, shard.split, first + n, params.seed + EVAL_SEED_OFFSET, worlds)[first:]
     if not shard.experience:
         return [RolloutRequest(t) for t in tasks]
     # `+experience` measures how well the policy reads its world's conventions from oracle successes in
@@ -122,7 +130,8 @@ def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
 
 
 def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print) -> dict:
-    """{success_rate, reward_mean, n, ci95} of one shard."""
+    """{success_rate, reward_mean, n, ci95, outcomes} of one shard; `outcomes`: its per-task rows, which
+    `assemble` leaves out of the results and `shard_outcomes` gathers."""
     ev, ro = params.eval, params.rollout
     temperature = 0.0 if shard.mode == "greedy" else ev.temperature
     sampling = Sampling(
@@ -145,15 +154,21 @@ def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print
         f"eval {shard.env}/{shard.variant}/{shard.mode}: success {summary['success_rate']:.3f} "
         f"{summary['ci95']} reward {summary['reward_mean']:.3f} (n={summary['n']})"
     )
-    return summary
+    return {**summary, "outcomes": outcome_rows(shard.env, shard.variant, shard.mode, trajs, params.eval.batch)}
 
 
 def assemble(shards: list[EvalShard], summaries: list[dict]) -> dict:
     """{env: {split: {mode: summary}}} from shards and their summaries (any order in, the shards' order out)."""
     results: dict = {}
     for shard, summary in zip(shards, summaries):
-        results.setdefault(shard.env, {}).setdefault(shard.variant, {})[shard.mode] = summary
+        cell = {k: v for k, v in summary.items() if k != "outcomes"}
+        results.setdefault(shard.env, {}).setdefault(shard.variant, {})[shard.mode] = cell
     return results
+
+
+def shard_outcomes(summaries: list[dict]) -> list[dict]:
+    """The per-task rows of every shard, in the shards' order."""
+    return [row for summary in summaries for row in summary.get("outcomes", [])]
 
 
 def evaluate(model, tokenizer, params: Params, log=print) -> dict:
@@ -162,20 +177,22 @@ def evaluate(model, tokenizer, params: Params, log=print) -> dict:
     return assemble(shards, [evaluate_shard(model, tokenizer, params, s, log=log) for s in shards])
 
 
-def evaluate_stage(model, tokenizer, params: Params, log=print, *, shard_summaries: list[dict] | None = None) -> dict:
+def evaluate_stage(
+    model, tokenizer, params: Params, log=print, *, shard_summaries: list[dict] | None = None
+) -> tuple[dict, list[dict]]:
     """The evaluate stage's results, as eval.json holds them: every environment of the mix (`evaluate`) and a
-    section per benchmark of `eval.benchmarks` (none by default). The evaluate stage's driver
-    (lopd_core/drivers/evaluate.py) calls this one function. `shard_summaries`: the summaries of
-    `eval_shards(params)`, in that order, when they were rolled out elsewhere (`lopd evaluate --task-runner`);
-    None: rolled out here. `model` may then be None when no benchmark is named."""
+    section per benchmark of `eval.benchmarks` (none by default); and the per-task rows of the environments
+    (lopd_core/outcomes.py). The evaluate stage's driver (lopd_core/drivers/evaluate.py) calls this one function.
+    `shard_summaries`: the summaries of `eval_shards(params)`, in that order, when they were rolled out elsewhere
+    (`lopd evaluate --task-runner`); None: rolled out here. `model` may then be None when no benchmark is named."""
     from lopd_core.bench.suite import run_benchmarks
 
+    shards = eval_shards(params)
     if shard_summaries is None:
-        results = evaluate(model, tokenizer, params, log=log)
-    else:
-        results = assemble(eval_shards(params), shard_summaries)
+        shard_summaries = [evaluate_shard(model, tokenizer, params, s, log=log) for s in shards]
+    results = assemble(shards, shard_summaries)
     results.update(run_benchmarks(model, tokenizer, params, log=log))
-    return results
+    return results, shard_outcomes(shard_summaries)
 
 
 def summary_table(results: dict) -> str:

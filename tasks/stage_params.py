@@ -8,7 +8,9 @@ setting a stage reads is one line here (and the same line in dvc.yaml, which the
 A params entry is a dotted key of params.yaml; a section (`bank`) or sub-section (`model.warmstart`) stands for
 every key under it. Keys in PATH_FIELDS name where things are, not what is computed: they stay out of the cache
 key (the cycle hashes the content found there instead) but DVC still tracks them. Keys in REACTION_FIELDS say
-how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well.
+how a stage reacts to what it finds (refuse, warn or fail), never what it computes: out of the key as well, as
+are SCHEDULE_FIELDS (how many evaluations the cycle runs, not what one computes). The promotion gate's `cycle.*`
+keys are read by no stage: the cycle applies them to the evaluate stage's outputs (flows/cycle.py).
 `cycle_params` are read only by `lopd cycle` (the DVC pipeline runs one generation). `inputs` maps each input
 artifact's name, as the flows hash it, to the dvc.yaml deps that are that artifact (empty where only the cycle has it).
 
@@ -54,8 +56,11 @@ PATH_FIELDS = frozenset(
 # How a stage reacts to a checkpoint made under other settings, or to a plugin step that outlives its timeout (it
 # fails): the outputs of a run that goes on are the same.
 REACTION_FIELDS = frozenset({"lopd.resume_mismatch", "lopd.max_skipped_share", "envs.step_timeout_s"})
+# How many batches the cycle's sequential gate may play (lopd_core/gate.py), never what one evaluation computes: a
+# batch is `eval.batch`, which is keyed.
+SCHEDULE_FIELDS = frozenset({"eval.sequential", "eval.max_n"})
 PLUGIN_FINGERPRINT = "data/plugins.json"  # `lopd envs fingerprint`: the plugin files' hashes (module docstring)
-UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS
+UNKEYED_FIELDS = PATH_FIELDS | REACTION_FIELDS | SCHEDULE_FIELDS
 
 
 UNSHAPING_CODE = frozenset(
@@ -163,6 +168,7 @@ STAGES: dict[str, StageReads] = {
             "lopd_core/drivers/distill.py",
             "lopd_core/distill",
             "lopd_core/evaluation.py",
+            "lopd_core/outcomes.py",
             "lopd_core/export.py",
             "lopd_core/bench",
             "lopd_core/methods.py",
@@ -206,6 +212,7 @@ STAGES: dict[str, StageReads] = {
         code=(
             "lopd_core/drivers/evaluate.py",
             "lopd_core/evaluation.py",
+            "lopd_core/outcomes.py",
             "lopd_core/export.py",
             "lopd_core/bench",
             *_ROLLOUT,

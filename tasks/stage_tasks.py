@@ -158,14 +158,17 @@ def distill_task(
 
 @task(name="evaluate", **CACHED)
 def evaluate_task(stage: str, key: str, work: str, params: Params, model: str) -> dict:
-    """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout)."""
+    """Held-out success of the policy at `model` -> work/eval.json (DESIGN §5 layout), and one row per played task
+    beside it (work/eval_tasks.parquet, what the promotion gate pairs)."""
     from lopd_core.drivers.evaluate import run_evaluate
+    from lopd_core.outcomes import outcomes_path
 
     out = _fresh(work)
     p = with_paths(params, model__name_or_path=model)
     log(f"evaluate: {model} on {', '.join(params.eval.splits)} (n={params.eval.n_per_split} per split)")
     results = run_evaluate(p, out / "eval.json", log=log)
-    return mark_complete(out, {"eval": str(out / "eval.json"), "model": model, "results": results})
+    summary = {"eval": str(out / "eval.json"), "outcomes": str(outcomes_path(out / "eval.json"))}
+    return mark_complete(out, {**summary, "model": model, "results": results})
 
 
 @task(name="teacher", **CACHED)

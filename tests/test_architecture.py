@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"rollout", "sharding"},
     {"bank", "traces"},
     {"bench"},
-    {"evaluation", "export", "run_report"},
+    {"evaluation", "export", "run_report", "outcomes", "gate"},
     {"distill"},
     {"drivers"},
     {"compare"},

@@ -7,8 +7,11 @@ table gives each environment's own (`by_env`); the per-domain table pools the re
 "Reaches GRPO" compares curves evaluated on the same test_id tasks (same world and seed, same `curve_n` tasks): GRPO's
 target is the mean over replicates of its last curve point; a method reaches it at the first curve point where its
 own mean over replicates is at least as high, and that point's rollouts are reported as a fraction of GRPO's.
-The verdict lines are arithmetic on these numbers, each difference with the 95 % interval of a difference of two
-proportions (tasks pooled over replicates); a verdict credits experience only beyond that interval.
+The verdict lines are arithmetic on these numbers, each difference with its 95 % interval; a verdict credits
+experience only beyond it. Where both methods' runs of a replicate (same world and seed) left per-task outcomes
+(eval_tasks.parquet beside eval.json), they played the same tasks with the same seeds, and the interval is the
+paired one of the promotion gate (lopd_core/gate.py) over those tasks; otherwise it is the unpaired interval of
+a difference of two proportions (tasks pooled over replicates), wider than the paired one.
 """
 
 from __future__ import annotations
@@ -78,6 +81,49 @@ def difference_interval(a: list[dict], b: list[dict], split: str, mode: str) -> 
     return pa - pb, 1.96 * math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb)
 
 
+def _paired_frames(a: list[dict], b: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The outcomes of the replicates both methods ran, each replicate its own cell (`env` becomes
+    world/seed/env, so the gate's mean over cells is the mean over replicates); None without any."""
+    from lopd_core.outcomes import outcomes_path, read_outcomes
+
+    def by_replicate(runs):
+        return {(r.get("world"), r.get("seed")): outcomes_path(r["eval"]) for r in runs if r.get("eval")}
+
+    left, right = by_replicate(a), by_replicate(b)
+    shared = [k for k in left if k in right and left[k].exists() and right[k].exists()]
+    if not shared:
+        return None
+
+    def frames(paths):
+        return pd.concat(
+            [read_outcomes(paths[k]).assign(env=lambda f, k=k: f"{k[0]}/{k[1]}/" + f["env"]) for k in shared]
+        )
+
+    return frames(left), frames(right)
+
+
+def method_difference(a: list[dict], b: list[dict], split: str, mode: str) -> tuple[float, float, float, str]:
+    """(success of a − b, the 95 % interval's low and high, how it was computed): paired over the shared tasks of
+    shared replicates where the runs left per-task outcomes, else `difference_interval`'s unpaired one."""
+    from lopd_core.gate import paired_differences, paired_interval
+
+    frames = _paired_frames(a, b)
+    if frames is not None:
+        pick = [f[(f["split"] == split) & (f["mode"] == mode)] for f in frames]
+        diffs = paired_differences(pick[1], pick[0], "success_rate")  # a − b: a plays the student
+        if len(diffs):
+            iv = paired_interval(diffs)
+            return iv.gain, iv.low, iv.high, f"paired, n = {iv.n}"
+    d, half = difference_interval(a, b, split, mode)
+    return d, d - half, d + half, "unpaired"
+
+
+def _difference_text(split: str, mode: str, d: float, low: float, high: float, how: str) -> str:
+    if how == "unpaired":
+        return f"{split}/{mode} {100 * d:+.1f} (±{100 * (high - low) / 2:.1f})"
+    return f"{split}/{mode} {100 * d:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] ({how})"
+
+
 def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
     lines = []
     if "lopd" not in by_method:
@@ -85,15 +131,15 @@ def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
     for other in ("grpo", "sharpened_teacher", "lopd_random_retrieval", "opsd", "sdpo", "skill_sd"):
         if other not in by_method:
             continue
-        parts = []
-        for split, mode in CELLS:
-            d, half = difference_interval(by_method["lopd"], by_method[other], split, mode)
-            parts.append(f"{split}/{mode} {100 * d:+.1f} (±{100 * half:.1f})")
-        lines.append(f"- LOPD − {other} (success, points; ± the 95 % interval of the difference): " + ", ".join(parts))
+        parts = [
+            _difference_text(split, mode, *method_difference(by_method["lopd"], by_method[other], split, mode))
+            for split, mode in CELLS
+        ]
+        lines.append(f"- LOPD − {other} (success, points; the 95 % interval of the difference): " + ", ".join(parts))
     controls = [c for c in ("sharpened_teacher", "lopd_random_retrieval") if c in by_method]
     if controls:
-        diffs = [difference_interval(by_method["lopd"], by_method[c], s, m) for c in controls for s, m in CELLS[:2]]
-        if all(d > half for d, half in diffs):
+        diffs = [method_difference(by_method["lopd"], by_method[c], s, m)[:2] for c in controls for s, m in CELLS[:2]]
+        if all(low > 0 for _, low in diffs):
             lines.append(
                 f"- On test_id (both modes) LOPD beats both controls ({', '.join(controls)}) by more than "
                 "the noise: a gain there can be credited to experience."

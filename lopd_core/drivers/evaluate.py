@@ -1,5 +1,6 @@
 """The evaluate stage's driver: load the policy at `model.name_or_path` (the base when empty), evaluate it on every
-environment of the mix and `eval.benchmarks`, write eval.json. `lopd evaluate` (sharded or not), the cycle's
+environment of the mix and `eval.benchmarks`, write eval.json and, beside it, the per-task outcomes
+(`<stem>_tasks.parquet`, lopd_core/outcomes.py). `lopd evaluate` (sharded or not), the cycle's
 evaluate task and `lopd compare`'s final evaluation call it.
 """
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from lopd_core.config import Params
 from lopd_core.evaluation import EvalShard, eval_shards, evaluate_stage, write_metrics
 from lopd_core.model.loading import load_policy
+from lopd_core.outcomes import outcomes_path, write_outcomes
 
 
 def run_evaluate(
@@ -24,8 +26,9 @@ def run_evaluate(
     else:
         model = tokenizer = None
     summaries = None if map_shards is None else map_shards(eval_shards(params))
-    results = evaluate_stage(model, tokenizer, params, log=log, shard_summaries=summaries)
+    results, outcomes = evaluate_stage(model, tokenizer, params, log=log, shard_summaries=summaries)
     del model  # a caller that evaluates several policies holds one at a time
     write_metrics(results, out)
-    log(f"evaluate: {Path(out)}")
+    write_outcomes(outcomes, outcomes_path(out))
+    log(f"evaluate: {Path(out)} (per task: {outcomes_path(out)})")
     return results

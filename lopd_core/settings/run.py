@@ -6,8 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lopd_core.names import ACEBENCH_CATEGORIES, ACEBENCH_GROUPS, BFCL_CATEGORIES
-from lopd_core.settings.checks import any_of, in_range, non_negative, one_of, positive, subset_of
+from lopd_core.settings.checks import (
+    Check,
+    ConfigError,
+    any_of,
+    fraction,
+    in_range,
+    non_negative,
+    one_of,
+    positive,
+    subset_of,
+)
 from lopd_core.settings.fields import Section, setting
+
+SPLIT_NAMES = ("train", "test_id", "test_ood", "pretrain_test")
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,29 @@ class EvalConfig(Section):
         help="external benchmarks also run: bfcl, acebench, humaneval (settings under "
         "bench); scores under their own names in out",
     )
+    batch: int = setting(
+        0,
+        help="which batch of fresh held-out tasks: batch k plays instances [k·n_per_split, (k+1)·n_per_split) of each "
+        "split's seeded stream (the sequential gate's later looks)",
+        check=non_negative(),
+    )
+    sequential: bool = setting(
+        False,
+        help="`lopd cycle`: when the gate's interval straddles the threshold, play another n_per_split fresh tasks "
+        "per split, up to max_n, each look at a Bonferroni-adjusted level (lopd_core/gate.py)",
+    )
+    max_n: int = setting(
+        400,
+        help="with sequential: tasks per split at most (looks = max_n // n_per_split)",
+        check=positive(),
+    )
+
+    def check(self) -> None:
+        if self.sequential and self.max_n < self.n_per_split:
+            raise ConfigError(
+                f"eval.max_n: got {self.max_n}, expected at least eval.n_per_split ({self.n_per_split}) "
+                "with eval.sequential"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,8 +106,10 @@ class TrackingConfig(Section):
 class CycleConfig(Section):
     """`lopd cycle`: continual self-improvement from the last promoted student, and the promotion gate.
 
-    The gate: the new student is promoted when its `gate_metric` under `gate_mode`, averaged over
-    `gate_splits` (held-out tasks, no experience in context), exceeds the champion's by more than `min_gain`.
+    The gate (lopd_core/gate.py): champion and student play the same held-out tasks with the same seeds; with
+    `gate_test: paired` the student is promoted only when the `confidence` interval of the paired difference of
+    `gate_metric` (under `gate_mode`, averaged over `gate_splits`) has its lower bound above `min_gain` and no
+    guard shows a fall beyond `guard_max_fall`. `point` is the earlier rule: the two averages, `min_gain` apart.
     """
 
     SECTION = "cycle"
@@ -95,10 +132,39 @@ class CycleConfig(Section):
         help="held-out splits the gate averages, judged without experience in context",
     )
     gate_mode: str = setting("greedy", help="greedy | sampled", check=one_of("greedy", "sampled"))
+    gate_test: str = setting(
+        "paired",
+        help="paired: promote when the paired interval's lower bound exceeds min_gain and no guard fails | point: "
+        "when the student's average exceeds the champion's by min_gain (no interval, no guards)",
+        check=one_of("paired", "point"),
+    )
     min_gain: float = setting(
         0.0,
-        help="promote only if new > champion + min_gain on the gate's average (negative: promote whatever the numbers)",
+        help="the gain to clear, in the metric's units (0.05: 5 points): the paired interval's lower bound, or the "
+        "point rule's difference, must exceed it (negative: promote whatever the numbers)",
         check=in_range(-1.0, 1.0),
+    )
+    confidence: float = setting(
+        0.95, help="the level of the gate's and the guards' paired intervals", check=in_range(0.5, 0.999)
+    )
+    guards: list[str] = setting(
+        factory=lambda: ["pretrain_test", "per_env"],
+        check=Check(
+            lambda v: all(g == "per_env" or g.split(":")[-1] in SPLIT_NAMES for g in v),
+            "a list of split names (every env of the mix on it), env:split, or per_env",
+        ),
+        help="metrics that must not fall (paired gate): a split (pretrain_test: forgetting) in every env of the "
+        "mix, env:split for one, per_env: each env of a mix on the gate's splits alone; []: none",
+    )
+    guard_metric: str = setting(
+        "success_rate",
+        help="the guards' metric: success_rate | reward_mean",
+        check=one_of("success_rate", "reward_mean"),
+    )
+    guard_max_fall: float = setting(
+        0.0,
+        help="a guard fails when its paired interval lies wholly below −guard_max_fall (a fall the data show)",
+        check=fraction(),
     )
     stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())
     report_dir: str = setting("reports/cycles", help="`lopd cycle`'s report (the DVC pipeline's: reports/run)")

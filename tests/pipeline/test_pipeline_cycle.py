@@ -54,6 +54,16 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     (record,) = history
     assert not any(record["cached"].values())
     assert not (project / "data/cycles/champion.json").exists()
+    gate = record["gate"]  # the paired gate (#38): gain, interval, n and the reason, in the record and the summary
+    assert gate["test"] == "paired" and gate["low"] <= gate["gain"] <= gate["high"] and gate["n"] > 0
+    assert gate["reason"].startswith("not promoted: ") and gate["reason"] in out
+    assert "could resolve about" in out and "guard toolworld pretrain_test success" in out
+    import pandas as pd
+
+    from lopd_core.outcomes import outcomes_path
+
+    tasks = pd.read_parquet(outcomes_path(record["eval"]["champion"]))
+    assert {"task_id", "template", "success", "reward"} <= set(tasks.columns) and len(tasks) > 0
 
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'tracking.db'}")
     parent = client.get_run(record["mlflow_run"])
@@ -63,6 +73,10 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     stages = {r.data.tags["lopd.stage"]: r for r in children}
     assert {"bank", "coldstart", "distill", "export", "report"} <= set(stages)
+    assert float(parent.data.metrics["gate.n"]) == gate["n"] and parent.data.tags["lopd.gate"] == gate["reason"]
+    evaluated = [r for r in children if r.data.tags["lopd.stage"].startswith("evaluate")]
+    logged = [a.path for r in evaluated for a in client.list_artifacts(r.info.run_id, "eval/champion")]
+    assert "eval/champion/eval_tasks.parquet" in logged
     distill = stages["distill"].info.run_id
     for name in ("beta", "delta", "reward_mean", "kl_phi"):
         assert [m.step for m in client.get_metric_history(distill, name)] == [1, 2], name
