@@ -125,6 +125,8 @@ def test_a_forgetting_student_is_blocked_by_its_guard_which_is_named():
     assert d.interval.low > 0  # the gain alone would promote
     assert not d.promoted
     assert d.reason.startswith("not promoted: guard toolworld pretrain_test success fell -")
+    # the default bound (cycle.guard_max_fall: 10 points) still blocks a 30-point fall
+    assert not G.decide(champion, student, _rule(guards=guards, guard_max_fall=0.1), seed=0).promoted
     # without the guard, the same outcomes promote
     assert G.decide(champion, student, _rule(), seed=0).promoted
 

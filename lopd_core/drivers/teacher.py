@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from lopd_core.bank import read_bank
 from lopd_core.config import Params
 from lopd_core.distill.teacher_play import teacher_in_play
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
@@ -28,8 +29,12 @@ def run_teacher_in_play(params: Params, *, composer: str | None = None, model=No
     composer = composer or starting_composer(params)
     if not Path(composer).exists():
         raise FileNotFoundError(f"teacher in play: no composer at {composer} (run `lopd coldstart` and `lopd fit`)")
-    if not bank_paths(params)[0].exists():
-        raise FileNotFoundError(f"teacher in play: no bank at {bank_paths(params)[0]} (run `lopd bank`)")
+    parquet, seed_path = bank_paths(params)
+    if not seed_path.exists():  # the bank stage never ran here (an empty bank still leaves its seed rollouts)
+        raise FileNotFoundError(f"teacher in play: no bank at {parquet.parent} (run `lopd bank`)")
+    if read_bank(parquet).empty:
+        log("teacher in play: the bank holds no success yet, so the teacher reads nothing: not played")
+        return {}
     if model is None:
         model, tokenizer = load_policy(params.model)
     model.eval()

@@ -162,8 +162,10 @@ class CycleConfig(Section):
         check=one_of("success_rate", "reward_mean"),
     )
     guard_max_fall: float = setting(
-        0.0,
-        help="a guard fails when its paired interval lies wholly below −guard_max_fall (a fall the data show)",
+        0.1,
+        help="a guard fails when its paired interval lies wholly below −guard_max_fall: a fall the data show to "
+        "exceed this bound (0.1: 10 points; adapting to a new world costs some of the old ones, and a team says how "
+        "much it accepts)",
         check=fraction(),
     )
     stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())

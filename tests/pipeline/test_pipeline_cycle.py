@@ -72,7 +72,7 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     assert parent.data.params["lopd.steps"] == "2"
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     stages = {r.data.tags["lopd.stage"]: r for r in children}
-    assert {"bank", "coldstart", "distill", "export", "report"} <= set(stages)
+    assert {"bank", "coldstart", "fit", "teacher", "distill", "export", "report"} <= set(stages)
     assert float(parent.data.metrics["gate.n"]) == gate["n"] and parent.data.tags["lopd.gate"] == gate["reason"]
     evaluated = [r for r in children if r.data.tags["lopd.stage"].startswith("evaluate")]
     logged = [a.path for r in evaluated for a in client.list_artifacts(r.info.run_id, "eval/champion")]
@@ -98,7 +98,8 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     out = capsys.readouterr().out
     record2 = json.loads((project / "data/cycles/history.json").read_text())[-1]
     assert all(record2["cached"].values()), record2["cached"]
-    assert "cached stages reused: bank, coldstart, distill, champion_eval, student_eval; composer: cold start φ0" in out
+    reused = "cached stages reused: bank, coldstart, fit, teacher, distill, champion_eval, student_eval"
+    assert f"{reused}; composer: cold start φ0" in out
     assert record2["student"] == record["student"] and record2["version"] == record["version"]
     # Wall times are printed, not asserted: on a shared 2-core machine they measure the neighbours too.
 

@@ -267,7 +267,18 @@ def test_report_is_self_contained_with_every_curve(tmp_path):
 def test_dvc_stages_are_lopd_commands_over_known_params():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = spec["stages"]
-    assert list(stages) == ["base", "plugins", "bank", "coldstart", "distill", "evaluate", "export", "report"]
+    assert list(stages) == [
+        "base",
+        "plugins",
+        "bank",
+        "coldstart",
+        "fit",
+        "teacher",
+        "distill",
+        "evaluate",
+        "export",
+        "report",
+    ]
     known = Params().to_dict()
     for name, stage in stages.items():
         cmds = stage["cmd"] if isinstance(stage["cmd"], list) else [stage["cmd"]]
