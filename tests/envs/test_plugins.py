@@ -143,7 +143,7 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
 
     params = Params()
     params.envs = EnvsConfig(mix={"toolworld": 1.0, "library": 1.0})
-    params.eval = replace(params.eval, modes=["greedy"])
+    params.eval = replace(params.eval, modes=["greedy"], with_experience=True)
     shards = {(s.env, s.variant) for s in eval_shards(params)}
     assert {v for e, v in shards if e == "library"} == {"test_id", "test_ood"}
     assert {v for e, v in shards if e == "toolworld"} == {

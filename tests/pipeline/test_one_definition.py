@@ -71,7 +71,7 @@ def test_compares_lopd_run_equals_the_distill_stage_on_the_same_seed(tmp_path, t
     distill.lopd = replace(
         distill.lopd, steps=steps, out_dir=str(tmp_path / "distill"), csv=str(tmp_path / "distill" / "distill.csv")
     )
-    distill.coldstart = replace(distill.coldstart, out=str(phi0))
+    distill.coldstart = replace(distill.coldstart, out=str(phi0), fit_out=str(phi0))  # as compare and the cycle pass it
     distilled = run_lopd(distill, log=lambda *_: None)
 
     assert compared["steps"] == distilled["steps"] == 2 and compared["rollouts"] == distilled["rollouts"]
