@@ -32,6 +32,7 @@ import torch
 from lopd_core.rollout.decode import generate_turn
 from lopd_core.rollout.scoring import SequenceScores, score_sequence
 from lopd_core.rollout.trajectory import Sampling
+from lopd_serve.logprobs import finite
 
 
 @dataclass
@@ -197,7 +198,9 @@ class Batcher:
         self.rows += len(group)
         for job, (ids, logprobs), top in zip(group, turns, tops):
             ids, logprobs = ids[: job.max_tokens], logprobs[: job.max_tokens]
-            out = Generated(list(ids), [float(v) for v in logprobs], bool(ids) and ids[-1] == chat.im_end_id, top)
+            out = Generated(
+                list(ids), [finite(float(v)) for v in logprobs], bool(ids) and ids[-1] == chat.im_end_id, top
+            )
             job.loop.call_soon_threadsafe(_settle, job.future, out, None)
 
 
