@@ -17,6 +17,7 @@ import hmac
 import logging
 import math
 import time
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +28,7 @@ from lopd_serve.batching import Batcher
 from lopd_serve.chat import add_chat
 from lopd_serve.completions import add_completions
 from lopd_serve.config import ServeConfig
-from lopd_serve.models import ModelHolder
+from lopd_serve.models import ModelHolder, Unservable
 from lopd_serve.protocol import ApiError, Feedback, Reload, error_response
 from lopd_serve.sessions import Recorded, SessionTable
 
@@ -92,16 +93,39 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
 
     _add_error_handlers(app)
 
-    def authorized(request: Request) -> None:
-        if key is None:
-            return
+    reload_key = cfg.reload_key()
+
+    def bearer(request: Request, expected: str) -> bool:
         given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
+        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), expected.encode())
+
+    def authorized(request: Request) -> None:
+        if key is None or bearer(request, key) or (reload_key is not None and bearer(request, reload_key)):
+            return
+        raise ApiError(
+            401,
+            "missing or wrong API key (Authorization: Bearer KEY)",
+            "invalid_api_key",
+            kind="authentication_error",
+        )
+
+    def may_reload(request: Request) -> None:
+        """Reload has its own key: a chat client must not choose what the server serves. Behind an API key and
+        without a reload key, reload is off; a keyless loopback server reloads for its local callers."""
+        if reload_key is not None:
+            if not bearer(request, reload_key):
+                raise ApiError(
+                    401,
+                    f"/admin/reload needs the reload key (Authorization: Bearer KEY, from {cfg.reload_key_env})",
+                    "invalid_reload_key",
+                    kind="authentication_error",
+                )
+        elif key is not None:
             raise ApiError(
-                401,
-                "missing or wrong API key (Authorization: Bearer KEY)",
-                "invalid_api_key",
-                kind="authentication_error",
+                403,
+                f"/admin/reload is off behind an API key: set a reload key in {cfg.reload_key_env}",
+                "reload_off",
+                kind="permission_error",
             )
 
     def room(*, feedback: bool = False) -> None:
@@ -155,7 +179,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     add_completions(app, cfg, batcher, holder, authorized)
 
     _add_feedback(app, sessions=sessions, store=store, recorded=recorded, authorized=authorized, room=room)
-    _add_reload(app, holder, authorized)
+    _add_reload(app, holder, may_reload, cfg.reload_folders())
     return app
 
 
@@ -245,12 +269,25 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
         return {"ok": True, "trajectory_id": trajectory_id, "turns": turns}
 
 
-def _add_reload(app, holder, authorized) -> None:
-    @app.post("/admin/reload", dependencies=[Depends(authorized)])
+def _add_reload(app, holder, may_reload, roots: list[Path]) -> None:
+    @app.post("/admin/reload", dependencies=[Depends(may_reload)])
     async def reload(body: Reload | None = None):
+        folder = body.model if body else None
+        if folder and not any(Path(folder).resolve().is_relative_to(root) for root in roots):
+            raise ApiError(
+                403,
+                f"{folder}: not under a reload root ({', '.join(map(str, roots))}; serve.reload_roots)",
+                "reload_outside_roots",
+                kind="permission_error",
+                param="model",
+            )
         try:
-            version, changed = await asyncio.to_thread(holder.reload, body.model if body else None)
-        except (FileNotFoundError, ValueError, OSError) as exc:
+            version, changed = await asyncio.to_thread(holder.reload, folder)
+        except Unservable as exc:
+            raise ApiError(
+                422, f"refused, still serving {holder.current.version}: {exc}", "reload_unservable"
+            ) from None
+        except Exception as exc:  # noqa: BLE001  a broken checkpoint is the caller's error, never a 500
             raise ApiError(
                 400, f"reload failed, still serving {holder.current.version}: {exc}", "reload_failed"
             ) from None

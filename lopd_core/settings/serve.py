@@ -24,6 +24,16 @@ class ServeConfig(Section):
     api_key_env: str = setting(
         "LOPD_API_KEY", help="the environment variable holding the API key (a key is never written in a file)"
     )
+    reload_key_env: str = setting(
+        "LOPD_RELOAD_KEY",
+        help="the environment variable holding the key POST /admin/reload needs (it also serves the API); unset: "
+        "reload is off behind an API key, open on a keyless loopback server",
+    )
+    reload_roots: list[str] = setting(
+        factory=list,
+        help="folders /admin/reload may load a checkpoint from (a trainer's rollout.sync_dir belongs here); "
+        "empty: model_cache_dir and the served model folder's parent",
+    )
     store_dir: str = setting("data/traces", help="the trace store (append-only segments)")
     store_segment_bytes: int = setting(
         64 * 2**20, help="a segment is closed at this size and the next one opened", check=positive()
@@ -44,7 +54,9 @@ class ServeConfig(Section):
     max_messages: int = setting(64, help="messages in one chat request", check=positive())
     max_tokens_limit: int = setting(512, help="the largest max_tokens a request may ask for", check=positive())
     default_max_tokens: int = setting(128, help="max_tokens of a request that names none", check=positive())
-    max_context: int = setting(2048, help="prompt + max_tokens must fit", check=positive())
+    max_context: int = setting(
+        1024, help="prompt + max_tokens must fit; at most the model's positions (checked at start)", check=positive()
+    )
     max_sessions: int = setting(1024, help="sessions held in memory; beyond it new sessions get 429", check=positive())
     max_top_logprobs: int = setting(
         20, help="the most top_logprobs / prompt_logprobs a request may ask for", check=at_least(0)
