@@ -38,10 +38,11 @@ RECORDED_PER_SESSION = 64  # feedback targets kept per session slot (serve.max_s
 
 class BodyLimit:
     """Refuse a request body over `limit` bytes with 413 before it is parsed (a declared length or a chunked
-    body that outgrows it alike)."""
+    body that outgrows it alike), and one that does not arrive within `timeout_s` with 408: a client sending a
+    byte a minute would otherwise hold its connection and its task for ever."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 30.0):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -50,8 +51,15 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(scope, receive, send)
         chunks, size, more = [], 0, True
+        deadline = time.monotonic() + self.timeout_s
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                response = error_response(
+                    408, f"the request body did not arrive within {self.timeout_s:g}s (serve.body_timeout_s)", "timeout"
+                )
+                return await response(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -78,9 +86,35 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+class HostAllowList:
+    """Refuse (400) a request whose Host header names none of `allowed` (the port aside). DNS rebinding: a web
+    page on evil.example re-points its name to 127.0.0.1, and the browser then lets its script talk to a keyless
+    loopback server as if it were the page's own, Host still reading evil.example."""
+
+    def __init__(self, app, allowed: tuple[str, ...]):
+        self.app, self.allowed = app, {a.lower() for a in allowed}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+        name = host[: host.find("]") + 1] if host.startswith("[") else host.split(":", 1)[0]  # the port aside
+        if name in self.allowed:
+            return await self.app(scope, receive, send)
+        response = error_response(
+            400,
+            f"Host {host!r} is not a loopback name; a keyless server answers only those (serve.allowed_hosts)",
+            "invalid_host",
+        )
+        return await response(scope, receive, send)
+
+
 def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> FastAPI:
     batcher = Batcher(window_s=cfg.batch_window_ms / 1000, max_batch=cfg.max_batch, seed=cfg.seed)
-    sessions = SessionTable(cfg.max_sessions, idle_s=900.0)
+    sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     key = cfg.api_key()
     recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest kept
 
@@ -89,7 +123,9 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder, store), **pages)
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
     app.state.recorded = recorded
-    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes, timeout_s=cfg.body_timeout_s)
+    if key is None:  # a keyless server trusts whoever reaches it: only through a loopback name
+        app.add_middleware(HostAllowList, allowed=(*LOOPBACK_HOSTS, *cfg.allowed_hosts))
 
     _add_error_handlers(app)
 

@@ -88,7 +88,9 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(req: ChatRequest, request: Request):
         max_tokens = _max_tokens(req, cfg)
-        parsed = parse_messages(req, max_messages=cfg.max_messages)
+        # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
+        # length once tokenized) must not hold the event loop, and with it health checks and every stream
+        parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
         room()
         name = request.headers.get(SESSION_HEADER) or req.user
         if name is not None and len(name) > MAX_SESSION_NAME:  # feedback could never name it (its own bound)
@@ -98,13 +100,13 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
                 "invalid_session",
                 param=SESSION_HEADER,
             )
-        session = sessions.get(name)
+        session = sessions.get(name, client=request.client.host if request.client else "")
         await session.lock.acquire()  # released when the turn is answered (or its stream ends)
         streaming = False
         try:
             loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
             tools_key = json.dumps(parsed.tools, sort_keys=True)
-            plan = plan_turn(session, parsed, tools_key, loaded.chat, loaded.version)
+            plan = await asyncio.to_thread(plan_turn, session, parsed, tools_key, loaded.chat, loaded.version)
             if len(plan.context) + max_tokens > cfg.max_context:
                 raise ApiError(
                     400,

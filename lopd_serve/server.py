@@ -45,4 +45,11 @@ def run(cfg: ServeConfig, log=print) -> None:
         f"serving {app.state.holder.current.version} on http://{cfg.host}:{cfg.port}/v1 "
         f"(traces in {cfg.store_dir}; API key {'required' if cfg.api_key() else 'off: loopback only'})"
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=cfg.keep_alive_s,  # an idle kept-alive connection is closed (slow clients)
+    )
