@@ -17,6 +17,7 @@ import hmac
 import logging
 import math
 import time
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +28,7 @@ from lopd_serve.batching import Batcher
 from lopd_serve.chat import add_chat
 from lopd_serve.completions import add_completions
 from lopd_serve.config import ServeConfig
-from lopd_serve.models import ModelHolder
+from lopd_serve.models import ModelHolder, Unservable
 from lopd_serve.protocol import ApiError, Feedback, Reload, error_response
 from lopd_serve.sessions import Recorded, SessionTable
 
@@ -37,10 +38,11 @@ RECORDED_PER_SESSION = 64  # feedback targets kept per session slot (serve.max_s
 
 class BodyLimit:
     """Refuse a request body over `limit` bytes with 413 before it is parsed (a declared length or a chunked
-    body that outgrows it alike)."""
+    body that outgrows it alike), and one that does not arrive within `timeout_s` with 408: a client sending a
+    byte a minute would otherwise hold its connection and its task for ever."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 30.0):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -49,8 +51,15 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(scope, receive, send)
         chunks, size, more = [], 0, True
+        deadline = time.monotonic() + self.timeout_s
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                response = error_response(
+                    408, f"the request body did not arrive within {self.timeout_s:g}s (serve.body_timeout_s)", "timeout"
+                )
+                return await response(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -77,9 +86,35 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+class HostAllowList:
+    """Refuse (400) a request whose Host header names none of `allowed` (the port aside). DNS rebinding: a web
+    page on evil.example re-points its name to 127.0.0.1, and the browser then lets its script talk to a keyless
+    loopback server as if it were the page's own, Host still reading evil.example."""
+
+    def __init__(self, app, allowed: tuple[str, ...]):
+        self.app, self.allowed = app, {a.lower() for a in allowed}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+        name = host[: host.find("]") + 1] if host.startswith("[") else host.split(":", 1)[0]  # the port aside
+        if name in self.allowed:
+            return await self.app(scope, receive, send)
+        response = error_response(
+            400,
+            f"Host {host!r} is not a loopback name; a keyless server answers only those (serve.allowed_hosts)",
+            "invalid_host",
+        )
+        return await response(scope, receive, send)
+
+
 def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> FastAPI:
     batcher = Batcher(window_s=cfg.batch_window_ms / 1000, max_batch=cfg.max_batch, seed=cfg.seed)
-    sessions = SessionTable(cfg.max_sessions, idle_s=900.0)
+    sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     key = cfg.api_key()
     recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest kept
 
@@ -88,20 +123,45 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder, store), **pages)
     app.state.batcher, app.state.sessions, app.state.holder, app.state.store = batcher, sessions, holder, store
     app.state.recorded = recorded
-    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes, timeout_s=cfg.body_timeout_s)
+    if key is None:  # a keyless server trusts whoever reaches it: only through a loopback name
+        app.add_middleware(HostAllowList, allowed=(*LOOPBACK_HOSTS, *cfg.allowed_hosts))
 
     _add_error_handlers(app)
 
-    def authorized(request: Request) -> None:
-        if key is None:
-            return
+    reload_key = cfg.reload_key()
+
+    def bearer(request: Request, expected: str) -> bool:
         given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
+        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), expected.encode())
+
+    def authorized(request: Request) -> None:
+        if key is None or bearer(request, key) or (reload_key is not None and bearer(request, reload_key)):
+            return
+        raise ApiError(
+            401,
+            "missing or wrong API key (Authorization: Bearer KEY)",
+            "invalid_api_key",
+            kind="authentication_error",
+        )
+
+    def may_reload(request: Request) -> None:
+        """Reload has its own key: a chat client must not choose what the server serves. Behind an API key and
+        without a reload key, reload is off; a keyless loopback server reloads for its local callers."""
+        if reload_key is not None:
+            if not bearer(request, reload_key):
+                raise ApiError(
+                    401,
+                    f"/admin/reload needs the reload key (Authorization: Bearer KEY, from {cfg.reload_key_env})",
+                    "invalid_reload_key",
+                    kind="authentication_error",
+                )
+        elif key is not None:
             raise ApiError(
-                401,
-                "missing or wrong API key (Authorization: Bearer KEY)",
-                "invalid_api_key",
-                kind="authentication_error",
+                403,
+                f"/admin/reload is off behind an API key: set a reload key in {cfg.reload_key_env}",
+                "reload_off",
+                kind="permission_error",
             )
 
     def room(*, feedback: bool = False) -> None:
@@ -155,7 +215,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     add_completions(app, cfg, batcher, holder, authorized)
 
     _add_feedback(app, sessions=sessions, store=store, recorded=recorded, authorized=authorized, room=room)
-    _add_reload(app, holder, authorized)
+    _add_reload(app, holder, may_reload, cfg.reload_folders())
     return app
 
 
@@ -245,12 +305,25 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
         return {"ok": True, "trajectory_id": trajectory_id, "turns": turns}
 
 
-def _add_reload(app, holder, authorized) -> None:
-    @app.post("/admin/reload", dependencies=[Depends(authorized)])
+def _add_reload(app, holder, may_reload, roots: list[Path]) -> None:
+    @app.post("/admin/reload", dependencies=[Depends(may_reload)])
     async def reload(body: Reload | None = None):
+        folder = body.model if body else None
+        if folder and not any(Path(folder).resolve().is_relative_to(root) for root in roots):
+            raise ApiError(
+                403,
+                f"{folder}: not under a reload root ({', '.join(map(str, roots))}; serve.reload_roots)",
+                "reload_outside_roots",
+                kind="permission_error",
+                param="model",
+            )
         try:
-            version, changed = await asyncio.to_thread(holder.reload, body.model if body else None)
-        except (FileNotFoundError, ValueError, OSError) as exc:
+            version, changed = await asyncio.to_thread(holder.reload, folder)
+        except Unservable as exc:
+            raise ApiError(
+                422, f"refused, still serving {holder.current.version}: {exc}", "reload_unservable"
+            ) from None
+        except Exception as exc:  # noqa: BLE001  a broken checkpoint is the caller's error, never a 500
             raise ApiError(
                 400, f"reload failed, still serving {holder.current.version}: {exc}", "reload_failed"
             ) from None

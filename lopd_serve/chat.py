@@ -88,7 +88,9 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(req: ChatRequest, request: Request):
         max_tokens = _max_tokens(req, cfg)
-        parsed = parse_messages(req, max_messages=cfg.max_messages)
+        # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
+        # length once tokenized) must not hold the event loop, and with it health checks and every stream
+        parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
         room()
         name = request.headers.get(SESSION_HEADER) or req.user
         if name is not None and len(name) > MAX_SESSION_NAME:  # feedback could never name it (its own bound)
@@ -98,13 +100,13 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
                 "invalid_session",
                 param=SESSION_HEADER,
             )
-        session = sessions.get(name)
+        session = sessions.get(name, client=request.client.host if request.client else "")
         await session.lock.acquire()  # released when the turn is answered (or its stream ends)
         streaming = False
         try:
             loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
             tools_key = json.dumps(parsed.tools, sort_keys=True)
-            plan = plan_turn(session, parsed, tools_key, loaded.chat, loaded.version)
+            plan = await asyncio.to_thread(plan_turn, session, parsed, tools_key, loaded.chat, loaded.version)
             if len(plan.context) + max_tokens > cfg.max_context:
                 raise ApiError(
                     400,
@@ -116,10 +118,22 @@ def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized
             seed = req.seed if req.seed is not None else batcher.draw_seed()
             turn = Turn(req, session, parsed, plan, loaded, tools_key, max_tokens, seed % 2**63)
             if req.stream:
-                response = StreamingResponse(_stream(turn, batcher, store, recorded), media_type="text/event-stream")
+                response = StreamingResponse(
+                    _stream(turn, batcher, store, recorded, request), media_type="text/event-stream"
+                )
                 streaming = True  # the stream releases the lock when it ends
                 return response
-            out = await _generate(turn, batcher)
+            job = asyncio.ensure_future(_generate(turn, batcher))
+            watch = asyncio.ensure_future(_cancel_when_gone(request, job))
+            try:
+                out = await job
+            except asyncio.CancelledError:
+                if not job.cancelled():
+                    raise
+                # nobody hears this answer (nginx's 499): the turn is not recorded, the session does not advance
+                raise ApiError(499, "the client closed the request", "client_closed") from None
+            finally:
+                watch.cancel()
             return await _record(turn, out, store, recorded)
         finally:
             if not streaming:
@@ -220,10 +234,25 @@ def _chunk(head: dict, delta: dict, finish=None, logprobs=None) -> str:
     return f"data: {json.dumps(event)}\n\n"
 
 
-async def _stream(turn: Turn, batcher, store, recorded):
+DISCONNECT_POLL_S = 0.25  # how often a request in decoding looks whether its client is still there
+
+
+async def _cancel_when_gone(request: Request, job: asyncio.Future) -> None:
+    """Cancel `job` (its row then leaves its batch) once the client has disconnected. A stream notices a closed
+    connection only when it next sends, and a held stream or a whole answer sends nothing until the turn is done:
+    without a look at the connection an abandoned request decoded to its max_tokens."""
+    while not job.done():
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _stream(turn: Turn, batcher, store, recorded, request: Request):
     """Server-sent events of one turn: the role, each token's text as it is sampled (unless held, see the
     module's docstring), then the closing events once the turn is recorded, then [DONE]."""
     req, loaded = turn.req, turn.loaded
+    job = watch = None
     try:
         head = {
             "id": "chatcmpl-" + uuid.uuid4().hex,
@@ -240,6 +269,7 @@ async def _stream(turn: Turn, batcher, store, recorded):
             loop.call_soon_threadsafe(tokens.put_nowait, (token_id, logprob, top))
 
         job = asyncio.ensure_future(_generate(turn, batcher, on_token))
+        watch = asyncio.ensure_future(_cancel_when_gone(request, job))
         yield _chunk(head, {"role": "assistant", "content": ""})
         text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
         pending: list = []  # log-prob entries of tokens not sent yet (a token may add no text of its own)
@@ -258,6 +288,8 @@ async def _stream(turn: Turn, batcher, store, recorded):
             if live and piece:
                 yield _chunk(head, {"content": piece}, logprobs={"content": pending} if req.logprobs else None)
                 pending = []
+        if job.cancelled():  # the client went away: nothing is recorded, the session does not advance
+            return
         try:
             body = await _record(turn, job.result(), store, recorded)
         except DiskFull as exc:  # the turn is not kept: the client hears so instead of a finish reason
@@ -283,6 +315,10 @@ async def _stream(turn: Turn, batcher, store, recorded):
         yield _chunk(head, {}, choice["finish_reason"])
         yield "data: [DONE]\n\n"
     finally:
+        if job is not None and not job.done():  # the client went away: its row leaves the batch (batching.py)
+            job.cancel()
+        if watch is not None:
+            watch.cancel()
         turn.session.lock.release()
 
 

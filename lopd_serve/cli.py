@@ -44,7 +44,7 @@ def cmd_serve(params, args) -> int:
         return 2
     try:
         run(cfg)
-    except TraceStoreError as exc:  # the store could not be opened: nothing was served
+    except (TraceStoreError, ServeConfigError) as exc:  # the store could not be opened, the model does not fit
         print(f"lopd serve: {exc}", file=sys.stderr)
         return 1
     return 0

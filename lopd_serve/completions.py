@@ -13,6 +13,7 @@ trajectories; conversations of users go through chat completions.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -98,7 +99,7 @@ def add_completions(app, cfg, batcher, holder, authorized) -> None:
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(req: CompletionRequest):
         loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
-        ids = _prompt_ids(req, loaded)
+        ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
         max_tokens = _check(req, cfg, loaded, ids)
         seed = req.seed if req.seed is not None else batcher.draw_seed()
         out = await batcher.generate(

@@ -64,6 +64,18 @@ class ServeConfig(ServeSection):
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) or None
 
+    def reload_key(self) -> str | None:
+        return os.environ.get(self.reload_key_env) or None
+
+    def reload_folders(self) -> list[Path]:
+        """Where a reload may load from: serve.reload_roots, else the model cache and the served folder's parent.
+        A chat client must not make the server read (and serve, and record traces under) any folder it can name."""
+        roots = list(self.reload_roots) or [
+            self.model_cache_dir,
+            *([str(Path(self.model).parent)] if self.model else []),
+        ]
+        return [Path(r).resolve() for r in roots]
+
     def check_exposure(self) -> None:
         """Refuse to listen beyond loopback without a key: an open endpoint would let anyone spend the machine
         and write into the trace store."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from lopd_core.envs.toolworld.tools import parse_action
 from lopd_core.model.chat import IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, TrajectoryIds
-from lopd_serve.protocol import ApiError, ChatRequest, Message
+from lopd_serve.protocol import ApiError, ChatRequest, Message, utf8_text
 
 
 def call_text(name: str, arguments: dict) -> str:
@@ -39,7 +39,10 @@ def _arguments(raw: str, where: str) -> dict:
         raise ApiError(400, f"{where}: arguments are not JSON (or nested too deep)", "invalid_tool_call") from None
     if not isinstance(value, dict):
         raise ApiError(400, f"{where}: arguments must be a JSON object", "invalid_tool_call")
-    return value
+    try:  # the string's own escapes may spell a lone surrogate, which the request's check could not see
+        return utf8_text(value)
+    except ValueError as exc:
+        raise ApiError(400, f"{where}: arguments {exc}", "invalid_tool_call") from None
 
 
 def message_key(role: str, text: str, call: tuple[str, dict] | None) -> str:

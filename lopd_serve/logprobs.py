@@ -9,11 +9,24 @@ With `return_tokens_as_token_ids` a token reads "token_id:N" (vLLM's option): de
 may decode alike, a byte-level piece may not decode alone), an id is not. The log-probs are those of the
 distribution each token was drawn from, after temperature and top-p, as the trajectory records them (vLLM
 returns these with `--logprobs-mode processed_logprobs`).
+
+A token top-p dropped has probability 0: its log-prob is -inf, which JSON cannot carry (a strict client refuses
+it, and the server's own writer raised). It reads -9999.0, vLLM's value for the same case.
 """
 
 from __future__ import annotations
 
+import math
+
 from lopd_core.rollout.scoring import SequenceScores
+
+LOGPROB_FLOOR = -9999.0  # what a log-prob of -inf (or a NaN) is reported and stored as
+
+
+def finite(logprob: float | None) -> float | None:
+    if logprob is None or math.isfinite(logprob):
+        return logprob
+    return LOGPROB_FLOOR
 
 
 def token_label(tokenizer, token_id: int, as_ids: bool) -> str:
@@ -27,7 +40,7 @@ def chat_logprobs(
 ) -> dict:
     def entry(token_id: int, logprob: float) -> dict:
         label = token_label(tokenizer, token_id, as_ids)
-        return {"token": label, "logprob": logprob, "bytes": list(label.encode("utf-8"))}
+        return {"token": label, "logprob": finite(logprob), "bytes": list(label.encode("utf-8"))}
 
     content = []
     for n, (token_id, logprob) in enumerate(zip(ids, logprobs)):
@@ -46,9 +59,10 @@ def completion_logprobs(
         offsets.append(at)
         at += 0 if as_ids else len(label)
     top_maps = [
-        None if lp is None else {token_label(tokenizer, t, as_ids): v for t, v in (top[n] or [])}
+        None if lp is None else {token_label(tokenizer, t, as_ids): finite(v) for t, v in (top[n] or [])}
         for n, lp in enumerate(logprobs)
     ]
+    logprobs = [finite(v) for v in logprobs]
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top_maps, "text_offset": offsets}
 
 
@@ -59,12 +73,14 @@ def prompt_logprobs(tokenizer, ids: list[int], scores: SequenceScores, k: int) -
         ranked = list(zip(scores.topk_ids[pos - 1][:k], scores.topk_logprobs[pos - 1][:k]))
         entries = {
             str(token_id): {
-                "logprob": chosen,
+                "logprob": finite(chosen),
                 "rank": scores.token_ranks[pos - 1],
                 "decoded_token": token_label(tokenizer, token_id, False),
             }
         }
         for r, (t, v) in enumerate(ranked):
-            entries.setdefault(str(t), {"logprob": v, "rank": r + 1, "decoded_token": token_label(tokenizer, t, False)})
+            entries.setdefault(
+                str(t), {"logprob": finite(v), "rank": r + 1, "decoded_token": token_label(tokenizer, t, False)}
+            )
         out.append(entries)
     return out

@@ -1,9 +1,11 @@
 """The served model: loaded from a checkpoint folder or from the registry's champion, swapped while serving.
 
 Why a holder: a promotion moves the registry alias while requests are being answered. `ModelHolder.reload`
-loads the new version in a worker thread (requests go on meanwhile), then replaces the reference in one
-assignment. A request keeps the `LoadedModel` it was rendered with until it is answered, so a swap never changes
-the tokenizer or the weights under a request, and every trace names the version that sampled it.
+loads the new version in a worker thread (requests go on meanwhile), smoke-tests it (`smoke_test`: ids within
+its embeddings, positions covering serve.max_context, finite logits; config.json matching its weights is
+checked as it loads), then replaces the reference in one assignment. A request keeps the `LoadedModel` it was
+rendered with until it is answered, so a swap never changes the tokenizer or the weights under a request, and
+every trace names the version that sampled it.
 """
 
 from __future__ import annotations
@@ -95,7 +97,11 @@ def load_checkpoint(
     tokenizer_dir = _folder_with(root, "tokenizer_config.json")
     stamp = _stamp(weights, tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = AutoModelForCausalLM.from_pretrained(weights, dtype="auto")
+    model, info = AutoModelForCausalLM.from_pretrained(weights, dtype="auto", output_loading_info=True)
+    unloaded = [*info.get("missing_keys", ()), *info.get("mismatched_keys", ()), *info.get("unexpected_keys", ())]
+    if unloaded:  # a config that does not describe its weights: some tensors would be random or dropped
+        shown = ", ".join(str(k if isinstance(k, str) else k[0]) for k in sorted(unloaded, key=str)[:3])
+        raise Unservable(f"{weights}: config.json does not match the weights ({len(unloaded)} tensors: {shown}, ...)")
     if not is_embedded_format(tokenizer):
         add_experience_tokens(tokenizer, model)
     if tokenizer.pad_token_id is None:
@@ -104,6 +110,36 @@ def load_checkpoint(
     model.to(_device(device)).eval()
     version = version or f"path:{root.resolve()}#{stamp}"
     return LoadedModel(model, tokenizer, chat, version, name or root.name, tokenizer_fingerprint(tokenizer))
+
+
+class Unservable(ValueError):
+    """A checkpoint that loads but cannot serve: refused before it is swapped in (or before the server starts)."""
+
+
+def check_positions(loaded: LoadedModel, max_context: int) -> None:
+    positions = getattr(loaded.model.config, "max_position_embeddings", None)
+    if positions is not None and positions < max_context:
+        raise Unservable(
+            f"serve.max_context={max_context} exceeds the model's {positions} positions "
+            "(max_position_embeddings): lower serve.max_context"
+        )
+
+
+@torch.no_grad()
+def smoke_test(loaded: LoadedModel, max_context: int) -> None:
+    """What a candidate must pass before it serves: every id its tokenizer can produce has an embedding row (else
+    a request holding one fails, and with it every request batched beside it), its positions cover
+    serve.max_context, and one short chat prompt gives finite logits over the whole vocabulary."""
+    rows = loaded.model.get_input_embeddings().weight.shape[0]
+    vocab = len(loaded.tokenizer)
+    if vocab > rows:
+        raise Unservable(f"the tokenizer has {vocab} ids but the embeddings only {rows} rows")
+    check_positions(loaded, max_context)
+    ids = loaded.chat.start("", "hello").token_ids
+    device = next(loaded.model.parameters()).device
+    logits = loaded.model(input_ids=torch.tensor([ids], device=device)).logits[0, -1]
+    if logits.shape[-1] < vocab or not bool(torch.isfinite(logits.float()).all()):
+        raise Unservable(f"a forward on a short prompt gives {logits.shape[-1]} logits, not {vocab} finite ones")
 
 
 class Registry:
@@ -142,10 +178,13 @@ class Registry:
 class ModelHolder:
     """The model requests are rendered for; replaced whole by `reload`, never mutated."""
 
-    def __init__(self, current: LoadedModel, *, registry: Registry | None = None, device: str = "auto"):
+    def __init__(
+        self, current: LoadedModel, *, registry: Registry | None = None, device: str = "auto", max_context: int = 0
+    ):
         self.current = current
         self.registry = registry
         self.device = device
+        self.max_context = max_context  # serve.max_context: a candidate's positions must cover it
         self._loading = threading.Lock()  # one load at a time; requests never wait on it
 
     def reload(self, model_path: str | None = None) -> tuple[str, bool]:
@@ -167,6 +206,7 @@ class ModelHolder:
                 )
             else:
                 raise ValueError("this server serves a folder: name the model folder to reload from")
+            smoke_test(loaded, self.max_context)  # raises Unservable: the current model stays
             changed = loaded.version != self.current.version
             self.current = loaded  # one assignment: a request sees the old model or the new, never a mix
             return loaded.version, changed

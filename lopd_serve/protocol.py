@@ -11,7 +11,7 @@ import math
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 
 class ApiError(Exception):
@@ -51,6 +51,38 @@ def storable_json(value: Any) -> Any:
         elif isinstance(item, list):
             stack += [(v, depth + 1) for v in item]
     return value
+
+
+def utf8_text(value: Any) -> Any:
+    """A request body whose every string (keys included) is text UTF-8 can hold, else a ValueError naming where.
+    JSON's `\\ud800` escape carries a lone surrogate, which is no character: the tokenizer cannot encode it (it
+    raised, a 500) and a trace holding it could not be written as a parquet snapshot. NUL, noncharacters and the
+    like are characters: they are served."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"{where or 'body'}: {item[exc.start]!r} at character {exc.start} is a lone surrogate, "
+                    "not text (send valid UTF-8)"
+                ) from None
+        elif isinstance(item, dict):
+            stack += [(k, f"{where}.{k!r} (a key)".lstrip(".")) for k in item]
+            stack += [(v, f"{where}.{k}".lstrip(".")) for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(v, f"{where}.{n}".lstrip(".")) for n, v in enumerate(item)]
+    return value
+
+
+# below this a temperature is greedy (vLLM's threshold): dividing float32 logits by less overflows to infinity
+MIN_TEMPERATURE = 1e-5
+
+
+def effective_temperature(value: float) -> float:
+    return 0.0 if value < MIN_TEMPERATURE else value
 
 
 class FunctionCall(BaseModel):
@@ -98,6 +130,8 @@ class Tool(BaseModel):
 
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    _utf8 = model_validator(mode="before")(utf8_text)
+    _temperature = field_validator("temperature")(effective_temperature)
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
@@ -125,6 +159,8 @@ class CompletionRequest(BaseModel):
     returns the ids of both. Generation ends at the model's end-of-turn token (`stop_token_ids` may name only it)."""
 
     model_config = ConfigDict(extra="ignore")
+    _utf8 = model_validator(mode="before")(utf8_text)
+    _temperature = field_validator("temperature")(effective_temperature)
     model: str = ""
     # strict ids: `true` is not token 1 (a client's wrong type must not become a token the model reads)
     prompt: str | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
@@ -147,6 +183,7 @@ class CompletionRequest(BaseModel):
 
 class Feedback(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    _utf8 = model_validator(mode="before")(utf8_text)
     session: str = Field(min_length=1, max_length=256)
     # strict: a label lands in training data, so `true` or "1" is refused rather than read as 1.0 (an int is a
     # number and passes); out of [0, 1], NaN included, is a 422 checked by hand

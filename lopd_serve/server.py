@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lopd_core.traces import TraceStore
 from lopd_serve.app import create_app
-from lopd_serve.config import ServeConfig
-from lopd_serve.models import ModelHolder, Registry, initial_model
+from lopd_serve.config import ServeConfig, ServeConfigError
+from lopd_serve.models import ModelHolder, Registry, Unservable, check_positions, initial_model
 
 
 def open_store(cfg: ServeConfig) -> TraceStore:
@@ -25,7 +25,12 @@ def build_app(cfg: ServeConfig):
         registry = (
             None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias, cfg.model_cache_dir)
         )
-        holder = ModelHolder(initial_model(cfg.model, registry, cfg.device), registry=registry, device=cfg.device)
+        loaded = initial_model(cfg.model, registry, cfg.device)
+        try:  # a context limit past the model's positions would fail (or silently degrade) its longest requests
+            check_positions(loaded, cfg.max_context)
+        except Unservable as exc:
+            raise ServeConfigError(str(exc)) from None
+        holder = ModelHolder(loaded, registry=registry, device=cfg.device, max_context=cfg.max_context)
     except BaseException:
         store.close()
         raise
@@ -40,4 +45,11 @@ def run(cfg: ServeConfig, log=print) -> None:
         f"serving {app.state.holder.current.version} on http://{cfg.host}:{cfg.port}/v1 "
         f"(traces in {cfg.store_dir}; API key {'required' if cfg.api_key() else 'off: loopback only'})"
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=cfg.keep_alive_s,  # an idle kept-alive connection is closed (slow clients)
+    )

@@ -3,9 +3,11 @@
 A session is named by the `X-Session-Id` header or the request's `user` field; a request with neither is a
 session of its own (one turn, not kept). The table holds at most `max_sessions`; when it is full, sessions
 that were labeled (feedback came: the conversation is over for its client) make room first, oldest first, then
-sessions idle longer than `idle_s`; when none is either, a new session is refused (429) rather than evicting a
-live one. Without the first rule a client playing more than `max_sessions` labeled episodes in `idle_s` was
-refused for the rest of that time. A labeled session that speaks again is live again, in a new trajectory
+sessions idle longer than `idle_s`, then the least recently used session not answering a turn; only when every
+session is answering a turn is a new one refused (429). One client address holds at most `per_client` of them
+(beyond, its own least recently used idle session closes), so one client cannot fill the table for the others.
+A closed session's conversation goes on in a new trajectory; feedback can still name the old one by id.
+A labeled session that speaks again is live again, in a new trajectory
 (origin `after_label`): a label judges the turns it was given, and extending the judged trajectory would let it
 cover turns nobody judged.
 Turns of one session are answered one at a time (its lock): two requests racing on one conversation could
@@ -41,6 +43,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     labeled: bool = False  # feedback came after its last turn: first to make room (module docstring)
     judged: str = ""  # the trajectory a label judged: the session's next turn starts a new one
+    client: str = ""  # the address that opened it: a client's share of the table is counted by it
 
     def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
         """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
@@ -69,33 +72,52 @@ class Plan:
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int, idle_s: float):
+    def __init__(self, max_sessions: int, idle_s: float, per_client: int | None = None):
         self.max_sessions = max_sessions
         self.idle_s = idle_s
+        self.per_client = per_client or max_sessions
         self.sessions: dict[str, Session] = {}
 
-    def get(self, session_id: str | None) -> Session:
+    def get(self, session_id: str | None, client: str = "") -> Session:
         if session_id is None:
-            return Session(id="anon-" + uuid.uuid4().hex)
+            return Session(id="anon-" + uuid.uuid4().hex, client=client)
         session = self.sessions.get(session_id)
         if session is None:
+            own = [s for s in self.sessions.values() if s.client == client]
+            if len(own) >= self.per_client and not self._close_least_recent(own):
+                raise ApiError(
+                    429,
+                    f"this client holds {len(own)} sessions (serve.max_sessions_per_client), each answering a turn: "
+                    "retry later",
+                    "too_many_sessions",
+                    kind="rate_limit_error",
+                )
             if len(self.sessions) >= self.max_sessions:
                 self._make_room()
             if len(self.sessions) >= self.max_sessions:
                 raise ApiError(
                     429,
-                    f"{len(self.sessions)} sessions are open (serve.max_sessions); none is labeled or has been "
-                    f"idle for {self.idle_s:g}s: retry later",
+                    f"{len(self.sessions)} sessions are open (serve.max_sessions), every one answering a turn: "
+                    "retry later",
                     "too_many_sessions",
                     kind="rate_limit_error",
                 )
-            session = self.sessions[session_id] = Session(id=session_id)
+            session = self.sessions[session_id] = Session(id=session_id, client=client)
         session.last_used, session.labeled = time.monotonic(), False
         return session
 
+    def _close_least_recent(self, candidates: list[Session]) -> bool:
+        idle = [s for s in candidates if not s.lock.locked()]
+        if not idle:
+            return False
+        del self.sessions[min(idle, key=lambda s: s.last_used).id]
+        return True
+
     def _make_room(self) -> None:
         """Close the labeled sessions (the oldest first, down to 90 % of the cap, so the next requests do not each
-        scan the table), then every session idle past `idle_s`; a session answering a turn (its lock) stays."""
+        scan the table), then every session idle past `idle_s`, then, still full, the least recently used one
+        that is not answering a turn: a table full of abandoned one-turn sessions must not refuse a new client
+        for `idle_s`. A session answering a turn (its lock) stays."""
         free = [(s.last_used, sid) for sid, s in self.sessions.items() if s.labeled and not s.lock.locked()]
         for _, sid in sorted(free)[: max(1, len(self.sessions) - self.max_sessions * 9 // 10)]:
             del self.sessions[sid]
@@ -103,6 +125,8 @@ class SessionTable:
         for sid, s in list(self.sessions.items()):
             if now - s.last_used > self.idle_s and not s.lock.locked():
                 del self.sessions[sid]
+        if len(self.sessions) >= self.max_sessions:
+            self._close_least_recent(list(self.sessions.values()))
 
     def find(self, session_id: str) -> Session | None:
         return self.sessions.get(session_id)

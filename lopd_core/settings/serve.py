@@ -24,6 +24,25 @@ class ServeConfig(Section):
     api_key_env: str = setting(
         "LOPD_API_KEY", help="the environment variable holding the API key (a key is never written in a file)"
     )
+    reload_key_env: str = setting(
+        "LOPD_RELOAD_KEY",
+        help="the environment variable holding the key POST /admin/reload needs (it also serves the API); unset: "
+        "reload is off behind an API key, open on a keyless loopback server",
+    )
+    reload_roots: list[str] = setting(
+        factory=list,
+        help="folders /admin/reload may load a checkpoint from (a trainer's rollout.sync_dir belongs here); "
+        "empty: model_cache_dir and the served model folder's parent",
+    )
+    allowed_hosts: list[str] = setting(
+        factory=list,
+        help="Host header values a keyless server answers besides localhost, 127.0.0.1 and [::1] (a web page "
+        "that rebinds its own name to 127.0.0.1 sends its name: refused)",
+    )
+    keep_alive_s: float = setting(5.0, help="an idle kept-alive connection is closed after this", check=positive())
+    body_timeout_s: float = setting(
+        30.0, help="a request body that does not arrive within this is refused (408)", check=positive()
+    )
     store_dir: str = setting("data/traces", help="the trace store (append-only segments)")
     store_segment_bytes: int = setting(
         64 * 2**20, help="a segment is closed at this size and the next one opened", check=positive()
@@ -44,8 +63,15 @@ class ServeConfig(Section):
     max_messages: int = setting(64, help="messages in one chat request", check=positive())
     max_tokens_limit: int = setting(512, help="the largest max_tokens a request may ask for", check=positive())
     default_max_tokens: int = setting(128, help="max_tokens of a request that names none", check=positive())
-    max_context: int = setting(2048, help="prompt + max_tokens must fit", check=positive())
+    max_context: int = setting(
+        1024, help="prompt + max_tokens must fit; at most the model's positions (checked at start)", check=positive()
+    )
     max_sessions: int = setting(1024, help="sessions held in memory; beyond it new sessions get 429", check=positive())
+    max_sessions_per_client: int = setting(
+        256,
+        help="sessions one client address may hold; beyond it its own least recently used idle one is closed",
+        check=positive(),
+    )
     max_top_logprobs: int = setting(
         20, help="the most top_logprobs / prompt_logprobs a request may ask for", check=at_least(0)
     )

@@ -6,6 +6,7 @@ clients are the official `openai` package and httpx.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 
@@ -70,8 +71,10 @@ def make_server(folder, store_dir, **settings) -> LiveServer:
     from lopd_serve.models import ModelHolder, load_checkpoint
     from lopd_serve.server import open_store
 
-    cfg = ServeConfig.from_dict({"poll_s": 0.0, "store_dir": str(store_dir), "device": "cpu", **settings})
-    holder = ModelHolder(load_checkpoint(folder, device="cpu"), device="cpu")
+    # the tiny models have 1024 positions; the tests reload from (and a trainer syncs through) temporary folders
+    defaults = {"max_context": 1024, "reload_roots": [tempfile.gettempdir()]}
+    cfg = ServeConfig.from_dict({"poll_s": 0.0, "store_dir": str(store_dir), "device": "cpu", **defaults, **settings})
+    holder = ModelHolder(load_checkpoint(folder, device="cpu"), device="cpu", max_context=cfg.max_context)
     return LiveServer(create_app(cfg, holder, open_store(cfg)))
 
 

@@ -183,7 +183,7 @@ def test_api_key_and_exposure(tiny_checkpoints, tmp_path, monkeypatch):
         assert _error(httpx.post(live.url + "/chat/completions", json=body), 401)["type"] == "authentication_error"
         ok = httpx.post(live.url + "/chat/completions", json=body, headers={"Authorization": "Bearer sesame"})
         assert ok.status_code == 200
-        assert _error(httpx.post(live.root + "/admin/reload", json={}), 401)
+        assert _error(httpx.post(live.root + "/admin/reload", json={}), 403)  # no reload key: reload is off
 
 
 def test_session_cap_is_429(tiny_checkpoints, tmp_path):
@@ -192,12 +192,22 @@ def test_session_cap_is_429(tiny_checkpoints, tmp_path):
     with make_server(tiny_checkpoints[0], tmp_path / "t", max_sessions=1) as live:
         body = {"model": "tiny", "messages": first_turn(), "max_tokens": 2}
         assert httpx.post(live.url + "/chat/completions", json={**body, "user": "one"}).status_code == 200
-        assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "two"}), 429)
+        # an idle session makes room (the least recently used); one answering a turn never does
+        assert httpx.post(live.url + "/chat/completions", json={**body, "user": "two"}).status_code == 200
+        live.app.state.sessions.sessions["two"].lock = _Busy()
+        assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "three"}), 429)
+
+
+class _Busy:
+    """A session lock held by a turn being answered."""
+
+    def locked(self) -> bool:
+        return True
 
 
 def test_a_labeled_session_makes_room_for_a_new_one(tiny_checkpoints, tmp_path):
     """A client playing more labeled episodes than serve.max_sessions within the idle time is not refused: a
-    session whose conversation got its feedback is the first to make room; a live one is never evicted."""
+    session whose conversation got its feedback is the first to make room; one answering a turn is never evicted."""
     from tests.serve.conftest import make_server
 
     with make_server(tiny_checkpoints[0], tmp_path / "t", max_sessions=1) as live:
@@ -206,7 +216,8 @@ def test_a_labeled_session_makes_room_for_a_new_one(tiny_checkpoints, tmp_path):
         label = {"session": "one", "reward": 1.0, "success": True}
         assert httpx.post(live.url + "/feedback", json=label).status_code == 200
         assert httpx.post(live.url + "/chat/completions", json={**body, "user": "two"}).status_code == 200
-        assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "three"}), 429)  # two: live
+        live.app.state.sessions.sessions["two"].lock = _Busy()  # answering a turn: never evicted
+        assert _error(httpx.post(live.url + "/chat/completions", json={**body, "user": "three"}), 429)
     assert sorted(read_traces(tmp_path / "t")["session"]) == ["one", "two"]
 
 
