@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lopd_core.rollout.sync import default_sync_root
 from lopd_core.settings.checks import ConfigError
 from lopd_core.settings.fields import build
 from lopd_core.settings.serve import ServeConfig as ServeSection
@@ -68,11 +69,13 @@ class ServeConfig(ServeSection):
         return os.environ.get(self.reload_key_env) or None
 
     def reload_folders(self) -> list[Path]:
-        """Where a reload may load from: serve.reload_roots, else the model cache and the served folder's parent.
+        """Where a reload may load from: serve.reload_roots, else the model cache, the served folder's parent and
+        the trainers' default sync folder (lopd_core/rollout/sync.py).
         A chat client must not make the server read (and serve, and record traces under) any folder it can name."""
         roots = list(self.reload_roots) or [
             self.model_cache_dir,
             *([str(Path(self.model).parent)] if self.model else []),
+            str(default_sync_root()),  # a trainer's updates when rollout.sync_dir is empty (served rollouts)
         ]
         return [Path(r).resolve() for r in roots]
 

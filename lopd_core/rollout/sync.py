@@ -38,6 +38,18 @@ def save_policy(model, tokenizer, folder: Path) -> Path:
     return folder
 
 
+def default_sync_root() -> Path:
+    """Where a trainer with no `rollout.sync_dir` saves each update for the servers on this machine: a folder of
+    its own under the system's temporary folder, which `lopd serve` reloads from by default (serve.reload_roots)."""
+    return Path(tempfile.gettempdir()) / "lopd-sync"
+
+
+def temporary_sync_folder() -> Path:
+    root = default_sync_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
 def sync_weights(
     model, tokenizer, servers, *, directory: str | Path | None = None, api_key: str | None = None
 ) -> list[str]:
@@ -45,7 +57,7 @@ def sync_weights(
 
     `directory`: a folder the servers can read (overwritten each time); None: a temporary folder, removed after
     the servers have loaded it. A server that fails to reload raises, naming it and its answer."""
-    folder = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="lopd-sync-"))
+    folder = Path(directory) if directory else temporary_sync_folder()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         save_policy(model, tokenizer, folder)

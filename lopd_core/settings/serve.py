@@ -32,7 +32,8 @@ class ServeConfig(Section):
     reload_roots: list[str] = setting(
         factory=list,
         help="folders /admin/reload may load a checkpoint from (a trainer's rollout.sync_dir belongs here); "
-        "empty: model_cache_dir and the served model folder's parent",
+        "empty: model_cache_dir, the served model folder's parent and a trainer's default sync folder "
+        "(<temp>/lopd-sync)",
     )
     allowed_hosts: list[str] = setting(
         factory=list,
