@@ -6,7 +6,8 @@ On the same trajectories (the bank's seed rollouts) and the same retrieved rows,
   * text    — the same teacher over the same ids with the rows as plain text in the same slot.
 Encoding a row into the composer's states happens once per row for a whole run (cached); it is printed apart.
 Printed per condition: positions the teacher reads per row (mean), seconds per pass (median over `--reps`,
-interleaved), and peak memory above the loaded model, measured in a fresh process per condition (max RSS).
+interleaved), and the pass's peak memory above what the process held before it, in a fresh process per condition
+(RSS sampled every 2 ms, benchmarks/step_cost.py's sampler).
 
 `--experience-tokens N` pads each retrieved row to N tokens (its own text repeated) to stand for a realistic
 experience — an agent's real trajectory runs to thousands of tokens, the embedded worlds' rows to about a
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lopd_core  # noqa: F401  (offline defaults)
+from benchmarks.step_cost import PeakSampler, current_rss_mb
 from lopd_core.config import load_params
 from lopd_core.distill.composer import ExperienceEncoder, compose_latents
 from lopd_core.distill.models import TeacherView
@@ -95,9 +97,11 @@ def probe(args) -> None:
     texts = padded(tokenizer, texts, args.experience_tokens[0])
     encoder = ExperienceEncoder(TeacherView(model), tokenizer, max_tokens=params.composer.max_experience_tokens)
     encoder.encode([t for row in texts for t in row])  # cached, as after the first steps of a run
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    pass_once(args.probe, params, model, tokenizer, composer, encoder, targets, texts)
-    print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}))
+    gc.collect()
+    before = current_rss_mb()
+    with PeakSampler() as sampler:  # (ru_maxrss cannot be used: loading set a higher maximum than one pass)
+        pass_once(args.probe, params, model, tokenizer, composer, encoder, targets, texts)
+    print(json.dumps({"peak_mb": sampler.peak - before}))
 
 
 def main() -> None:
@@ -143,7 +147,7 @@ def main() -> None:
             "text_over_latents": {
                 "positions": round(positions["text"] / positions["latents"], 2),
                 "seconds": round(median["text"] / median["latents"], 2),
-                "peak_mb": round(peak["text"] / max(peak["latents"], 1e-9), 2),
+                "peak_mb": round(peak["text"] / peak["latents"], 2) if peak["latents"] >= 1 else None,
             },
             "encode_once_seconds": round(encode_s, 3),
         }
