@@ -41,6 +41,7 @@ TINY = [
     "composer.num_heads=2",
     "coldstart.steps=2",
     "coldstart.batch_size=4",
+    "coldstart.fit_steps=0",  # distillation from φ0 itself: what is compared is the sharded step, not the fit
     "lopd.steps=3",
     "lopd.tasks_per_step=4",
     "lopd.samples_per_task=2",

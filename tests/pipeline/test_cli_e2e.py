@@ -84,7 +84,17 @@ def test_base_then_evaluate(built):
     out = model.generate(**prompt, max_new_tokens=8)
     assert out.shape[1] > prompt["input_ids"].shape[1]
 
-    ev = lopd("evaluate", *SMALL, "--set", "eval.n_per_split=6", "--set", "rollout.max_new_tokens=48", cwd=workdir)
+    ev = lopd(
+        "evaluate",
+        *SMALL,
+        "--set",
+        "eval.n_per_split=6",
+        "--set",
+        "rollout.max_new_tokens=48",
+        "--set",
+        "eval.with_experience=true",
+        cwd=workdir,
+    )
     assert ev.returncode == 0, ev.stderr
     metrics = json.loads((workdir / "metrics" / "eval.json").read_text())
     for split in ("test_id", "test_ood", "test_id+experience", "test_ood+experience"):
