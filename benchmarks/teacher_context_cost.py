@@ -44,7 +44,7 @@ from lopd_core.distill.reading import text_embeddings
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 from lopd_core.distill.world_fit import seed_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
-from lopd_core.drivers.coldstart import new_composer
+from lopd_core.drivers.coldstart import load_phi
 from lopd_core.model.loading import load_policy
 from lopd_core.rollout.table import read_trajectories
 
@@ -53,8 +53,7 @@ def setup(args):
     params = load_params(args.params, args.overrides)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(params.model)
-    composer = new_composer(params, model)
-    composer.load_state_dict(torch.load(params.coldstart.out, map_location="cpu", weights_only=True))
+    composer = load_phi(params, model, params.coldstart.out)
     targets = seed_targets(read_trajectories(bank_paths(params)[1]))[: args.rows]
     with open_bank(params) as bank:
         retrieve = make_retriever(bank, dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False))

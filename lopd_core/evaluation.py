@@ -129,18 +129,16 @@ def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
     return [RolloutRequest(t, experiences=tuple(pool.sample(t, params.eval.num_experiences, rng))) for t in tasks]
 
 
+def eval_sampling(params: Params, mode: str) -> Sampling:
+    """The evaluation's sampling in `mode`: greedy, or sampled at eval.temperature."""
+    return Sampling.from_rollout(params.rollout, 0.0 if mode == "greedy" else params.eval.temperature)
+
+
 def evaluate_shard(model, tokenizer, params: Params, shard: EvalShard, log=print) -> dict:
     """{success_rate, reward_mean, n, ci95, outcomes} of one shard; `outcomes`: its per-task rows, which
     `assemble` leaves out of the results and `shard_outcomes` gathers."""
-    ev, ro = params.eval, params.rollout
-    temperature = 0.0 if shard.mode == "greedy" else ev.temperature
-    sampling = Sampling(
-        temperature=temperature,
-        top_p=ro.top_p,
-        max_new_tokens=ro.max_new_tokens,
-        max_context=ro.max_context,
-        max_observation_tokens=ro.max_observation_tokens,
-    )
+    ro = params.rollout
+    sampling = eval_sampling(params, shard.mode)
     trajs = rollout(
         model,
         make_chat(tokenizer),

@@ -94,6 +94,22 @@ _PRETRAIN_ENVS = "envs.mix", "envs.pretrain_worlds", "envs.world_seed"
 # (loading, chat template), the experience texts.
 _PLAY = "lopd_core/envs", "lopd_core/model", "lopd_core/experience.py"
 _ROLLOUT = *_PLAY, "lopd_core/rollout"
+# What training the composer through the frozen base runs: the cold start's step (the fit's too) and what it reads.
+_COMPOSER_CODE = (
+    "lopd_core/distill/__init__.py",
+    "lopd_core/distill/coldstart.py",
+    "lopd_core/distill/coldstart_data.py",
+    "lopd_core/distill/composer.py",
+    "lopd_core/distill/losses.py",
+    "lopd_core/distill/pg_losses.py",
+    "lopd_core/distill/models.py",
+    "lopd_core/distill/reading.py",
+    "lopd_core/distill/teacher.py",
+    "lopd_core/distributed.py",
+    "lopd_core/sharding.py",
+    "lopd_core/bank",
+    *_ROLLOUT,
+)
 # The cold start's own keys (φ0) and the in-world fit's (coldstart.fit_*): one section, two stages.
 _COLDSTART = tuple(f"coldstart.{k}" for k in ("steps", "batch_size", "lr", "kl_weight", "oracle_tasks", "out"))
 _RETRIEVAL = "bank.top_j", "bank.same_world", "bank.ef_search"
@@ -116,21 +132,7 @@ STAGES: dict[str, StageReads] = {
     "coldstart": StageReads(
         ("seed", *_POLICY, "composer", *_COLDSTART, *_PRETRAIN_ENVS, "bank.top_j", "bank.ef_search", "bank.min_reward"),
         {"policy": ("data/base",)},
-        code=(
-            "lopd_core/drivers/coldstart.py",
-            "lopd_core/distill/__init__.py",
-            "lopd_core/distill/coldstart.py",
-            "lopd_core/distill/coldstart_data.py",
-            "lopd_core/distill/composer.py",
-            "lopd_core/distill/losses.py",
-            "lopd_core/distill/pg_losses.py",
-            "lopd_core/distill/models.py",
-            "lopd_core/distill/teacher.py",
-            "lopd_core/distributed.py",
-            "lopd_core/sharding.py",
-            "lopd_core/bank",
-            *_ROLLOUT,
-        ),
+        code=("lopd_core/drivers/coldstart.py", *_COMPOSER_CODE),
     ),
     # φ fitted in the deployment world: the teacher's weights read the bank's rows (its seed rollouts the targets)
     # with the composer it starts from; `rollout` and `envs` shape the text teacher's fresh rollouts.
@@ -141,20 +143,9 @@ STAGES: dict[str, StageReads] = {
             "lopd_core/drivers/fit.py",
             "lopd_core/drivers/bank.py",
             "lopd_core/drivers/coldstart.py",
-            "lopd_core/distill/__init__.py",
             "lopd_core/distill/world_fit.py",
-            "lopd_core/distill/coldstart.py",
-            "lopd_core/distill/coldstart_data.py",
-            "lopd_core/distill/composer.py",
-            "lopd_core/distill/losses.py",
-            "lopd_core/distill/pg_losses.py",
-            "lopd_core/distill/models.py",
-            "lopd_core/distill/teacher.py",
-            "lopd_core/distributed.py",
-            "lopd_core/sharding.py",
-            "lopd_core/bank",
             "lopd_core/traces",
-            *_ROLLOUT,
+            *_COMPOSER_CODE,
         ),
     ),
     # The teacher in play: the frozen weights alone, reading the bank as text and as φ's latents, on held-out tasks.

@@ -33,21 +33,10 @@ from lopd_core import sharding as SH
 from lopd_core.distill import losses as L
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.models import TeacherView, freeze
+from lopd_core.distill.reading import text_embeddings
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 
 COLDSTART_COLUMNS = ["step", "nll", "kl", "loss", "latent_norm_ratio", "grad_norm", "step_seconds"]
-
-
-def text_block_embeddings(base, tokenizer, experiences: list[list[str]]) -> list[torch.Tensor]:
-    """Embeddings of the experiences as text, joined as the chat format joins them (no grad)."""
-    embed = base.get_input_embeddings()
-    device = embed.weight.device
-    out = []
-    with torch.no_grad():
-        for texts in experiences:
-            ids = tokenizer("\n".join(texts), add_special_tokens=False)["input_ids"] if texts else []
-            out.append(embed(torch.tensor(ids, dtype=torch.long, device=device)))
-    return out
 
 
 @dataclass
@@ -175,7 +164,7 @@ def _coldstart_step(
     if kl_weight > 0:
         with torch.no_grad():
             txt_batch = build_batch(
-                base, ids, masks, text_block_embeddings(base, reader.tokenizer, experiences), reader.framing
+                base, ids, masks, text_embeddings(base, reader.tokenizer, experiences), reader.framing
             )
             txt_logits = action_logits(base, txt_batch)
         kl = L.forward_kl_full(lat_logits, txt_logits).sum() / n_tokens  # KL(p_text ‖ p_latent), into φ

@@ -27,14 +27,15 @@ def reading_rows(n_rows: int, samples_per_task: int, limit: int) -> list[int]:
     return list(range(0, n_rows, samples_per_task))[:limit]
 
 
-def text_embeddings(lm, tokenizer, texts: list[list[str]], rooms: list[int]) -> list[Tensor]:
-    """Each row's experiences as text, joined as the chat format joins them, cut to `rooms[i]` tokens (what fits
-    beside the row within rollout.max_context); no grad."""
+def text_embeddings(lm, tokenizer, texts: list[list[str]], rooms: list[int] | None = None) -> list[Tensor]:
+    """Each row's experiences as text, joined as the chat format joins them, cut to `rooms[i]` tokens when given
+    (what fits beside the row within rollout.max_context); no grad. The cold start and the fit read them whole."""
     embed = lm.get_input_embeddings()
     out = []
     with torch.no_grad():
-        for row, room in zip(texts, rooms):
-            ids = tokenizer("\n".join(row), add_special_tokens=False)["input_ids"][: max(room, 0)] if row else []
+        for k, row in enumerate(texts):
+            ids = tokenizer("\n".join(row), add_special_tokens=False)["input_ids"] if row else []
+            ids = ids if rooms is None else ids[: max(rooms[k], 0)]
             out.append(embed(torch.tensor(ids, dtype=torch.long, device=embed.weight.device)))
     return out
 

@@ -18,9 +18,9 @@ from lopd_core.config import Params
 from lopd_core.distill.composer import Composer
 from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
 from lopd_core.envs import Task
-from lopd_core.evaluation import eval_shards, shard_requests, summarize
+from lopd_core.evaluation import eval_sampling, eval_shards, shard_requests, summarize
 from lopd_core.model.chat import make_chat
-from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.engine import RolloutRequest, rollout
 
 TEACHER_IN_PLAY = "teacher_in_play"
 CONDITIONS = ("base", "text", "latents")
@@ -50,7 +50,7 @@ def teacher_in_play(
             with_text = [RolloutRequest(r.task, experiences=tuple(x)) for r, x in zip(plain, texts)]
             cache[key] = plain, with_text, latents
         plain, with_text, latents = cache[key]
-        sampling = _sampling(params, shard.mode)
+        sampling = eval_sampling(params, shard.mode)
         ro, seed = params.rollout, params.seed
         played = {
             "base": rollout(model, make_chat(tokenizer), plain, sampling=sampling, batch_size=ro.batch_size, seed=seed),
@@ -69,18 +69,6 @@ def teacher_in_play(
                 f"{summary['success_rate']:.3f} {summary['ci95']} (n={summary['n']})"
             )
     return results
-
-
-def _sampling(params: Params, mode: str) -> Sampling:
-    """The evaluation's sampling of `mode` (evaluation.evaluate_shard's)."""
-    ro = params.rollout
-    return Sampling(
-        temperature=0.0 if mode == "greedy" else params.eval.temperature,
-        top_p=ro.top_p,
-        max_new_tokens=ro.max_new_tokens,
-        max_context=ro.max_context,
-        max_observation_tokens=ro.max_observation_tokens,
-    )
 
 
 def merge_teacher(results: dict, teacher: dict) -> dict:

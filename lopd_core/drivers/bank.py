@@ -66,13 +66,7 @@ def _rollout_frame(params: Params, log):
     b, ro = params.bank, params.rollout
     tasks = deployment_tasks(params.envs, "train", b.seed_tasks, params.seed + 101)
     requests = [RolloutRequest(t, sample_index=g) for t in tasks for g in range(b.samples_per_task)]
-    sampling = Sampling(
-        temperature=ro.temperature,
-        top_p=ro.top_p,
-        max_new_tokens=ro.max_new_tokens,
-        max_context=ro.max_context,
-        max_observation_tokens=ro.max_observation_tokens,
-    )
+    sampling = Sampling.from_rollout(ro)
     trajs = rollout(
         model,
         make_chat(tokenizer),

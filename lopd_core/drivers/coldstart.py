@@ -12,6 +12,7 @@ from lopd_core.config import Params
 from lopd_core.distill.coldstart import train_coldstart
 from lopd_core.distill.coldstart_data import pretraining_retriever, pretraining_successes
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.errors import StateError
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy
 from lopd_core.outputs import atomic_write
@@ -27,6 +28,27 @@ def new_composer(params: Params, model) -> Composer:
         num_heads=c.num_heads,
         embedding_norm=mean_embedding_norm(model),
     )
+
+
+def load_phi(params: Params, model, path: str | Path) -> Composer:
+    """The composer saved at `path` (`lopd coldstart`, `lopd fit`), built to the `composer` section for `model`; a
+    file that is no such composer is one line naming it, not a traceback."""
+    import pickle
+
+    import torch
+
+    composer = new_composer(params, model)
+    try:
+        composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except (RuntimeError, ValueError, EOFError, IsADirectoryError, pickle.UnpicklingError) as exc:
+        # (torch's unpickling message suggests loading untrusted files unsafely: never repeated here)
+        unpickled = isinstance(exc, pickle.UnpicklingError) or not str(exc).strip()
+        reason = "not a saved state dict" if unpickled else str(exc).strip().splitlines()[0]
+        raise StateError(
+            f"{path}: not a composer of this model under the composer settings ({reason}); "
+            "write one with `lopd coldstart` / `lopd fit`"
+        ) from None
+    return composer
 
 
 def run_coldstart(params: Params, log=print) -> dict:

@@ -15,10 +15,10 @@ from lopd_core.config import Params
 from lopd_core.distill.coldstart import train_coldstart
 from lopd_core.distill.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
-from lopd_core.drivers.coldstart import new_composer
+from lopd_core.drivers.coldstart import load_phi
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.model.loading import load_policy
-from lopd_core.outputs import atomic_write
+from lopd_core.outputs import atomic_write, file_target
 from lopd_core.rollout.engine import Sampling
 from lopd_core.rollout.table import read_trajectories
 
@@ -34,10 +34,10 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
     _, seed_path = bank_paths(params)
     if not seed_path.exists():
         raise FileNotFoundError(f"no seed rollouts at {seed_path}: run `lopd bank` first")
+    file_target(cs.fit_out)  # a folder or device named as the output is refused before minutes of fitting
     torch.manual_seed(params.seed)
     model, tokenizer = load_policy(params.model)
-    composer = new_composer(params, model)
-    composer.load_state_dict(torch.load(start, map_location="cpu", weights_only=True))
+    composer = load_phi(params, model, start)
     targets = seed_targets(read_trajectories(seed_path))
     summary = {"start": str(start), "out": cs.fit_out, "seed_targets": len(targets), "online_rollouts": 0}
     others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
@@ -79,21 +79,13 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
 def _text_teacher(params: Params, model, tokenizer, retrieve, log) -> list:
     """`coldstart.online_rollouts` fresh rollouts of the text teacher on training tasks of the deployment world."""
     tasks = deployment_tasks(params.envs, "train", params.coldstart.online_rollouts, params.seed + FIT_SEED_OFFSET)
-    ro = params.rollout
-    sampling = Sampling(
-        temperature=ro.temperature,
-        top_p=ro.top_p,
-        max_new_tokens=ro.max_new_tokens,
-        max_context=ro.max_context,
-        max_observation_tokens=ro.max_observation_tokens,
-    )
     return text_teacher_targets(
         model,
         tokenizer,
         tasks,
         retrieve(tasks),
-        sampling=sampling,
-        batch_size=ro.batch_size,
+        sampling=Sampling.from_rollout(params.rollout),
+        batch_size=params.rollout.batch_size,
         seed=params.seed + FIT_SEED_OFFSET,
         log=log,
     )

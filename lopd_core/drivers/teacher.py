@@ -12,7 +12,7 @@ from lopd_core.bank import read_bank
 from lopd_core.config import Params
 from lopd_core.distill.teacher_play import teacher_in_play
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
-from lopd_core.drivers.coldstart import new_composer
+from lopd_core.drivers.coldstart import load_phi
 from lopd_core.drivers.distill import starting_composer
 from lopd_core.model.loading import load_policy
 
@@ -21,7 +21,6 @@ def run_teacher_in_play(params: Params, *, composer: str | None = None, model=No
     """{env: {split: {"teacher_in_play": ...}}} for the policy at model.name_or_path (or `model` and `tokenizer`
     already loaded), reading the bank at bank.dir through `composer` (None: the composer distillation starts from,
     drivers/distill.py `starting_composer`). {} when eval.teacher_splits is empty."""
-    import torch
 
     splits = [s for s in params.eval.teacher_splits if s in params.eval.splits]
     if not splits:
@@ -38,8 +37,7 @@ def run_teacher_in_play(params: Params, *, composer: str | None = None, model=No
     if model is None:
         model, tokenizer = load_policy(params.model)
     model.eval()
-    phi = new_composer(params, model)
-    phi.load_state_dict(torch.load(composer, map_location="cpu", weights_only=True))
+    phi = load_phi(params, model, composer)
     others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
     with open_bank(params) as bank:
         return teacher_in_play(model, tokenizer, params, phi, make_retriever(bank, others), splits=splits, log=log)

@@ -30,6 +30,17 @@ class Sampling:
     # lopd_core/rollout/served.py); None: the engine generates with the model it is given.
     served: ServedBackend | None = None
 
+    @classmethod
+    def from_rollout(cls, rollout_cfg, temperature: float | None = None) -> Sampling:
+        """The `rollout` section's sampling in process (at `temperature` when given, else the section's)."""
+        return cls(
+            temperature=rollout_cfg.temperature if temperature is None else temperature,
+            top_p=rollout_cfg.top_p,
+            max_new_tokens=rollout_cfg.max_new_tokens,
+            max_context=rollout_cfg.max_context,
+            max_observation_tokens=rollout_cfg.max_observation_tokens,
+        )
+
 
 @dataclass(frozen=True)
 class ServedBackend:
