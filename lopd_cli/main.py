@@ -115,6 +115,10 @@ def cmd_evaluate(params: Params, args) -> int:
     if args.task_runner and args.teacher_in_play:
         print("lopd: --teacher-in-play runs in this process: drop --task-runner to use it", file=sys.stderr)
         return 2
+    if args.teacher_in_play:  # its composer and bank, before minutes of evaluation
+        from lopd_core.drivers.teacher import check_teacher_inputs
+
+        check_teacher_inputs(params)
     if args.task_runner:
         from flows.evaluate_sharded import check_task_runner
 

@@ -17,21 +17,27 @@ from lopd_core.drivers.distill import starting_composer
 from lopd_core.model.loading import load_policy
 
 
-def run_teacher_in_play(params: Params, *, composer: str | None = None, model=None, tokenizer=None, log=print) -> dict:
-    """{env: {split: {"teacher_in_play": ...}}} for the policy at model.name_or_path (or `model` and `tokenizer`
-    already loaded), reading the bank at bank.dir through `composer` (None: the composer distillation starts from,
-    drivers/distill.py `starting_composer`). {} when eval.teacher_splits is empty."""
-
-    splits = [s for s in params.eval.teacher_splits if s in params.eval.splits]
-    if not splits:
-        return {}
+def check_teacher_inputs(params: Params, composer: str | None = None) -> str:
+    """The composer the teacher reads (None: the one distillation starts from); a missing composer or bank is one
+    line naming the stage to run, checked before any work (`lopd evaluate --teacher-in-play` calls it first)."""
     composer = composer or starting_composer(params)
     if not Path(composer).exists():
         raise FileNotFoundError(f"teacher in play: no composer at {composer} (run `lopd coldstart` and `lopd fit`)")
     parquet, seed_path = bank_paths(params)
     if not seed_path.exists():  # the bank stage never ran here (an empty bank still leaves its seed rollouts)
         raise FileNotFoundError(f"teacher in play: no bank at {parquet.parent} (run `lopd bank`)")
-    if read_bank(parquet).empty:
+    return composer
+
+
+def run_teacher_in_play(params: Params, *, composer: str | None = None, model=None, tokenizer=None, log=print) -> dict:
+    """{env: {split: {"teacher_in_play": ...}}} for the policy at model.name_or_path (or `model` and `tokenizer`
+    already loaded), reading the bank at bank.dir through `composer` (None: the composer distillation starts from,
+    drivers/distill.py `starting_composer`). {} when eval.teacher_splits is empty."""
+    splits = [s for s in params.eval.teacher_splits if s in params.eval.splits]
+    if not splits:
+        return {}
+    composer = check_teacher_inputs(params, composer)
+    if read_bank(bank_paths(params)[0]).empty:
         log("teacher in play: the bank holds no success yet, so the teacher reads nothing: not played")
         return {}
     if model is None:
