@@ -1,4 +1,5 @@
-"""Plugin environments behind a per-step timeout: in the trainer's process (here) or isolated (isolated.py).
+"""Plugin environments behind a per-step timeout: in the trainer's process (here) or isolated (isolated.py,
+which builds on this module's messages; registry.new_env picks one of the two).
 
 The trust boundary. A plugin environment (registry.py) is code its author wrote, and by default it runs inside
 the trainer's process: its tools get arguments the model chose, with everything the trainer may do — read any
@@ -134,13 +135,3 @@ class TimedEnv:
         if attr.startswith("__") or attr in ("_env", "_name", "_timeout_s", "_task", "_broken", "_warned_upto"):
             raise AttributeError(attr)
         return getattr(self._env, attr)
-
-
-def plugin_env(name: str, cls: type, spec: str, *, isolate: bool, timeout_s: float):
-    """A fresh, single-use instance of plugin env `name` (class `cls`, importable as `spec`) behind the step
-    timeout: isolated in a child process (isolated.py) or in this process."""
-    if isolate:
-        from .isolated import IsolatedEnv
-
-        return IsolatedEnv(name, spec, cls, timeout_s)
-    return TimedEnv(cls(), name, timeout_s)

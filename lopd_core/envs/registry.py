@@ -125,9 +125,13 @@ def new_env(name: str):
     cls = env_class(name)
     if name in BUILTIN_ENVS:
         return cls()
-    from .guarded import plugin_env
+    if _isolate_tools:
+        from .isolated import IsolatedEnv
 
-    return plugin_env(name, cls, _spec(name, _plugins), isolate=_isolate_tools, timeout_s=_step_timeout_s)
+        return IsolatedEnv(name, _spec(name, _plugins), cls, _step_timeout_s)
+    from .guarded import TimedEnv
+
+    return TimedEnv(cls(), name, _step_timeout_s)
 
 
 def isolation_note(name: str) -> str:
