@@ -2,9 +2,14 @@
 
 A method is not a class or a copy of the loop: it is one row of `METHODS`, a `MethodSpec` of three small frozen
 parts the trainer reads — `TeacherSetup` (what the teacher reads and with which weights), `StudentSetup` (the
-student's loss) and `ComposerSetup` (whether φ learns, under which m and λ) — resolved once per run
-(`resolve_method`). Adding a method is one row, plus at most one text-context builder (baselines.py,
-`CONTEXT_BUILDERS`) when its teacher reads a new kind of text.
+student's loss) and `ComposerSetup` (whether φ learns, under which m and λ) — and a `role` the compare report
+groups by, resolved once per run (`resolve_method`, in the distill driver). Every behaviour the loop needs is a
+typed field of the spec (a `Literal`), never the method's name: the trainer, the configuration's rules and the
+reports read fields, so adding a method is one row (tests/distill/test_methods.py adds one), plus at most one
+text-context builder (baselines.py, `CONTEXT_BUILDERS`) when its teacher reads a new kind of text.
+  * role — reference (LOPD as the paper specifies it), baseline (another published method), ablation (LOPD with
+    one part removed or replaced, the ways past the teacher's ceiling included) or control (a run that tells a
+    gain from experience apart from a gain from mere sharpening);
   * teacher.context — what the teacher reads in the first user turn (at the slot where LOPD splices latents):
       latent           composer latents from the retrieved experiences (LOPD)
       text_experience  the same retrieved experiences as plain text
@@ -51,19 +56,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
-TEACHER_CONTEXTS = ("latent", "text_experience", "golden", "sibling", "skill", "none")
+TeacherContextKind = Literal["latent", "text_experience", "golden", "sibling", "skill", "none"]
+TeacherWeights = Literal["frozen_base", "student", "ema"]
+Retrieval = Literal["nearest", "random"]
+Refresh = Literal["never", "gated"]
+StudentLossFamily = Literal["reverse_kl", "grpo", "grpo+kl", "reverse_kl+grpo"]
+Role = Literal["reference", "baseline", "ablation", "control"]
+TEACHER_CONTEXTS: tuple[str, ...] = get_args(TeacherContextKind)
+ROLES: tuple[str, ...] = get_args(Role)  # the order the compare report lists its groups in
 
 
 @dataclass(frozen=True)
 class TeacherSetup:
     """What the teacher reads in its latent slot, and with which weights."""
 
-    context: str  # one of TEACHER_CONTEXTS
-    weights: str = "frozen_base"  # frozen_base (θ̄) | student (live, no gradient) | ema
+    context: TeacherContextKind
+    weights: TeacherWeights = "frozen_base"  # frozen_base (θ̄) | student (live, no gradient) | ema
     temperature: float = 1.0  # the teacher's log-probs are those of softmax(logits / T)
-    retrieval: str = "nearest"  # nearest | random (the bank rows a bank-reading teacher is given)
-    refresh: str = "never"  # never | gated: θ̄ ← student where the held-out check shows the student ahead
+    retrieval: Retrieval = "nearest"  # the bank rows a bank-reading teacher is given
+    refresh: Refresh = "never"  # gated: θ̄ ← student where the held-out check shows the student ahead
 
     @property
     def uses_bank(self) -> bool:
@@ -73,12 +86,17 @@ class TeacherSetup:
     def reads_latents(self) -> bool:
         return self.context == "latent"
 
+    @property
+    def may_lack_context(self) -> bool:
+        """Some trajectories may have no context (SDPO's groups without a success): those give no signal."""
+        return self.context == "sibling"
+
 
 @dataclass(frozen=True)
 class StudentSetup:
     """The student's loss: which family, and its method-level weights."""
 
-    loss: str = "reverse_kl"  # reverse_kl | grpo | grpo+kl | reverse_kl+grpo
+    loss: StudentLossFamily = "reverse_kl"
     reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
     kl_mix: float = 0.0  # w of (1 − w)·reverse + w·forward KL when lopd.kl_mix is 0 (resolved: the run's w)
 
@@ -86,6 +104,16 @@ class StudentSetup:
     def distills(self) -> bool:
         """Distils toward the teacher (lopd.student_loss applies), rather than a policy gradient alone."""
         return self.loss in ("reverse_kl", "reverse_kl+grpo")
+
+    @property
+    def adds_sampled_kl(self) -> bool:
+        """GRPO plus the sampled-token reverse KL toward the teacher (Skill-SD)."""
+        return self.loss == "grpo+kl"
+
+    @property
+    def adds_policy_gradient(self) -> bool:
+        """A distillation loss plus the GRPO term on the same rollouts (`lopd_rl`)."""
+        return self.loss == "reverse_kl+grpo"
 
 
 @dataclass(frozen=True)
@@ -100,10 +128,13 @@ class ComposerSetup:
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
+    role: Role
     teacher: TeacherSetup
     student: StudentSetup = field(default_factory=StudentSetup)
     composer: ComposerSetup = field(default_factory=ComposerSetup)
     then: str | None = None  # the method trained after baselines.switch_fraction of lopd.steps (one phase: None)
+    # The `baselines` settings that set a field of this spec: (part, field, baselines key), applied by method_spec
+    knobs: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def uses_bank(self) -> bool:
@@ -129,50 +160,54 @@ _LOPD = ComposerSetup(trainable=True)
 METHODS: dict[str, MethodSpec] = {
     s.name: s
     for s in [
-        MethodSpec("lopd", TeacherSetup("latent"), composer=_LOPD),
-        MethodSpec("grpo", TeacherSetup("none"), StudentSetup("grpo")),
-        MethodSpec("opsd", TeacherSetup("golden")),
-        MethodSpec("sdpo", TeacherSetup("sibling", weights="ema")),
-        MethodSpec("skill_sd", TeacherSetup("skill", weights="student"), StudentSetup("grpo+kl")),
-        MethodSpec("text_experience", TeacherSetup("text_experience")),
-        MethodSpec("lopd_frozen_composer", TeacherSetup("latent")),
-        MethodSpec("lopd_no_margin", TeacherSetup("latent"), composer=replace(_LOPD, margin=0.0)),
-        MethodSpec("lopd_no_anchor", TeacherSetup("latent"), composer=replace(_LOPD, anchor_weight=0.0)),
-        MethodSpec("sharpened_teacher", TeacherSetup("none", temperature=0.5)),
-        MethodSpec("lopd_random_retrieval", TeacherSetup("latent", retrieval="random"), composer=_LOPD),
-        MethodSpec("lopd_rl", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo"), _LOPD),
-        MethodSpec("lopd_then_grpo", TeacherSetup("latent"), composer=_LOPD, then="grpo"),
-        MethodSpec("lopd_gated_refresh", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
-        MethodSpec("lopd_forward_kl", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
-        MethodSpec("lopd_mixed_kl", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
+        MethodSpec("lopd", "reference", TeacherSetup("latent"), composer=_LOPD),
+        MethodSpec(
+            "grpo",
+            "baseline",
+            TeacherSetup("none"),
+            StudentSetup("grpo"),
+            knobs=(("student", "reference_kl", "grpo_kl"),),
+        ),
+        MethodSpec("opsd", "baseline", TeacherSetup("golden")),
+        MethodSpec(
+            "sdpo", "baseline", TeacherSetup("sibling", weights="ema"), knobs=(("teacher", "weights", "sdpo_teacher"),)
+        ),
+        MethodSpec("skill_sd", "baseline", TeacherSetup("skill", weights="student"), StudentSetup("grpo+kl")),
+        MethodSpec("text_experience", "baseline", TeacherSetup("text_experience")),
+        MethodSpec("lopd_frozen_composer", "ablation", TeacherSetup("latent")),
+        MethodSpec("lopd_no_margin", "ablation", TeacherSetup("latent"), composer=replace(_LOPD, margin=0.0)),
+        MethodSpec("lopd_no_anchor", "ablation", TeacherSetup("latent"), composer=replace(_LOPD, anchor_weight=0.0)),
+        MethodSpec(
+            "sharpened_teacher",
+            "control",
+            TeacherSetup("none", temperature=0.5),
+            knobs=(("teacher", "temperature", "sharpen_temperature"),),
+        ),
+        MethodSpec("lopd_random_retrieval", "control", TeacherSetup("latent", retrieval="random"), composer=_LOPD),
+        MethodSpec("lopd_rl", "ablation", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo"), _LOPD),
+        MethodSpec("lopd_then_grpo", "ablation", TeacherSetup("latent"), composer=_LOPD, then="grpo"),
+        MethodSpec("lopd_gated_refresh", "ablation", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
+        MethodSpec("lopd_forward_kl", "ablation", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
+        MethodSpec("lopd_mixed_kl", "ablation", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
     ]
 }
 METHOD_NAMES = tuple(METHODS)  # the order is the order reports list them in
 # The families the configuration's cross-key rules name (lopd.importance_weight, lopd.kl_mix, lopd.student_loss)
 POLICY_GRADIENT_METHODS = tuple(n for n, s in METHODS.items() if not s.student.distills)
-SAMPLED_KL_METHODS = tuple(n for n, s in METHODS.items() if s.student.loss == "grpo+kl")
+SAMPLED_KL_METHODS = tuple(n for n, s in METHODS.items() if s.student.adds_sampled_kl)
 KL_MIX_METHODS = tuple(n for n, s in METHODS.items() if s.student.kl_mix > 0)
 FORWARD_KL_METHODS = tuple(n for n, s in METHODS.items() if s.student.kl_mix == 1.0)
 
 
 def method_spec(name: str, baselines=None) -> MethodSpec:
-    """The spec of `name`, with the knobs of the `baselines` params section applied (SDPO's teacher weights,
-    the sharpened teacher's temperature, GRPO's reference KL)."""
+    """The spec of `name`, with the knobs of the `baselines` params section applied (its `knobs`: SDPO's teacher
+    weights, the sharpened teacher's temperature, GRPO's reference KL)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHOD_NAMES)}")
     spec = METHODS[name]
-    if baselines is None or name not in BASELINE_KNOBS:
-        return spec
-    part, field_name, knob = BASELINE_KNOBS[name]
-    return replace(spec, **{part: replace(getattr(spec, part), **{field_name: getattr(baselines, knob)})})
-
-
-# The `baselines` settings that set a field of one method's spec: method -> (part, field, baselines key).
-BASELINE_KNOBS = {
-    "sdpo": ("teacher", "weights", "sdpo_teacher"),
-    "sharpened_teacher": ("teacher", "temperature", "sharpen_temperature"),
-    "grpo": ("student", "reference_kl", "grpo_kl"),
-}
+    for part, field_name, knob in spec.knobs if baselines is not None else ():
+        spec = replace(spec, **{part: replace(getattr(spec, part), **{field_name: getattr(baselines, knob)})})
+    return spec
 
 
 def resolve_method(lopd, baselines) -> MethodSpec:

@@ -12,6 +12,11 @@ experience only beyond it. Where both methods' runs of a replicate (same world a
 (eval_tasks.parquet beside eval.json), they played the same tasks with the same seeds, and the interval is the
 paired one of the promotion gate (lopd_core/gate.py) over those tasks; otherwise it is the unpaired interval of
 a difference of two proportions (tasks pooled over replicates), wider than the paired one.
+
+Methods are read by their role in the methods table (lopd_core/methods.py), not by name: the tables list them
+grouped by role (reference, baselines, ablations, controls), the verdict sets the reference method against every
+baseline and control that ran, and the controls decide whether a gain is credited to experience. A method added
+to the table takes its place here by its row alone. GRPO is named once, as the curve the others must reach.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from lopd_core import methods as M
+
+LINESTYLES = {"reference": "-", "baseline": "--", "ablation": ":", "control": "-."}
 CELLS = [("test_id", "greedy"), ("test_id", "sampled"), ("test_ood", "greedy"), ("test_ood", "sampled")]
 
 
@@ -124,35 +132,53 @@ def _difference_text(split: str, mode: str, d: float, low: float, high: float, h
     return f"{split}/{mode} {100 * d:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] ({how})"
 
 
+def role_of(method: str) -> str:
+    """The method's role in the methods table; a method no longer in it (an old report's) counts as a baseline."""
+    spec = M.METHODS.get(method)
+    return spec.role if spec is not None else "baseline"
+
+
+def by_role(methods) -> list[str]:
+    """`methods` grouped by role in the table's order of roles (reference, baseline, ablation, control), each
+    group in the order they came."""
+    methods = list(methods)
+    return sorted(methods, key=lambda m: (M.ROLES.index(role_of(m)), methods.index(m)))
+
+
 def _verdict(by_method: dict[str, list[dict]]) -> list[str]:
     lines = []
-    if "lopd" not in by_method:
-        return lines
-    for other in ("grpo", "sharpened_teacher", "lopd_random_retrieval", "opsd", "sdpo", "skill_sd"):
-        if other not in by_method:
-            continue
+    for ref in [m for m in by_role(by_method) if role_of(m) == "reference"]:
+        lines += _reference_verdict(ref, by_method)
+    return lines
+
+
+def _reference_verdict(ref: str, by_method: dict[str, list[dict]]) -> list[str]:
+    """The reference method against every baseline and control that ran, then against the controls together."""
+    lines, name = [], ref.upper()
+    for other in [m for m in by_role(by_method) if role_of(m) in ("baseline", "control")]:
         parts = [
-            _difference_text(split, mode, *method_difference(by_method["lopd"], by_method[other], split, mode))
+            _difference_text(split, mode, *method_difference(by_method[ref], by_method[other], split, mode))
             for split, mode in CELLS
         ]
-        lines.append(f"- LOPD − {other} (success, points; the 95 % interval of the difference): " + ", ".join(parts))
-    controls = [c for c in ("sharpened_teacher", "lopd_random_retrieval") if c in by_method]
+        lines.append(f"- {name} − {other} (success, points; the 95 % interval of the difference): " + ", ".join(parts))
+    controls = [c for c in by_role(by_method) if role_of(c) == "control"]
     if controls:
-        diffs = [method_difference(by_method["lopd"], by_method[c], s, m)[:2] for c in controls for s, m in CELLS[:2]]
+        diffs = [method_difference(by_method[ref], by_method[c], s, m)[:2] for c in controls for s, m in CELLS[:2]]
+        names = ", ".join(controls)
         if all(low > 0 for _, low in diffs):
             lines.append(
-                f"- On test_id (both modes) LOPD beats both controls ({', '.join(controls)}) by more than "
+                f"- On test_id (both modes) {name} beats the controls ({names}) by more than "
                 "the noise: a gain there can be credited to experience."
             )
         elif all(d > 0 for d, _ in diffs):
             lines.append(
-                f"- On test_id (both modes) LOPD is ahead of both controls ({', '.join(controls)}), but "
+                f"- On test_id (both modes) {name} is ahead of the controls ({names}), but "
                 "within the 95 % interval of the difference: no evidence that experience, rather than "
                 "sharpening or chance, helps."
             )
         else:
             lines.append(
-                f"- On test_id (both modes) LOPD does not beat both controls ({', '.join(controls)}): "
+                f"- On test_id (both modes) {name} does not beat the controls ({names}): "
                 "what it gains is not shown to come from experience rather than sharpening."
             )
     return lines
@@ -172,32 +198,7 @@ def write_compare_report(
     by_method: dict[str, list[dict]] = {}
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)
-
-    header = [
-        "method",
-        "lr",
-        *[f"{s} {m} %" for s, m in CELLS],
-        "test_id reward (greedy)",
-        "rollouts",
-        "steps",
-        "wall s / run",
-    ]
-    rows = []
-    for method, rs in by_method.items():
-        cells = [_pct([r["final"][s][m]["success_rate"] for r in rs]) for s, m in CELLS]
-        reward_m, reward_s = _mean_std([r["final"]["test_id"]["greedy"]["reward_mean"] for r in rs])
-        wall = statistics.fmean(r["train_seconds"] + r["eval_seconds"] for r in rs)
-        rows.append(
-            [
-                method,
-                f"{rs[0]['lr']:g}",
-                *cells,
-                f"{reward_m:.3f} ± {reward_s:.3f}",
-                f"{statistics.fmean(r['rollouts'] for r in rs):.0f}",
-                str(rs[0]["steps"]),
-                f"{wall:.0f}",
-            ]
-        )
+    by_method = {m: by_method[m] for m in by_role(by_method)}  # grouped by role: the tables list them so
 
     lines = [f"# {title}", ""]
     lines += [f"- **{k}**: {v}" for k, v in settings]
@@ -206,7 +207,7 @@ def write_compare_report(
     pooled = f"; the tasks of {', '.join(envs)} pooled" if len(envs) > 1 else ""
     heading = f"## Held-out success (mean ± std over replicates; n = {n_eval} tasks per split and replicate{pooled})"
     lines += ["", heading, ""]
-    lines += _md_table(header, rows)
+    lines += _success_table(by_method)
     if len(envs) > 1:
         lines += ["", "## Held-out success per environment (mean ± std over replicates)", ""]
         lines += _env_table(by_method, envs)
@@ -229,14 +230,7 @@ def write_compare_report(
         lines += ["", "## Differences (arithmetic on the table above)", "", *verdict]
     if tuning:
         lines += ["", "## Learning-rate tuning (validation: train-split tasks; mean reward of greedy and sampled)", ""]
-        grid = sorted({t["lr"] for t in tuning})
-        table = {}
-        for t in tuning:
-            table.setdefault(t["method"], {})[t["lr"]] = t["score"]
-        lines += _md_table(
-            ["method", *[f"lr {g:g}" for g in grid]],
-            [[m, *[f"{v[g]:.3f}" if g in v else "" for g in grid]] for m, v in table.items()],
-        )
+        lines += _tuning_table(tuning)
     lines += ["", "![success against rollouts; δ and β of the LOPD variants](compare.png)", ""]
     md = out / "compare.md"
     md.write_text("\n".join(lines))
@@ -244,6 +238,50 @@ def write_compare_report(
     js = out / "compare.json"
     js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2, default=str))
     return {"md": md, "png": png, "json": js}
+
+
+def _success_table(by_method: dict[str, list[dict]]) -> list[str]:
+    """Held-out success per method (mean ± std over replicates), the methods grouped by role."""
+    header = [
+        "method",
+        "lr",
+        *[f"{s} {m} %" for s, m in CELLS],
+        "test_id reward (greedy)",
+        "rollouts",
+        "steps",
+        "wall s / run",
+        "role",
+    ]
+    rows = []
+    for method, rs in by_method.items():
+        cells = [_pct([r["final"][s][m]["success_rate"] for r in rs]) for s, m in CELLS]
+        reward_m, reward_s = _mean_std([r["final"]["test_id"]["greedy"]["reward_mean"] for r in rs])
+        wall = statistics.fmean(r["train_seconds"] + r["eval_seconds"] for r in rs)
+        rows.append(
+            [
+                method,
+                f"{rs[0]['lr']:g}",
+                *cells,
+                f"{reward_m:.3f} ± {reward_s:.3f}",
+                f"{statistics.fmean(r['rollouts'] for r in rs):.0f}",
+                str(rs[0]["steps"]),
+                f"{wall:.0f}",
+                role_of(method),
+            ]
+        )
+    return _md_table(header, rows)
+
+
+def _tuning_table(tuning: list[dict]) -> list[str]:
+    """The tuning runs' validation score per method and learning rate."""
+    grid = sorted({t["lr"] for t in tuning})
+    table: dict[str, dict] = {}
+    for t in tuning:
+        table.setdefault(t["method"], {})[t["lr"]] = t["score"]
+    return _md_table(
+        ["method", *[f"lr {g:g}" for g in grid]],
+        [[m, *[f"{v[g]:.3f}" if g in v else "" for g in grid]] for m, v in table.items()],
+    )
 
 
 def _env_table(by_method: dict[str, list[dict]], envs: list[str]) -> list[str]:
@@ -307,14 +345,14 @@ def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
                 100 * c["success"],
                 marker="o",
                 label=method,
-                linestyle="-" if method in ("lopd", "grpo") else "--",
+                linestyle=LINESTYLES[role_of(method)],
             )
         ax.set(title=f"test_id success ({mode})", xlabel="rollouts (sampled trajectories)", ylabel="success %")
     axes[0][0].legend(fontsize=7)
     for ax, column in zip(axes[1], ("delta", "beta")):
         for method, rs in by_method.items():
             frames = [pd.read_csv(r["csv"]) for r in rs if Path(r["csv"]).exists()]
-            if not frames or not any(f[column].notna().any() for f in frames) or not _is_lopd(method):
+            if not frames or not any(f[column].notna().any() for f in frames) or not _reads_latents(method):
                 continue
             mean = pd.concat(frames).groupby("rollouts", as_index=False)[column].mean()
             ax.plot(mean["rollouts"], mean[column], label=method)
@@ -326,5 +364,7 @@ def plot_compare(by_method: dict[str, list[dict]], path: Path) -> Path:
     return path
 
 
-def _is_lopd(method: str) -> bool:
-    return method.startswith("lopd")
+def _reads_latents(method: str) -> bool:
+    """A LOPD variant: its teacher reads the composer's latents, so its run has a δ̄ and a β to draw."""
+    spec = M.METHODS.get(method)
+    return spec is not None and spec.teacher.reads_latents

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lopd_core.methods import METHOD_NAMES
+from lopd_core.methods import (
+    FORWARD_KL_METHODS,
+    KL_MIX_METHODS,
+    METHOD_NAMES,
+    METHODS,
+    POLICY_GRADIENT_METHODS,
+    SAMPLED_KL_METHODS,
+)
 from lopd_core.settings.checks import (
     MARGIN_AUTO,
+    Check,
     ConfigError,
     fraction,
     in_range,
@@ -17,16 +25,8 @@ from lopd_core.settings.checks import (
 )
 from lopd_core.settings.fields import Section, setting
 
-# Methods whose student loss is GRPO's (lopd.student_loss unused), and those of them that add the sampled-token
-# reverse KL to a teacher (Skill-SD): lopd_core/methods.py is the source, tests/distill/test_training_step.py checks
-# these agree with it (plain data here: the config imports nothing of the library).
-POLICY_GRADIENT_METHODS = ("grpo", "skill_sd")
-SAMPLED_KL_METHODS = ("skill_sd",)
-# Methods whose own w of the top-k loss (1 − w)·reverse + w·forward KL is above 0 (lopd.kl_mix), and of them the
-# one whose w is fixed at 1 (the pure forward KL): plain data as above, checked against methods.py the same way.
-KL_MIX_METHODS = ("lopd_forward_kl", "lopd_mixed_kl")
-FORWARD_KL_METHODS = ("lopd_forward_kl",)
-
+# The method families the rules across keys name are the methods table's (methods.py imports nothing of the
+# library, so the configuration reads them without loading the trainer).
 __all__ = [
     "FORWARD_KL_METHODS",
     "KL_MIX_METHODS",
@@ -48,7 +48,7 @@ class LopdConfig(Section):
     # (docs/results.md); `lopd` trains φ as the paper does.
     method: str = setting(
         "lopd_frozen_composer",
-        check=one_of(*METHOD_NAMES),
+        check=Check(lambda v: v in METHODS, "one of " + ", ".join(map(repr, METHOD_NAMES))),  # a row is a method
         help="what the loop trains (lopd_core/methods.py): LOPD, a baseline or an ablation; "
         "lopd_frozen_composer keeps φ = φ0, lopd trains φ as the paper does. One of: " + " | ".join(METHOD_NAMES),
     )

@@ -16,6 +16,7 @@ from lopd_core import methods as M
 from lopd_core.config import Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
+from lopd_core.distill import pg_losses as PG
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.envs import make_tasks, run_oracle
@@ -26,14 +27,14 @@ from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 def test_group_relative_advantages_by_hand():
     # group 0: r = [1, 0] -> mean 0.5, std 0.5 -> ±1; group 1: r = [0.5, 0.5] -> 0 (no signal)
-    adv = L.group_relative_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]), eps=0.0)
+    adv = PG.group_relative_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]), eps=0.0)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]))
 
 
 def test_clipped_policy_loss_clips_and_has_the_policy_gradient():
     lp = torch.tensor([math.log(0.5), math.log(0.5)], requires_grad=True)
     old = torch.log(torch.tensor([0.25, 0.5]))  # ratios 2 and 1
-    loss = L.clipped_policy_loss(lp, old, torch.tensor([1.0, 1.0]), clip=0.2)
+    loss = PG.clipped_policy_loss(lp, old, torch.tensor([1.0, 1.0]), clip=0.2)
     # token 0: min(2·1, 1.2·1) = 1.2, clipped: no gradient; token 1: ratio 1 -> −1, gradient −ratio·A = −1
     torch.testing.assert_close(loss.detach(), torch.tensor([-1.2, -1.0]))
     loss.sum().backward()
@@ -43,7 +44,7 @@ def test_clipped_policy_loss_clips_and_has_the_policy_gradient():
 def test_reference_kl_k3_is_zero_at_equality_and_positive_elsewhere():
     s = torch.tensor([-1.0, -1.0])
     q = torch.tensor([-1.0, -2.0])  # d = −1: e^−1 + 1 − 1 = 0.3679
-    torch.testing.assert_close(L.reference_kl_k3(s, q), torch.tensor([0.0, math.exp(-1.0)]))
+    torch.testing.assert_close(PG.reference_kl_k3(s, q), torch.tensor([0.0, math.exp(-1.0)]))
 
 
 def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
@@ -193,6 +194,35 @@ def test_one_update_per_method(tiny_model, tiny_tokenizer, batch, tmp_path, meth
         adv = L.advantages(torch.tensor([t.reward for t in trajs])).double()
         assert len(gaps) == len(trajs) and gaps.abs().sum() > 0
         assert row.delta == pytest.approx(float((adv * gaps)[n > 0].mean()), rel=1e-4, abs=1e-7)
+
+
+def test_a_new_method_is_one_row(tiny_model, tiny_tokenizer, batch, tmp_path, monkeypatch):
+    """Adding a method is one row of the methods table: here a control that reads the retrieved experiences as
+    text at a sharpened temperature. Nothing else is written for it, yet the trainer trains it (its teacher reads
+    text, φ stays φ0, β stays put), and the compare report lists it with the controls and sets the reference
+    method against it."""
+    from lopd_core.compare.report import _verdict, by_role
+
+    row = M.MethodSpec("sharpened_text", "control", M.TeacherSetup("text_experience", temperature=0.5))
+    monkeypatch.setitem(M.METHODS, row.name, row)
+    tasks, trajs, retriever = batch
+    d = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path, row.name)
+    assert d.method.name == row.name and d.method.teacher == row.teacher  # resolved from the row
+    theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters() if p.requires_grad}
+    phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
+    out = d.update(tasks, trajs)
+    assert math.isfinite(out.row.distill_loss) and math.isfinite(out.row.kl_phi) and out.row.teacher_entropy > 0
+    assert _unmoved(d.trainable, theta0) == set() and _moved(d.composer, phi0) == set() and d.state.beta == 0.5
+    assert by_role(["sharpened_text", "lopd_no_margin", "grpo", "lopd"]) == [
+        "lopd",
+        "grpo",
+        "lopd_no_margin",
+        "sharpened_text",
+    ]
+    cell = {"success_rate": 0.5, "reward_mean": 0.5, "n": 10}
+    run = {"final": {s: {"greedy": cell, "sampled": cell} for s in ("test_id", "test_ood")}}
+    lines = _verdict({"lopd": [run], "sharpened_text": [run]})
+    assert lines[0].startswith("- LOPD − sharpened_text") and "controls (sharpened_text)" in lines[-1]
 
 
 def test_sdpo_takes_no_signal_from_a_group_without_success(tiny_model, tiny_tokenizer, batch, tmp_path):
