@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lopd_core import distributed as D
 from lopd_core.distill import losses as L
+from lopd_core.distill import pg_losses as PG
 
 # ---- the batch ----------------------------------------------------------------------------------------------
 
@@ -66,7 +67,7 @@ def rollout_batch(
     n_tokens, n_scored = D.global_sum([int(counts.sum()), int((counts > 0).sum())])
     adv = L.advantages(rewards, kind=advantage, successes=successes, group_ids=groups).to(device)
     pg_adv = (
-        None if group_std_eps is None else L.group_relative_advantages(rewards, groups, eps=group_std_eps).to(device)
+        None if group_std_eps is None else PG.group_relative_advantages(rewards, groups, eps=group_std_eps).to(device)
     )
     return RolloutBatch(
         [t.token_ids for t in trajs],

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,13 +20,12 @@ import torch
 from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.distill import sharded_checkpoint as SC
+from lopd_core.distill.inputs import StepModels
 from lopd_core.distill.resume import RESUME_FREE, RESUME_SETTINGS
+from lopd_core.distill.state import DistillState
 from lopd_core.errors import StateError
 from lopd_core.outputs import OutputPathError, atomic_write
 from lopd_core.outputs import _reason as output_reason
-
-if TYPE_CHECKING:
-    from lopd_core.distill.trainer import Distiller
 
 CHECKPOINT_KEYS = ("state", "trainable", "composer", "opt_theta", "opt_phi", "rng_torch")
 START_OVER = "rerun with --fresh to start over (`lopd distill --fresh`, or delete the file)"
@@ -36,23 +35,6 @@ NOT_RECORDED = "(not recorded)"
 class CheckpointError(StateError):
     """A checkpoint that cannot be resumed as it is: unreadable, made under other settings, or past the steps
     asked for. The message names the file and how to go on."""
-
-
-@dataclass
-class DistillState:
-    step: int = 0  # steps completed
-    beta: float = 0.0
-    rollouts: int = 0  # trajectories sampled so far (including the bank's seed rollouts)
-    skipped_updates: int = 0
-    history: list[dict] = field(default_factory=list)
-    margin: float | None = None  # m priced for `lopd.margin: auto` (margin.py); None: not priced (or m is a number)
-    margin_pricing: dict = field(default_factory=dict)  # how it was priced (PricedMargin.summary)
-    # lopd_gated_refresh (teacher_refresh.py): refreshes of θ̄ so far, the teacher base's last check score (None:
-    # not measured yet), every check's figures, and the episodes the checks played (not training rollouts)
-    teacher_refreshes: int = 0
-    refresh_teacher_score: dict | None = None
-    refresh_checks: list[dict] = field(default_factory=list)
-    check_episodes: int = 0
 
 
 def resume_settings(params: Params) -> dict[str, Any]:
@@ -126,38 +108,38 @@ def read_checkpoint(path: Path) -> dict:
     return payload
 
 
-def checkpoint_payload(d: Distiller, theta_dir: str | None = None) -> dict:
+def checkpoint_payload(models: StepModels, state: DistillState, params: Params, theta_dir: str | None = None) -> dict:
     """Everything a resume restores, as plain data (`plain_data` refuses anything else). `theta_dir`: θ and its
     optimizer state are in that sharded folder (sharded_checkpoint.py), not in the payload."""
     sharded = theta_dir is not None
     return plain_data(
         {
-            "state": asdict(d.state),
-            "settings": resume_settings(d.params),  # what a resume must agree with (`load_checkpoint`)
-            "trainable": None if sharded else {k: v for k, v in d.trainable.state_dict().items()},
+            "state": asdict(state),
+            "settings": resume_settings(params),  # what a resume must agree with (`load_checkpoint`)
+            "trainable": None if sharded else {k: v for k, v in models.trainable.state_dict().items()},
             "theta_dir": theta_dir,
-            "composer": d.composer.state_dict(),
-            "opt_theta": None if sharded else d.opt_theta.state_dict(),
-            "opt_phi": d.opt_phi.state_dict(),
+            "composer": models.composer.state_dict(),
+            "opt_theta": None if sharded else models.opt_theta.state_dict(),
+            "opt_phi": models.opt_phi.state_dict(),
             "rng_torch": torch.get_rng_state(),
-            "data_position": d.state.step * d.cfg.tasks_per_step,
-            "ema": d.ema_lm.state_dict() if d.ema_lm is not None else None,  # SDPO's EMA teacher
-            "teacher": refreshed_teacher_weights(d),  # lopd_gated_refresh: a separate θ̄ once refreshed
+            "data_position": state.step * params.lopd.tasks_per_step,
+            "ema": models.ema.state_dict() if models.ema is not None else None,  # SDPO's EMA teacher
+            "teacher": refreshed_teacher_weights(models, state),  # lopd_gated_refresh: a separate θ̄ once refreshed
         }
     )
 
 
-def save_checkpoint(d: Distiller, path: Path) -> Path:
+def save_checkpoint(models: StepModels, state: DistillState, params: Params, path: Path) -> Path:
     """Rank 0 writes the one checkpoint (every rank holds the same full state); the others wait for it. A
     sharded run's θ goes first into its own folder, every rank writing its shards (sharded_checkpoint.py)."""
     theta_dir = None
-    if d.sharding.active:
+    if models.sharding.active:
         path.parent.mkdir(parents=True, exist_ok=True)
-        theta_dir = SC.save_theta(d.trainable, d.opt_theta, path.parent, d.state.step)
+        theta_dir = SC.save_theta(models.trainable, models.opt_theta, path.parent, state.step)
     if not D.is_main():
         D.barrier()
         return path
-    payload = checkpoint_payload(d, theta_dir)
+    payload = checkpoint_payload(models, state, params, theta_dir)
     try:  # into a file object: a full disk is then an OSError naming its cause, not torch's "unexpected pos"
         with atomic_write(path) as f:  # a crash mid-write leaves the previous checkpoint intact
             torch.save(payload, f)
@@ -172,78 +154,78 @@ def save_checkpoint(d: Distiller, path: Path) -> Path:
     return path
 
 
-def load_checkpoint(d: Distiller, path: Path) -> bool:
-    """Resume from the checkpoint when there is one; refuse (CheckpointError) one that is unreadable or was
-    made under other settings (`lopd.resume_mismatch: warn` resumes the latter anyway, saying so)."""
+def load_checkpoint(models: StepModels, params: Params, path: Path, log) -> DistillState | None:
+    """The state to resume from, the models restored, when there is a checkpoint (None: none); refuse
+    (CheckpointError) one that is unreadable or was made under other settings (`lopd.resume_mismatch: warn`
+    resumes the latter anyway, saying so)."""
     if not path.exists():
-        return False
+        return None
     payload = read_checkpoint(path)
-    recorded = payload.get("settings")
+    recorded, mode = payload.get("settings"), params.lopd.resume_mismatch
     if recorded is None:
         refuse_or_warn(
-            d,
+            mode,
+            log,
             f"{path}: the checkpoint records no settings (written before checkpoints recorded "
             "them), so a resume under other ones cannot be ruled out",
         )
     else:
-        differences = settings_differences(recorded, resume_settings(d.params))
+        differences = settings_differences(recorded, resume_settings(params))
         if differences:
-            refuse_or_warn(
-                d, f"{path}: the checkpoint was made under other settings (checkpoint → this run):", differences
-            )
+            message = f"{path}: the checkpoint was made under other settings (checkpoint → this run):"
+            refuse_or_warn(mode, log, message, differences)
     try:
-        restore(d, payload, path.parent)
+        return restore(models, payload, path.parent)
     except (KeyError, RuntimeError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"{path}: the checkpoint does not fit this run's models ({load_failure(exc)}); {START_OVER}"
         ) from None
-    return True
 
 
-def restore(d: Distiller, payload: dict, folder: Path) -> None:
+def restore(models: StepModels, payload: dict, folder: Path) -> DistillState:
     theta_dir = payload.get("theta_dir")
     if theta_dir is not None:  # written sharded: read back resharded to this run, sharded or not
         if not isinstance(theta_dir, str) or not re.fullmatch(r"theta/step_\d+", theta_dir):
             raise ValueError(f"theta_dir {theta_dir!r} is not a folder this trainer writes")
-        SC.load_theta(d.trainable, d.opt_theta, folder / theta_dir)
-    elif d.sharding.active:  # written by a replicated run, resumed sharded
-        SC.load_replicated_theta(d.trainable, d.opt_theta, payload["trainable"], payload["opt_theta"])
+        SC.load_theta(models.trainable, models.opt_theta, folder / theta_dir)
+    elif models.sharding.active:  # written by a replicated run, resumed sharded
+        SC.load_replicated_theta(models.trainable, models.opt_theta, payload["trainable"], payload["opt_theta"])
     else:
-        d.trainable.load_state_dict(payload["trainable"])
-        d.opt_theta.load_state_dict(payload["opt_theta"])
-    d.composer.load_state_dict(payload["composer"])
-    d.opt_phi.load_state_dict(payload["opt_phi"])
-    if d.ema_lm is not None and payload.get("ema") is not None:
-        d.ema_lm.load_state_dict(payload["ema"])
+        models.trainable.load_state_dict(payload["trainable"])
+        models.opt_theta.load_state_dict(payload["opt_theta"])
+    models.composer.load_state_dict(payload["composer"])
+    models.opt_phi.load_state_dict(payload["opt_phi"])
+    if models.ema is not None and payload.get("ema") is not None:
+        models.ema.load_state_dict(payload["ema"])
     if payload.get("teacher") is not None:  # a refreshed separate θ̄ (LoRA with one copy: in `trainable`)
-        d.teacher.lm.load_state_dict(payload["teacher"])
+        models.teacher.lm.load_state_dict(payload["teacher"])
     torch.set_rng_state(payload["rng_torch"])
-    d.state = DistillState(**payload["state"])
+    return DistillState(**payload["state"])
 
 
-def refreshed_teacher_weights(d: Distiller) -> dict | None:
+def refreshed_teacher_weights(models: StepModels, state: DistillState) -> dict | None:
     """The teacher's weights for the checkpoint where they are a separate copy that a refresh changed (None
     otherwise: the start's θ̄ is rebuilt from the base, and LoRA's one copy is in the trainable state)."""
-    if d.state.teacher_refreshes == 0 or d.teacher.adapter_owner is not None:
+    if state.teacher_refreshes == 0 or models.teacher.adapter_owner is not None:
         return None
-    return d.teacher.lm.state_dict()
+    return models.teacher.lm.state_dict()
 
 
-def check_steps(d: Distiller, total: int) -> None:
+def check_steps(state: DistillState, total: int, path: Path, mode: str, log) -> None:
     """A resumed checkpoint past the `total` steps asked for would pass its student off as a shorter run's."""
-    if d.state.step > total:
+    if state.step > total:
         refuse_or_warn(
-            d,
-            f"{d.checkpoint_path()}: the checkpoint is at step {d.state.step}, past the "
-            f"{total} steps asked for (lopd.steps)",
-            fix=f"set lopd.steps to {d.state.step} or more to keep it",
+            mode,
+            log,
+            f"{path}: the checkpoint is at step {state.step}, past the {total} steps asked for (lopd.steps)",
+            fix=f"set lopd.steps to {state.step} or more to keep it",
         )
 
 
-def refuse_or_warn(d: Distiller, message: str, details: list[str] = (), fix: str = "") -> None:
-    """Refuse a resume that would mix two runs, or (lopd.resume_mismatch: warn) say so and go on."""
+def refuse_or_warn(mode: str, log, message: str, details: list[str] = (), fix: str = "") -> None:
+    """Refuse a resume that would mix two runs (`lopd.resume_mismatch: error`), or (warn) say so and go on."""
     text = message + "".join(f"\n  {x}" for x in details) + ("\n" if details else "; ")
-    if d.cfg.resume_mismatch == "error":
+    if mode == "error":
         fixes = [f for f in (fix, START_OVER) if f]
         raise CheckpointError(f"{text}{', '.join(fixes)}, or set lopd.resume_mismatch=warn to resume anyway")
-    d.log(f"distill: warning: {text}resuming anyway (lopd.resume_mismatch=warn)")
+    log(f"distill: warning: {text}resuming anyway (lopd.resume_mismatch=warn)")

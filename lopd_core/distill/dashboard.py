@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from lopd_core import distributed as D
 from lopd_core.distill import margin as MG
 from lopd_core.distill import step as S
-
-if TYPE_CHECKING:
-    from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.inputs import StepModels, StepSetup
+from lopd_core.distill.state import DistillState
 
 
 @dataclass(frozen=True)
@@ -81,8 +79,21 @@ class ComposerStep:
     kl_text: float = 0.0  # the reading term's KL, a token mean on its rows (reading.py)
 
 
+@dataclass
+class UpdateResult:
+    """What one training update reports (named apart from `lopd_core.envs.StepResult`, one environment step)."""
+
+    row: DashboardRow  # plots/distill.csv
+    diagnostics: dict  # plots/distill_diagnostics.csv (DIAGNOSTIC_COLUMNS)
+    trajectory_gaps: list[float]  # per trajectory (every rank's, in task order): mean log p_T,φ − log p_S,old
+    trajectory_kl: list[float]  # per trajectory: mean KL(p_S,old ‖ p_T,φ) over its action tokens
+    trajectories: list = field(default_factory=list)  # this rank's rollouts of the step (a growing bank's input)
+
+
 def step_result(
-    d: Distiller,
+    setup: StepSetup,
+    models: StepModels,
+    state: DistillState,
     batch: S.RolloutBatch,
     sums: S.StepSums,
     totals: dict[str, float],
@@ -93,7 +104,7 @@ def step_result(
     started: float,
     rollout_s: float,
     trajectories: list,
-) -> S.UpdateResult:
+) -> UpdateResult:
     """The dashboard row and the diagnostics, from the sums the chunks accumulated; `trajectories` are this
     rank's (a growing bank reads them)."""
     counts = batch.token_counts.clamp(min=1)
@@ -107,15 +118,15 @@ def step_result(
     delta_success, delta_failure = MG.delta_parts(advantage * per_traj_gap, all_counts, successes)
     n = batch.n_tokens
     values = {
-        "step": d.state.step,
-        "rollouts": d.state.rollouts,
+        "step": state.step,
+        "rollouts": state.rollouts,
         "reward_mean": float(rewards.mean()),
         "success_rate": float(successes.float().mean()),
         "distill_loss": totals["distill"],
         "kl_phi": totals["kl"],
         "delta": totals["delta"],
         "beta": beta,
-        "margin": d.margin,
+        "margin": setup.margin(state),
         "delta_success": delta_success,
         "delta_failure": delta_failure,
         "anchor": composer.anchor,
@@ -125,29 +136,37 @@ def step_result(
         "topk_mass": totals["topk_mass"] / n,
         "grad_norm_theta": grad_theta,
         "grad_norm_phi": composer.grad_norm,
-        "latent_norm_ratio": composer.latent_norm / max(d.embedding_norm, 1e-8),
+        "latent_norm_ratio": composer.latent_norm / max(models.embedding_norm, 1e-8),
         "step_seconds": time.perf_counter() - started,
-        "phase": d.phase,
-        "teacher_refreshes": d.state.teacher_refreshes,
+        "phase": setup.phase,
+        "teacher_refreshes": state.teacher_refreshes,
     }
-    if not d.teacher_pass:
+    if not setup.teacher_pass:
         values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
-    diag = _diagnostics(d, sums, composer, per_traj_gap, successes, rollout_s)
+    diag = diagnostics_row(models, state, sums, composer, per_traj_gap, successes, rollout_s)
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).
-    return S.UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
+    return UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
 
 
-def _diagnostics(d: Distiller, sums: S.StepSums, composer: ComposerStep, per_traj_gap, successes, rollout_s: float):
+def diagnostics_row(
+    models: StepModels,
+    state: DistillState,
+    sums: S.StepSums,
+    composer: ComposerStep,
+    per_traj_gap,
+    successes,
+    rollout_s,
+) -> dict:
     """The diagnostics row (DIAGNOSTIC_COLUMNS): margins by outcome, norms, skips, cache hits, phase times."""
     return {
-        "step": d.state.step,
+        "step": state.step,
         "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
         "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
         "latent_norm": composer.latent_norm,
-        "embedding_norm": d.embedding_norm,
-        "skipped_updates": d.state.skipped_updates,
-        "encoder_cache_hits": d.encoder.hits,
+        "embedding_norm": models.embedding_norm,
+        "skipped_updates": state.skipped_updates,
+        "encoder_cache_hits": models.encoder.hits,
         "rollout_s": rollout_s,
         "teacher_s": sums.seconds["teacher"],
         "student_s": sums.seconds["student"],

@@ -1,5 +1,6 @@
-"""`lopd distill`'s loop: steps until lopd.steps, the CSVs rewritten after each, checkpoints, and the two
-alarms of a run going wrong (too many skipped updates; a margin met only by divergence).
+"""`lopd distill`'s loop: steps until lopd.steps, the CSVs rewritten after each, checkpoints, and the two alarms
+of a run going wrong (too many skipped updates; a margin met only by divergence). It sits above the trainer: it
+drives a `Distiller`, which never calls back into it.
 
 Everything a step needs is derived from (seed, step), so a run resumed from its checkpoint (checkpoints.py)
 prints the same numbers as an uninterrupted one.
@@ -11,7 +12,6 @@ import csv
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,12 +19,10 @@ from lopd_core import distributed as D
 from lopd_core import sharding as SH
 from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
 from lopd_core.distill.models import export_student, replicated_copy
+from lopd_core.distill.state import DistillState
+from lopd_core.distill.trainer import Distiller
 from lopd_core.errors import TrainingDiverged
 from lopd_core.outputs import atomic_write
-
-if TYPE_CHECKING:
-    from lopd_core.distill.checkpoints import DistillState
-    from lopd_core.distill.trainer import Distiller
 
 DIVERGENCE_WINDOW = 20  # steps of reverse KL the alert compares against
 DIVERGENCE_FACTOR = 10.0  # a KL this many times its recent median is a teacher pushed away, not a learning one

@@ -376,11 +376,3 @@ def composer_loss(
         if isinstance(value, Tensor) and value.dim() != 0:
             raise ValueError(f"{name} must be a scalar (0-dim) tensor, got shape {tuple(value.shape)}")
     return _f32(kl_phi) + float(beta) * (float(margin) - _f32(delta_bar)) + float(anchor_weight) * anchor
-
-
-# The baselines' policy-gradient losses, where the trainer and the tests read every loss.
-from lopd_core.distill.pg_losses import (  # noqa: E402, F401  (last: pg_losses reads `advantages`)
-    clipped_policy_loss,
-    group_relative_advantages,
-    reference_kl_k3,
-)

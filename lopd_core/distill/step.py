@@ -7,7 +7,6 @@ functions for their arithmetic. `update.update` (update.py) composes them in the
   student_token_loss step 3: the student's per-token loss for its `StudentLoss` (resolved once per run)
   composer_terms     step 4: per-token KL(sg[p_S,old] ‖ p_T,φ) and per-trajectory δ(τ) on the same scores
   StepSums           each chunk's share of the batch's means, and per-trajectory sums for the diagnostics
-  UpdateResult         the dashboard row (dashboard.py), the diagnostics row, the per-trajectory gaps, the rollouts
 
 What each mean is divided by, and why:
   * the student loss and the composer's KL are token means over the whole batch (every rank's tokens): each
@@ -25,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from lopd_core import distributed as D
 from lopd_core.distill import losses as L
+from lopd_core.distill import pg_losses as PG
 from lopd_core.distill.batch import (  # noqa: F401  re-exported: the step's phases are read from here
     ComposerScale,
     RolloutBatch,
@@ -44,10 +44,10 @@ from lopd_core.distill.batch import (  # noqa: F401  re-exported: the step's pha
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 
-if TYPE_CHECKING:
-    from lopd_core.distill.dashboard import DashboardRow
-
-STUDENT_LOSSES = ("topk", "full", "sampled", "grpo", "grpo+kl")
+# topk | full | sampled: distillation toward the teacher; grpo | grpo+kl: a policy gradient (+ Skill-SD's KL)
+StudentLossKind = Literal["topk", "full", "sampled", "grpo", "grpo+kl"]
+STUDENT_LOSSES: tuple[str, ...] = get_args(StudentLossKind)
+POLICY_GRADIENT_LOSSES = ("grpo", "grpo+kl")
 
 
 # ---- step 2: the teacher ------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def score_teacher(
 class StudentLoss:
     """Which student loss a run takes, resolved once from the method and the config (`resolve`)."""
 
-    kind: str  # topk | full | sampled (distillation toward the teacher) | grpo | grpo+kl (policy gradient)
+    kind: StudentLossKind
     importance_cap: float | None = None  # weight the sampled-token reverse KL by min(p_S/p_sample, cap); None: off
     clip: float = 0.2  # PPO-clip ε
     reference_kl: float = 0.0  # GRPO: weight of the k3 KL to the frozen base
@@ -196,14 +196,14 @@ class StudentLoss:
             lopd.importance_cap if lopd.importance_weight else None,
             baselines.grpo_clip,
             setup.reference_kl,
-            baselines.skill_kl if kind == "grpo+kl" else 0.0,
-            baselines.rl_weight if setup.loss == "reverse_kl+grpo" else 0.0,
+            baselines.skill_kl if setup.adds_sampled_kl else 0.0,
+            baselines.rl_weight if setup.adds_policy_gradient else 0.0,
             setup.kl_mix if setup.distills else 0.0,
         )
 
     @property
     def reads_sample_logprobs(self) -> bool:
-        return self.kind in ("grpo", "grpo+kl") or self.importance_cap is not None or self.rl_weight > 0
+        return self.kind in POLICY_GRADIENT_LOSSES or self.importance_cap is not None or self.rl_weight > 0
 
     @property
     def reads_teacher_logits(self) -> bool:
@@ -212,7 +212,7 @@ class StudentLoss:
     @property
     def needs_pg_advantage(self) -> bool:
         """A policy-gradient term (GRPO, Skill-SD, lopd_rl's): the batch carries group-relative advantages."""
-        return self.kind in ("grpo", "grpo+kl") or self.rl_weight > 0
+        return self.kind in POLICY_GRADIENT_LOSSES or self.rl_weight > 0
 
 
 def student_token_loss(
@@ -235,7 +235,9 @@ def student_token_loss(
             student_logits, action_ids, targets, replace(loss, rl_weight=0.0), sample_logprobs=sample_logprobs
         )
         s_action = torch.log_softmax(student_logits, -1).gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
-        return distill + loss.rl_weight * L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
+        return distill + loss.rl_weight * PG.clipped_policy_loss(
+            s_action, sample_logprobs, pg_advantage, clip=loss.clip
+        )
     if loss.kind == "topk":
         if loss.kl_mix > 0:  # the forward-KL and mixed arms (lopd.kl_mix)
             return L.mixed_kl_topk(student_logits, targets.topk_logprobs, targets.topk_ids, weight=loss.kl_mix)
@@ -250,9 +252,9 @@ def student_token_loss(
     )
     if loss.kind == "sampled":
         return weight * L.reverse_kl_sampled(s_action, targets.action_logprobs)
-    per_token = L.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
+    per_token = PG.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
     if loss.reference_kl > 0 and targets is not None:  # GRPO's KL to the frozen base (baselines.grpo_kl)
-        per_token = per_token + loss.reference_kl * L.reference_kl_k3(s_action, targets.action_logprobs)
+        per_token = per_token + loss.reference_kl * PG.reference_kl_k3(s_action, targets.action_logprobs)
     if loss.kind == "grpo+kl":  # Skill-SD: plus a small sampled-token reverse KL to its teacher
         per_token = per_token + loss.skill_kl * weight * L.reverse_kl_sampled(s_action, targets.action_logprobs)
     return per_token
@@ -320,14 +322,3 @@ class StepSums:
     def reduced(self) -> dict[str, float]:
         """The shares summed over ranks: the whole batch's means (δ̄ included, so β is the same everywhere)."""
         return D.sum_dict(self.shares)
-
-
-@dataclass
-class UpdateResult:
-    """What one training update reports (named apart from `lopd_core.envs.StepResult`, one environment step)."""
-
-    row: DashboardRow  # plots/distill.csv (dashboard.py)
-    diagnostics: dict  # plots/distill_diagnostics.csv (dashboard.DIAGNOSTIC_COLUMNS)
-    trajectory_gaps: list[float]  # per trajectory (every rank's, in task order): mean log p_T,φ − log p_S,old
-    trajectory_kl: list[float]  # per trajectory: mean KL(p_S,old ‖ p_T,φ) over its action tokens
-    trajectories: list = field(default_factory=list)  # this rank's rollouts of the step (a growing bank's input)

@@ -10,19 +10,15 @@ the resampler once, after the last chunk (update.py, `step_composer`).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from lopd_core import distributed as D
 from lopd_core.distill import baselines as B
 from lopd_core.distill import step as S
+from lopd_core.distill.inputs import StepModels, StepSetup
 from lopd_core.envs import Task
-
-if TYPE_CHECKING:
-    from lopd_core.distill.trainer import Distiller
 
 
 @dataclass
@@ -39,17 +35,19 @@ class TeacherContext:
     encoded: tuple[torch.Tensor, torch.Tensor] | None  # the experiences' encoder states, to run it again
 
 
-def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.RolloutBatch) -> TeacherContext:
+def teacher_context(
+    setup: StepSetup, models: StepModels, tasks: list[Task], trajs: list, batch: S.RolloutBatch
+) -> TeacherContext:
     """Retrieve, and compose latents once per distinct experience text (module docstring)."""
-    spec, group, device = d.method, d.cfg.samples_per_task, d.composer.queries.device
-    per_task = d.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
+    spec, group, device = setup.method, setup.samples_per_task, models.device
+    per_task = models.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
     # Baselines whose teacher reads text (or nothing) instead of latents: the composer reads nothing.
     text_context = B.text_contexts(spec, tasks, trajs, per_task, group)  # (B,) or None
     experiences = [per_task[i // group] if spec.needs_composer else [] for i in range(len(trajs))]
     # A trajectory without a context (SDPO's groups without a success) gives no signal: its tokens leave
     # the student loss and its normaliser. (Decided by the method, so every rank takes the same branch.)
     signal, n_signal = None, batch.n_tokens
-    if spec.teacher.context == "sibling":
+    if spec.teacher.may_lack_context:
         has = torch.tensor([c is not None for c in text_context])
         signal = has.float().to(device)
         n_signal = max(int(D.global_sum([int(batch.token_counts[has].sum())])[0]), 1)
@@ -59,72 +57,65 @@ def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.Rollo
         None, [[slot[t] for t in ex] for ex in experiences], texts, text_context, signal, n_signal, None, None
     )
     if texts:
-        states, state_mask = d.encoder.encode(texts)
+        states, state_mask = models.encoder.encode(texts)
         context.encoded = (states.to(device), state_mask.to(device))
-        if d.low_memory or not spec.composer.trainable:  # graph rebuilt at the end (or never: φ = φ0)
+        if setup.low_memory or not spec.composer.trainable:  # graph rebuilt at the end (or never: φ = φ0)
             with torch.no_grad():
-                context.latents = d.composer(*context.encoded)
+                context.latents = models.composer(*context.encoded)
         else:
-            context.composed = d.composer(*context.encoded)  # (U, K, D), graph to φ
+            context.composed = models.composer(*context.encoded)  # (U, K, D), graph to φ
             context.latents = context.composed.detach()
         context.latents.requires_grad_(spec.composer.trainable)
     return context
 
 
-def teacher_lm(d: Distiller):
-    """The teacher's weights for this method, as a context manager: the frozen base θ̄, the live student or its
-    EMA."""
-    if d.method.teacher.weights == "frozen_base":
-        return d.teacher.active()
-    return nullcontext(d.ema_lm if d.method.teacher.weights == "ema" else d.student)
-
-
-def row_latents(d: Distiller, context: TeacherContext, i: int) -> torch.Tensor:
+def row_latents(models: StepModels, context: TeacherContext, i: int) -> torch.Tensor:
     """(J·K, D) the latents trajectory i's teacher reads; zero rows (no block) when it retrieved nothing."""
-    width = d.composer.proj_out.out_features
     if not context.slots[i]:
-        return torch.zeros((0, width), device=d.composer.queries.device)
-    return context.latents[context.slots[i]].reshape(-1, width)
+        return torch.zeros((0, models.latent_width), device=models.device)
+    return context.latents[context.slots[i]].reshape(-1, models.latent_width)
 
 
 def context_embeddings(
-    d: Distiller, lm, texts: list[str | None], lengths: list[int] | None = None
+    setup: StepSetup, tokenizer, lm, texts: list[str | None], lengths: list[int] | None = None
 ) -> list[torch.Tensor]:
     """Text contexts as (L, D) embeddings for the latent slot: spliced there they are exactly the same
     conversation with the text in its first user turn. None or "" (no context) is zero rows: no block, the
     plain conversation (teacher.embed_row). With the rows' `lengths`, a text is cut to what fits beside its
     row within rollout.max_context (nothing: no block)."""
     embed = lm.get_input_embeddings()
-    limit = d.params.composer.max_experience_tokens * d.params.bank.top_j
     out = []
     for k, text in enumerate(texts):
-        room = limit if lengths is None else min(limit, d.params.rollout.max_context - lengths[k] - 3)
-        ids = d.tokenizer(text or "", add_special_tokens=False)["input_ids"][: max(room, 0)]
+        room = setup.text_room if lengths is None else min(setup.text_room, setup.max_context - lengths[k] - 3)
+        ids = tokenizer(text or "", add_special_tokens=False)["input_ids"][: max(room, 0)]
         out.append(embed(torch.tensor(ids, dtype=torch.long, device=embed.weight.device)))
     return out
 
 
-def rows_context(d: Distiller, lm, context: TeacherContext, ids: list[list[int]], rows: list[int]):
+def rows_context(
+    setup: StepSetup, models: StepModels, lm, context: TeacherContext, ids: list[list[int]], rows: list[int]
+):
     """The contexts the teacher splices into `rows` (whose ids are `ids`), and the keys that tell a shared
     prompt pass which rows read the same context; (None, None) for a teacher that reads nothing."""
-    if d.method.needs_composer:
-        ctx = [row_latents(d, context, i) for i in rows]
+    if setup.method.needs_composer:
+        ctx = [row_latents(models, context, i) for i in rows]
         return ctx, [tuple(context.slots[i]) for i in rows]  # equal slots: the same latent rows
     if context.text_context is not None:
-        ctx = context_embeddings(d, lm, [context.text_context[i] for i in rows], [len(r) for r in ids])
+        texts = [context.text_context[i] for i in rows]
+        ctx = context_embeddings(setup, models.tokenizer, lm, texts, [len(r) for r in ids])
         return ctx, [(context.text_context[i], c.shape[0]) for i, c in zip(rows, ctx)]  # the text as cut
     return None, None
 
 
-def check_teacher_rows(d: Distiller, ids: list[list[int]], ctx: list[torch.Tensor] | None) -> None:
+def check_teacher_rows(setup: StepSetup, ids: list[list[int]], ctx: list[torch.Tensor] | None) -> None:
     """No teacher pass reads more than rollout.max_context positions (the student's rollouts leave room for
     the splice, `splice_room`); a longer row is a trajectory from elsewhere, named rather than scored."""
-    limit = d.params.rollout.max_context
+    limit = setup.max_context
     for k, row in enumerate(ids):
         spliced = 0 if ctx is None or ctx[k].shape[0] == 0 else ctx[k].shape[0] + 3
         if len(row) + spliced > limit:
             raise ValueError(
                 f"a trajectory of {len(row)} tokens with the teacher's {spliced} spliced positions "
                 f"exceeds rollout.max_context={limit}: roll it out with max_context reduced by "
-                f"Distiller.splice_room ({d.splice_room})"
+                f"Distiller.splice_room ({setup.splice_room})"
             )

@@ -33,22 +33,21 @@ cycle.refresh_teacher does; its cached encodings and φ0's cached anchor latents
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from lopd_core import distributed as D
+from lopd_core.distill.dashboard import UpdateResult
+from lopd_core.distill.inputs import StepModels
+from lopd_core.distill.state import DistillState
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 
 REFRESH_SEED_OFFSET = 303  # the check's tasks come from their own seed stream (training draws seed + 17, bank 101)
 METRICS = ("success", "reward")
-
-if TYPE_CHECKING:
-    from lopd_core.distill.step import UpdateResult
-    from lopd_core.distill.trainer import Distiller
 
 
 @dataclass(frozen=True)
@@ -127,45 +126,52 @@ def _merge_adapter_into_base(peft_model) -> None:
             module.reset_lora_parameters(name, True)
 
 
-def refresh_check(d: Distiller, out: UpdateResult) -> None:
+def refresh_check(
+    models: StepModels,
+    state: DistillState,
+    baselines,
+    scorer: Callable[[object], CheckScore],
+    out: UpdateResult,
+    log,
+) -> None:
     """The held-out check after this step, and θ̄ ← student where the student is ahead (module docstring). The
-    teacher base is scored once; after a refresh its score is the student's. Fills the step's row and
-    diagnostics with the check's figures."""
-    b = d.params.baselines
-    student = d.refresh_scorer(d.student)
-    if d.state.refresh_teacher_score is None:
-        with d.teacher.active() as lm:
-            teacher = d.refresh_scorer(lm)
+    teacher base is scored once (by `scorer`); after a refresh its score is the student's. Fills the step's row
+    and diagnostics with the check's figures."""
+    b = baselines
+    student = scorer(models.student)
+    if state.refresh_teacher_score is None:
+        with models.teacher.active() as lm:
+            teacher = scorer(lm)
     else:
-        teacher = CheckScore(**d.state.refresh_teacher_score)
+        teacher = CheckScore(**state.refresh_teacher_score)
     refreshed = should_refresh(student, teacher, metric=b.refresh_metric, min_gain=b.refresh_min_gain)
     if refreshed:
-        if refresh_teacher_weights(d.trainable, d.student, d.teacher):
-            d.opt_theta.state.clear()  # a fresh adapter: the old one's moments do not apply
-        d.encoder.cache.clear()  # encodings and φ0's latents of the old base
-        d.clear_anchor_cache()
-        d.state.teacher_refreshes += 1
-    d.state.refresh_teacher_score = (student if refreshed else teacher).to_dict()
-    d.state.refresh_checks.append(
+        if refresh_teacher_weights(models.trainable, models.student, models.teacher):
+            models.opt_theta.state.clear()  # a fresh adapter: the old one's moments do not apply
+        models.encoder.cache.clear()  # encodings and φ0's latents of the old base
+        models.anchor.clear()
+        state.teacher_refreshes += 1
+    state.refresh_teacher_score = (student if refreshed else teacher).to_dict()
+    state.refresh_checks.append(
         {
-            "step": d.state.step,
+            "step": state.step,
             "metric": b.refresh_metric,
             "student": student.to_dict(),
             "teacher": teacher.to_dict(),
             "refreshed": refreshed,
         }
     )
-    out.row = replace(out.row, teacher_refreshes=d.state.teacher_refreshes)
+    out.row = replace(out.row, teacher_refreshes=state.teacher_refreshes)
     out.diagnostics.update(
         refresh_student=student.value(b.refresh_metric), refresh_teacher=teacher.value(b.refresh_metric)
     )
-    d.log(
-        f"distill: step {d.state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
+    verdict = (
+        f"refreshed (θ̄ ← student, refresh {state.teacher_refreshes})"
+        if refreshed
+        else f"kept (needs a gain > {b.refresh_min_gain:g})"
+    )
+    log(
+        f"distill: step {state.step}: teacher refresh check ({student.n} held-out train tasks, greedy, "
         f"{b.refresh_metric}): student {student.value(b.refresh_metric):.3f} vs teacher base "
-        f"{teacher.value(b.refresh_metric):.3f} -> "
-        + (
-            f"refreshed (θ̄ ← student, refresh {d.state.teacher_refreshes})"
-            if refreshed
-            else f"kept (needs a gain > {b.refresh_min_gain:g})"
-        )
+        f"{teacher.value(b.refresh_metric):.3f} -> {verdict}"
     )

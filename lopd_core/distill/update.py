@@ -1,22 +1,25 @@
-"""Steps 2-5 of one LOPD step on a batch of trajectories, the optimised way (`Distiller.update`).
+"""Steps 2-5 of one LOPD step, the optimised way: reference.py's update (read that first) with these named
+optimisations and nothing else; tests/distill/test_reference_update.py holds the two equal for every method. The
+trainer runs this update wherever the settings ask for one of them, reference.py's where none is asked
+(`StepSetup.runs_reference`).
 
-The batch is processed in chunks of `lopd.micro_batch` trajectories (0 = one chunk): per chunk, the teacher
-forward (graph to the latents), the student forward and backward, then the composer's chunk loss backward
-through the teacher, after which both graphs are gone. Gradients accumulate; the student optimizer steps only
-after every chunk, then the composer (after its own backward through the resampler), then β — the order of
-DESIGN §3. Every chunk's sum is divided by a whole-batch count known up front (step.py), so the accumulated
-gradients, δ̄, the KL and the entropies equal the whole-batch ones (up to float summation order). The
-composer's s_old is the student's detached logits of the same chunk, taken before any optimizer step, so it is
-the pre-update student, as specified.
-
-Steps 2 and 4 share one teacher forward: it is run with the composer's graph attached, step 2 takes a detached
-copy of what it needs and step 4 back-propagates through the same activations afterwards (the composer has not
-changed in between, so this is exactly the specified order, one teacher pass cheaper).
-
-loss_φ = KL + β·(m − δ̄) + λ·anchor is linear in its three terms, so it is back-propagated in pieces, each
-through `losses.composer_loss`: each chunk's shares of KL and δ̄ (with m = 0 and no anchor), then, once, the
-anchor with m (whose β·m has no gradient). The pieces add up to the whole-batch loss_φ and its gradient.
-reference.py is the same update read top to bottom, and tests/distill/test_reference_update.py holds the two equal.
+  1. Micro-batches (`lopd.micro_batch`): per chunk the teacher forward, the student forward and backward, then the
+     composer's chunk loss backward through the teacher, after which both graphs are gone. Every chunk's sum is
+     divided by a whole-batch count known up front (step.py), so the accumulated gradients, δ̄, the KL and the
+     entropies equal the whole-batch ones (up to float summation order). θ steps only after every chunk, then φ,
+     then β — the order of DESIGN §3.
+  2. One teacher pass for steps 2 and 4: run with the composer's graph attached, step 2 takes a detached copy and
+     step 4 back-propagates through the same activations afterwards (φ has not changed in between: exactly the
+     specified order, one teacher pass cheaper). s_old is the chunk's student logits before any optimizer step.
+  3. A task's prompt shared by its samples (`lopd.share_prompt`, prefix.py): its prompt and latents read once.
+  4. Latents composed once per distinct experience text (teacher_context.py); the chunks' gradients gather on a
+     detached leaf and are pushed through the resampler once, after the last chunk.
+  5. loss_φ = KL + β·(m − δ̄) + λ·anchor (+ the reading term) back-propagated in pieces through
+     `losses.composer_loss`: each chunk's shares of KL and δ̄ (m = 0, no anchor), then once the anchor with m. It
+     is linear in its terms, so the pieces add up to the whole-batch loss_φ and its gradient.
+  6. The low-memory order (`lopd.low_memory`, `lopd.teacher_micro_batch`: `chunk_low_memory`).
+  7. A share of the chunks training φ (`lopd.composer_fraction`), rescaled to the batch (batch.py).
+  8. Several processes: sums and gradients reduced over ranks; FSDP2's sharded student (sharding.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,9 +34,12 @@ from lopd_core import distributed as D
 from lopd_core import sharding as SH
 from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
+from lopd_core.distill import margin_pricing as P
 from lopd_core.distill import step as S
-from lopd_core.distill.dashboard import ComposerStep, step_result
+from lopd_core.distill.dashboard import ComposerStep, UpdateResult, step_result
+from lopd_core.distill.inputs import StepModels, StepSetup
 from lopd_core.distill.reading import reading_kl, reading_rows
+from lopd_core.distill.state import DistillState
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.teacher_context import (
     TeacherContext,
@@ -42,12 +47,8 @@ from lopd_core.distill.teacher_context import (
     row_latents,
     rows_context,
     teacher_context,
-    teacher_lm,
 )
 from lopd_core.envs import Task
-
-if TYPE_CHECKING:
-    from lopd_core.distill.trainer import Distiller
 
 
 @contextmanager
@@ -63,42 +64,47 @@ def grad_norm(params, max_norm: float) -> float:
     return float(SH.full_value(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)))
 
 
-def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S.UpdateResult:
+def update(
+    setup: StepSetup, models: StepModels, state: DistillState, tasks: list[Task], trajs: list, *, started: float, log
+) -> UpdateResult:
     """Steps 2-5 on `trajs` (samples_per_task each per task, in task order), in the order of DESIGN §3."""
     t_update = time.perf_counter()
     batch = S.rollout_batch(
         trajs,
-        samples_per_task=d.cfg.samples_per_task,
-        advantage=d.cfg.advantage,
-        group_std_eps=d.params.baselines.group_std_eps if d.student_loss.needs_pg_advantage else None,
-        device=d.composer.queries.device,
+        samples_per_task=setup.samples_per_task,
+        advantage=setup.advantage,
+        group_std_eps=setup.pg_advantage_eps,
+        device=models.device,
     )
     sums = S.StepSums.zeros(len(batch), batch.advantage.device)
     with timed(sums, "teacher"):
-        context = teacher_context(d, tasks, trajs, batch)  # 2a. latents once per distinct experience
-    beta = d.state.beta  # the β of this step's composer loss (the row's `beta`)
+        context = teacher_context(setup, models, tasks, trajs, batch)  # 2a. latents once per distinct experience
+    beta = state.beta  # the β of this step's composer loss (the row's `beta`)
 
-    chunks = d._chunks(batch.token_ids)
-    picked = d._composer_chunks(len(chunks))
+    chunks = step_chunks(setup, batch.token_ids)
+    picked = composer_picks(setup, len(chunks), state.step)
     scale = S.composer_scale(batch, chunks, picked)
-    d.opt_theta.zero_grad(set_to_none=True)
+    models.opt_theta.zero_grad(set_to_none=True)
     for c, chunk in enumerate(chunks):  # 2-4 on each micro-batch, gradients accumulated
-        run_chunk(d, batch, context, chunk, sums, beta=beta, scale=scale, train_composer=c in picked)
-    kl_text = reading_backward(d, batch, context, sums)  # 4'. the reading term, into the latents' gradient
+        run_chunk(setup, models, batch, context, chunk, sums, beta=beta, scale=scale, train_composer=c in picked)
+    kl_text = reading_backward(setup, models, batch, context, sums)  # 4'. the reading term, into the latents' grad
     totals = sums.reduced()
-    if d.margin is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
-        d.price_on_batch(batch, sums)
+    if setup.margin(state) is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
+        P.price_on_batch(setup, state, batch, sums.gap, log)
+    margin = setup.margin(state)
 
     with timed(sums, "student"):
-        grad_theta = step_student(d, totals["distill"])  # 3. once, on the accumulated gradient
+        grad_theta = step_student(setup, models, state, totals["distill"], log)  # 3. once, on the accumulated grad
     with timed(sums, "composer"):
-        composer = step_composer(d, context, totals, beta, kl_text)  # 4. anchor + latents' gradient, one backward
+        composer = step_composer(setup, models, state, context, totals, beta, margin, kl_text, log)  # 4. one backward
     delta_bar = totals["delta"]
-    if d.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
-        d.state.beta = L.dual_ascent(beta, margin=d.margin, delta_bar=delta_bar, lr=d.cfg.beta_lr)
-    d.state.step += 1
+    if setup.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
+        state.beta = L.dual_ascent(beta, margin=margin, delta_bar=delta_bar, lr=setup.beta_lr)
+    state.step += 1
     return step_result(
-        d,
+        setup,
+        models,
+        state,
         batch,
         sums,
         totals,
@@ -111,11 +117,23 @@ def update(d: Distiller, tasks: list[Task], trajs: list, *, started: float) -> S
     )
 
 
+def step_chunks(setup: StepSetup, token_ids: list[list[int]]) -> list[list[int]]:
+    """The rows of each micro-batch (`lopd.micro_batch`; a task's samples together where they share a prompt)."""
+    group = S.chunk_group(setup.samples_per_task, setup.share_prompt)
+    return S.micro_batches([len(i) for i in token_ids], setup.micro_batch, group)
+
+
+def composer_picks(setup: StepSetup, n_chunks: int, step: int) -> set[int]:
+    """Which chunks train the composer this step (`lopd.composer_fraction`), seeded by (seed, step)."""
+    return S.composer_chunks(n_chunks, setup.composer_fraction, setup.seed * 1_000_003 + step)
+
+
 # ---- steps 2-4 on a chunk -------------------------------------------------------------------------------------
 
 
 def run_chunk(
-    d: Distiller,
+    setup: StepSetup,
+    models: StepModels,
     batch: S.RolloutBatch,
     context: TeacherContext,
     chunk: list[int],
@@ -128,24 +146,24 @@ def run_chunk(
     """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk (logits,
     log-probs, padded inputs) is released when it returns, before the next chunk starts."""
     with timed(sums, "student"):
-        sbatch = build_batch(d.student, *batch.rows(chunk))
-    graph = d.method.needs_composer and d.method.composer.trainable and train_composer
-    if not d.teacher_pass:  # GRPO without a reference KL: the student alone
+        sbatch = build_batch(models.student, *batch.rows(chunk))
+    graph = setup.method.needs_composer and setup.method.composer.trainable and train_composer
+    if not setup.teacher_pass:  # GRPO without a reference KL: the student alone
         with timed(sums, "student"):
-            student_backward(d, batch, context, chunk, sbatch, None, sums, keep_old=True)
-    elif d.low_memory:
-        chunk_low_memory(d, batch, context, chunk, sbatch, sums, beta=beta, scale=scale, graph=graph)
+            student_backward(setup, models, batch, context, chunk, sbatch, None, sums, keep_old=True)
+    elif setup.low_memory:
+        chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, beta=beta, scale=scale, graph=graph)
     else:
         with timed(sums, "teacher"):
-            scores = score_rows(d, batch, context, chunk, sums, graph=graph)
+            scores = score_rows(setup, models, batch, context, chunk, sums, graph=graph)
         with timed(sums, "student"):
-            targets = scores.targets(keep_logits=d.student_loss.reads_teacher_logits)
-            s_old = student_backward(d, batch, context, chunk, sbatch, targets, sums, keep_old=True)
+            targets = scores.targets(keep_logits=setup.student_loss.reads_teacher_logits)
+            s_old = student_backward(setup, models, batch, context, chunk, sbatch, targets, sums, keep_old=True)
         with timed(sums, "composer"):
-            composer_backward(d, batch, chunk, scores, s_old, sums, beta=beta, scale=scale)
+            composer_backward(batch, chunk, scores, s_old, sums, beta=beta, scale=scale)
 
 
-def chunk_low_memory(d: Distiller, batch, context, chunk, sbatch, sums, *, beta, scale, graph) -> None:
+def chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, *, beta, scale, graph) -> None:
     """The low-memory order (`lopd.low_memory`): s_old from a no-grad student forward first, so each teacher
     pass (`lopd.teacher_micro_batch` consecutive rows; 0 = the whole chunk) is consumed by the composer's
     backward before the next, and the student's graph is built only after the last. Peak memory is the
@@ -153,56 +171,65 @@ def chunk_low_memory(d: Distiller, batch, context, chunk, sbatch, sums, *, beta,
     resampler forward, `teacher_context`). The chunk's action tokens are ordered row by row, so a pass's
     tokens are a contiguous slice of the student's."""
     with timed(sums, "student"), torch.no_grad():
-        s_lp_old = torch.log_softmax(action_logits(d.student, sbatch), dim=-1)  # (n, V)
-    size = d.cfg.teacher_micro_batch or len(chunk)
+        s_lp_old = torch.log_softmax(action_logits(models.student, sbatch), dim=-1)  # (n, V)
+    size = setup.teacher_micro_batch or len(chunk)
     targets, offset = [], 0
     for k in range(0, len(chunk), size):
         part = chunk[k : k + size]
         with timed(sums, "teacher"):
-            scores = score_rows(d, batch, context, part, sums, graph=graph)
+            scores = score_rows(setup, models, batch, context, part, sums, graph=graph)
         n = scores.action_ids.shape[0]
         with timed(sums, "composer"):
             part_lp_old = s_lp_old[offset : offset + n]  # (n, V) this pass's tokens
             sums.add_student_entropy(part_lp_old)
             s_old = S.StudentOld.of(part_lp_old, scores.topk_ids, scores.action_ids)
-            composer_backward(d, batch, part, scores, s_old, sums, beta=beta, scale=scale)
+            composer_backward(batch, part, scores, s_old, sums, beta=beta, scale=scale)
         offset += n
-        targets.append(scores.targets(keep_logits=d.student_loss.reads_teacher_logits))
+        targets.append(scores.targets(keep_logits=setup.student_loss.reads_teacher_logits))
         del scores  # its graph is consumed: not alive through the next pass
     if offset != sbatch.action_ids.shape[0]:
         raise RuntimeError("teacher passes and the student chunk disagree on the action tokens")
     del s_lp_old  # the composer is done with it: not alive through the student's backward
     with timed(sums, "student"):
-        student_backward(d, batch, context, chunk, sbatch, S.StudentTargets.cat(targets), sums, keep_old=False)
+        targets = S.StudentTargets.cat(targets)
+        student_backward(setup, models, batch, context, chunk, sbatch, targets, sums, keep_old=False)
 
 
 def score_rows(
-    d: Distiller, batch: S.RolloutBatch, context: TeacherContext, rows: list[int], sums: S.StepSums, *, graph: bool
+    setup: StepSetup,
+    models: StepModels,
+    batch: S.RolloutBatch,
+    context: TeacherContext,
+    rows: list[int],
+    sums: S.StepSums,
+    *,
+    graph: bool,
 ) -> S.TeacherScores:
     """Step 2 on `rows` with this method's teacher weights and context; the graph to the latents is kept
     when `graph` (for step 4). The baselines' teachers read text or nothing in the same slot."""
     ids, masks = batch.rows(rows)
-    with teacher_lm(d) as lm, nullcontext() if graph else torch.no_grad():
-        ctx, keys = rows_context(d, lm, context, ids, rows)
-        check_teacher_rows(d, ids, ctx)
+    with models.teacher_lm(setup.method.teacher.weights) as lm, nullcontext() if graph else torch.no_grad():
+        ctx, keys = rows_context(setup, models, lm, context, ids, rows)
+        check_teacher_rows(setup, ids, ctx)
         scores = S.score_teacher(
             lm,
             ids,
             masks,
             ctx,
             keys,
-            framing=d.framing,
-            share_prompt=d.cfg.share_prompt,
-            top_k=d.cfg.top_k,
-            temperature=d.method.teacher.temperature,
-            keep_logits=d.student_loss.reads_teacher_logits,
+            framing=models.framing,
+            share_prompt=setup.share_prompt,
+            top_k=setup.top_k,
+            temperature=setup.method.teacher.temperature,
+            keep_logits=setup.student_loss.reads_teacher_logits,
         )
     sums.add_teacher(scores)
     return scores
 
 
 def student_backward(
-    d: Distiller,
+    setup: StepSetup,
+    models: StepModels,
     batch: S.RolloutBatch,
     context: TeacherContext,
     chunk: list[int],
@@ -217,15 +244,16 @@ def student_backward(
     detached log-probs where the composer's loss reads them (on the teacher's top-k ids; None without a
     teacher), so no (n, V) tensor outlives this call."""
     device = sbatch.action_ids.device
-    s_logits = action_logits(d.student, sbatch)  # (n, V)
+    s_logits = action_logits(models.student, sbatch)  # (n, V)
     rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
+    loss = setup.student_loss
     per_token = S.student_token_loss(
         s_logits,
         sbatch.action_ids,
         targets,
-        d.student_loss,
+        loss,
         pg_advantage=None if batch.pg_advantage is None else batch.pg_advantage[rows],
-        sample_logprobs=(batch.action_sample_logprobs(chunk, device) if d.student_loss.reads_sample_logprobs else None),
+        sample_logprobs=(batch.action_sample_logprobs(chunk, device) if loss.reads_sample_logprobs else None),
     )
     if context.signal is not None:
         per_token = per_token * context.signal[rows]
@@ -240,7 +268,6 @@ def student_backward(
 
 
 def composer_backward(
-    d: Distiller,
     batch: S.RolloutBatch,
     rows: list[int],
     scores: S.TeacherScores,
@@ -268,41 +295,42 @@ def composer_backward(
 # ---- the optimizer steps ----------------------------------------------------------------------------------------
 
 
-def step_student(d: Distiller, distill_loss: float) -> float:
+def step_student(setup: StepSetup, models: StepModels, state: DistillState, distill_loss: float, log) -> float:
     """The student's optimizer step on the accumulated gradient (summed over ranks: identical steps
     everywhere); returns the gradient norm before clipping."""
-    if d.sharding.active:  # FSDP's reduce-scatter, into the sharded gradients (sharding.py)
-        d.sharding.reduce_gradients(d.student)
+    if models.sharding.active:  # FSDP's reduce-scatter, into the sharded gradients (sharding.py)
+        models.sharding.reduce_gradients(models.student)
     else:
-        D.sum_gradients(d.trainable.parameters())
-    with d.sharding.student_sharded():
-        grad = grad_norm(d.trainable.parameters(), d.cfg.max_grad_norm)
+        D.sum_gradients(models.trainable.parameters())
+    with models.sharding.student_sharded():
+        grad = grad_norm(models.trainable.parameters(), setup.max_grad_norm)
         if math.isfinite(distill_loss) and math.isfinite(grad):
-            d.opt_theta.step()
-            if d.ema_lm is not None:  # SDPO's EMA teacher follows the student
-                B.update_ema(d.ema_lm, d.student, d.params.baselines.ema_decay)
+            models.opt_theta.step()
+            if models.ema is not None:  # SDPO's EMA teacher follows the student
+                B.update_ema(models.ema, models.student, setup.ema_decay)
         else:
-            d.state.skipped_updates += 1
-            d.log(f"distill: step {d.state.step + 1}: non-finite student loss/gradient, update skipped")
+            state.skipped_updates += 1
+            log(f"distill: step {state.step + 1}: non-finite student loss/gradient, update skipped")
     return grad
 
 
-def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def composer_anchor_backward(
+    setup: StepSetup, models: StepModels, context: TeacherContext, beta: float, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The anchor's piece of loss_φ (with m) and the latents' accumulated gradient, one backward through the
     resampler. Returns the step's latents (Σ J_τ·K, D) and this rank's share of the anchor, detached."""
-    width = d.composer.proj_out.out_features
+    width = models.latent_width
     order = [s for ss in context.slots for s in ss]  # per trajectory, as the teacher read them
     anchor_share = len(order) / max(D.global_sum([len(order)])[0], 1)  # this rank's rows of the anchor's mean
     # low memory: the same forward again (φ unchanged, deterministic), now with a graph
-    composed = context.composed if context.composed is not None else d.composer(*context.encoded)
+    composed = context.composed if context.composed is not None else models.composer(*context.encoded)
     flat = composed[order].reshape(-1, width)
-    anchor_u = d.anchor_latents([[t] for t in context.texts])  # φ0's (K, D) per distinct text
+    anchor_u = models.anchor([[t] for t in context.texts])  # φ0's (K, D) per distinct text
     anchor_target = torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device)
     anchor = anchor_share * L.anchor_loss(flat, anchor_target)
     zero = torch.zeros((), device=flat.device)
-    piece = L.composer_loss(
-        zero, zero, beta=beta, margin=d.margin, anchor=anchor, anchor_weight=d.method.composer.anchor_weight
-    )
+    weight = setup.method.composer.anchor_weight
+    piece = L.composer_loss(zero, zero, beta=beta, margin=margin, anchor=anchor, anchor_weight=weight)
     tensors, grads = [piece], [None]
     if context.latents.grad is not None:
         tensors.append(composed)
@@ -312,59 +340,61 @@ def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float)
 
 
 def step_composer(
-    d: Distiller, context: TeacherContext, totals: dict[str, float], beta: float, kl_text: float = 0.0
+    setup: StepSetup,
+    models: StepModels,
+    state: DistillState,
+    context: TeacherContext,
+    totals: dict[str, float],
+    beta: float,
+    margin: float,
+    kl_text: float,
+    log,
 ) -> ComposerStep:
     """The composer's step: the anchor's piece plus the latents' accumulated gradient, one backward through
     the resampler, then the optimizer step (skipped when non-finite)."""
-    width = d.composer.proj_out.out_features
-    flat = torch.zeros((0, width), device=d.composer.queries.device)  # (Σ J_τ·K, D) the step's latents
+    width = models.latent_width
+    flat = torch.zeros((0, width), device=models.device)  # (Σ J_τ·K, D) the step's latents
     anchor = torch.zeros(())
-    d.opt_phi.zero_grad(set_to_none=True)
-    if context.latents is not None and d.method.composer.trainable:  # (φ = φ0: frozen-composer ablation)
-        flat, anchor = composer_anchor_backward(d, context, beta)
+    models.opt_phi.zero_grad(set_to_none=True)
+    trainable = setup.method.composer.trainable
+    if context.latents is not None and trainable:  # (φ = φ0: frozen-composer ablation)
+        flat, anchor = composer_anchor_backward(setup, models, context, beta, margin)
     elif context.latents is not None:  # φ = φ0: nothing to learn, but the dashboard still shows their scale
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()
     anchor_v = D.global_sum([float(anchor)])[0]
-    D.sum_gradients(d.composer.parameters())
-    loss_phi = (
-        float(
-            L.composer_loss(
-                torch.tensor(totals["kl"]),
-                torch.tensor(totals["delta"]),
-                beta=beta,
-                margin=d.margin,
-                anchor=anchor_v,
-                anchor_weight=d.method.composer.anchor_weight,
-            )
-        )
-        + d.cfg.text_kl_weight * kl_text
-    )
-    grad = grad_norm(d.composer.parameters(), d.cfg.max_grad_norm)
+    D.sum_gradients(models.composer.parameters())
+    kl, delta = torch.tensor(totals["kl"]), torch.tensor(totals["delta"])
+    weight = setup.method.composer.anchor_weight
+    loss_phi = float(L.composer_loss(kl, delta, beta=beta, margin=margin, anchor=anchor_v, anchor_weight=weight))
+    loss_phi += setup.text_kl_weight * kl_text
+    grad = grad_norm(models.composer.parameters(), setup.max_grad_norm)
     if math.isfinite(loss_phi) and math.isfinite(grad):
-        d.opt_phi.step()
+        models.opt_phi.step()
     else:
-        d.state.skipped_updates += 1
-        d.log(f"distill: step {d.state.step + 1}: non-finite composer loss/gradient, update skipped")
+        state.skipped_updates += 1
+        log(f"distill: step {state.step + 1}: non-finite composer loss/gradient, update skipped")
     norm_sum, norm_rows = D.global_sum([float(flat.norm(dim=-1).sum()), flat.shape[0]])
     return ComposerStep(anchor_v, grad, norm_sum / norm_rows if norm_rows else 0.0, kl_text)
 
 
-def reading_backward(d: Distiller, batch: S.RolloutBatch, context: TeacherContext, sums: S.StepSums) -> float:
+def reading_backward(
+    setup: StepSetup, models: StepModels, batch: S.RolloutBatch, context: TeacherContext, sums: S.StepSums
+) -> float:
     """The composer's reading term (reading.py): w · KL(p_text ‖ p_latent) on a few of the step's rows, backward
     into the latents' leaf, whose gradient step_composer then pushes through the resampler with the rest of
     loss_φ. Returns the KL (a token mean over every rank's rows); 0 where φ does not train or w is 0."""
-    if not (d.cfg.text_kl_weight and d.method.composer.trainable and context.latents is not None):
+    if not (setup.text_kl_weight and setup.method.composer.trainable and context.latents is not None):
         return 0.0
     with timed(sums, "composer"):
-        rows = reading_rows(len(batch), d.cfg.samples_per_task, d.cfg.text_kl_rows)
+        rows = reading_rows(len(batch), setup.samples_per_task, setup.text_kl_rows)
         ids, masks = batch.rows(rows)
         texts = [[context.texts[j] for j in context.slots[i]] for i in rows]
-        with teacher_lm(d) as lm:
-            latents = [row_latents(d, context, i) for i in rows]
+        with models.teacher_lm(setup.method.teacher.weights) as lm:
+            latents = [row_latents(models, context, i) for i in rows]
             kl_sum, n = reading_kl(
-                lm, d.tokenizer, d.framing, ids, masks, latents, texts, max_context=d.params.rollout.max_context
+                lm, models.tokenizer, models.framing, ids, masks, latents, texts, max_context=setup.max_context
             )
             total_sum, total_n = D.global_sum([float(kl_sum.detach()), n])
             if kl_sum.requires_grad:
-                (d.cfg.text_kl_weight * kl_sum / max(total_n, 1)).backward()
+                (setup.text_kl_weight * kl_sum / max(total_n, 1)).backward()
     return total_sum / max(total_n, 1)

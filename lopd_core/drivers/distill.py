@@ -19,10 +19,12 @@ from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import margin as MG
+from lopd_core.distill.build import check_top_k, load_composer
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
 from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
-from lopd_core.distill.trainer import Distiller, check_top_k, export, load_composer, run_distill
+from lopd_core.distill.loop import export, run_distill
+from lopd_core.distill.trainer import Distiller
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank, seed_bank  # noqa: F401  (re-exported)
 from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
 from lopd_core.envs import Task
@@ -109,44 +111,14 @@ def run_lopd(
     `initial_rollouts`: trajectories already spent when training starts (None: the bank's seed rollouts; `lopd
     compare` passes what it charges the method). `on_step(distiller, result)`: called after each step, after the
     growing bank's refresh (`lopd compare` evaluates its curve points there)."""
-    import torch
-
-    random.seed(params.seed)
-    torch.manual_seed(params.seed)  # a composer built fresh (a method without φ0) starts the same every run
-    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
-    model, tokenizer = load_policy(params.model)
-    check_top_k(params.lopd, model)  # the setting first: a later error (no φ0) must not hide it
-    spec = M.method_spec(params.lopd.method, params.baselines)
-    start = starting_composer(params)
-    if spec.needs_composer and not Path(start).exists():
-        fix = "lopd fit" if params.coldstart.fit_steps else "lopd coldstart"
-        raise FileNotFoundError(f"no composer at {start}: run `{fix}` first (the composer distillation starts from)")
-    # a method whose teacher reads no latents still owns a composer (unused): φ when there is one, else fresh
-    composer = load_composer(start, model.config.hidden_size, params.composer, mean_embedding_norm(model))
+    model, tokenizer, spec, composer = load_inputs(params)
     seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
-    priced = M.resolve_method(params.lopd, params.baselines).composer.margin is None  # `lopd.margin: auto`
+    priced = spec.composer.margin is None  # `lopd.margin: auto`
     pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)
-    grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.teacher.retrieval != "random")
-    if grows:  # the stage's own copy of its input bank, grown in place (growing_bank.py)
-        parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
-        params = dataclasses.replace(
-            params, bank=dataclasses.replace(params.bank, dir=str(parquet.parent), index_dir=str(index_dir))
-        )
+    params, grows = stage_bank(params, spec)
     # a method that reads no bank opens none (`lopd compare` gives it no bank folder)
     with open_bank(params) if spec.uses_bank else contextlib.nullcontext() as bank:
-        retriever = method_retriever(spec, bank, params)
-        growth = (
-            BankGrowth(
-                bank,
-                every=params.bank.refresh_every,
-                min_reward=params.bank.min_reward,
-                cycle=cycle,
-                total_steps=params.lopd.steps,
-                log=log,
-            )
-            if grows
-            else None
-        )
+        growth = bank_growth(params, bank, cycle, log) if grows else None
         teacher_base = (
             None if teacher is None else load_policy(dataclasses.replace(params.model, name_or_path=teacher))[0]
         )
@@ -154,23 +126,69 @@ def run_lopd(
             params,
             model,
             tokenizer,
-            retriever,
+            method_retriever(spec, bank, params),
             composer=composer,
+            method=spec,
             teacher_base=teacher_base,
             initial_rollouts=seed_sampled,
             pricing=pricing_source(spec, bank, params, pricing_rows),
             log=log,
         )
         hooks = [h for h in (growth, on_step) if h is not None]
-        state = run_distill(
-            distiller,
-            resume=resume,
-            stop_after=stop_after,
-            on_step=(lambda d, out: [h(d, out) for h in hooks]) if hooks else None,
-        )
+        on_each = (lambda d, out: [h(d, out) for h in hooks]) if hooks else None
+        state = run_distill(distiller, resume=resume, stop_after=stop_after, on_step=on_each)
         bank_rows = len(bank) if bank is not None else None
     student_dir = export(distiller, Path(params.lopd.out_dir) / "student")
-    last = state.history[-1]["row"] if state.history else {}
+    summary = distill_summary(state, distiller.margin, student_dir, log)
+    return summary | {
+        "bank_rows": bank_rows,
+        "bank_added": growth.added if growth else 0,
+        "bank_refreshes": growth.refreshes if growth else [],
+        "bank_dir": params.bank.dir if grows else None,
+    }
+
+
+def load_inputs(params: Params):
+    """The student's start, its tokenizer, the method (resolved here, once for the run: the trainer is given
+    it) and the composer distillation starts from."""
+    import torch
+
+    random.seed(params.seed)
+    torch.manual_seed(params.seed)  # a composer built fresh (a method without φ0) starts the same every run
+    D.setup()  # before loading: under `accelerate launch` on GPUs each rank must land on its own device
+    model, tokenizer = load_policy(params.model)
+    check_top_k(params.lopd, model)  # the setting first: a later error (no φ0) must not hide it
+    spec = M.resolve_method(params.lopd, params.baselines)
+    start = starting_composer(params)
+    if spec.needs_composer and not Path(start).exists():
+        fix = "lopd fit" if params.coldstart.fit_steps else "lopd coldstart"
+        raise FileNotFoundError(f"no composer at {start}: run `{fix}` first (the composer distillation starts from)")
+    # a method whose teacher reads no latents still owns a composer (unused): φ when there is one, else fresh
+    composer = load_composer(start, model.config.hidden_size, params.composer, mean_embedding_norm(model))
+    return model, tokenizer, spec, composer
+
+
+def bank_growth(params: Params, bank: ExperienceBank, cycle: int, log) -> BankGrowth:
+    """The growing bank's per-step hook: the student's successes join the bank every bank.refresh_every steps."""
+    b = params.bank
+    return BankGrowth(
+        bank, every=b.refresh_every, min_reward=b.min_reward, cycle=cycle, total_steps=params.lopd.steps, log=log
+    )
+
+
+def stage_bank(params: Params, spec) -> tuple[Params, bool]:
+    """Where a growing bank grows: the stage's own copy of its input bank (growing_bank.py), params pointed at
+    it; the params as they are, and False, where the bank does not grow."""
+    grows = growth_enabled(params.bank.refresh_every, spec.uses_bank and spec.teacher.retrieval != "random")
+    if not grows:
+        return params, False
+    parquet, index_dir = copy_input_bank(bank_paths(params)[0], params.lopd.out_dir)
+    bank = dataclasses.replace(params.bank, dir=str(parquet.parent), index_dir=str(index_dir))
+    return dataclasses.replace(params, bank=bank), True
+
+
+def distill_summary(state, margin: float | None, student_dir: Path, log) -> dict:
+    """What the stage reports: steps, β, skips, rollouts, the last row, the student, the m it trained with."""
     # β bounded (margin.beta_unbounded): the β of every step, then the one the last dual ascent left
     betas = [h["row"]["beta"] for h in state.history] + [state.beta]
     unbounded = MG.beta_unbounded(betas)
@@ -183,13 +201,9 @@ def run_lopd(
         "beta": state.beta,
         "skipped_updates": state.skipped_updates,
         "rollouts": state.rollouts,
-        "last": last,
+        "last": state.history[-1]["row"] if state.history else {},
         "student": str(student_dir),
-        "margin": distiller.margin,
+        "margin": margin,
         "margin_pricing": state.margin_pricing or None,
         "beta_unbounded": unbounded,
-        "bank_rows": bank_rows,
-        "bank_added": growth.added if growth else 0,
-        "bank_refreshes": growth.refreshes if growth else [],
-        "bank_dir": params.bank.dir if grows else None,
     }

@@ -125,6 +125,9 @@ def _smoke_preset() -> ComparePreset:
             "composer.num_heads=2",
             "lopd.tasks_per_step=2",
             "lopd.samples_per_task=2",
+            # the simple configuration: the trainer runs the readable update (lopd_core/distill/reference.py)
+            "lopd.micro_batch=0",
+            "lopd.share_prompt=false",
             "rollout.max_new_tokens=24",
             "rollout.max_context=640",
             "eval.with_experience=false",
@@ -137,7 +140,8 @@ PRESET_HELP = {
     "regime": "the paper-regime comparison: LOPD against GRPO, the frozen composer, the text teacher, the ways past "
     "the teacher's ceiling and both controls, at the one learning rate every method preferred in the full "
     "preset's tuning",
-    "smoke": "every method once on a tiny base built for it (tests/pipeline/test_compare.py)",
+    "smoke": "every method once on a tiny base built for it, through the readable update (lopd_core/distill/"
+    "reference.py; tests/pipeline/test_compare.py)",
 }
 
 

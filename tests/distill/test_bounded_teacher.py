@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lopd_core.config import EnvsConfig, Params
+from lopd_core.distill import step as step_mod
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.envs import registry
@@ -42,13 +43,13 @@ def test_every_teacher_row_fits_max_context_with_its_latents(tmp_path, tiny_mode
         p, model, tiny_tokenizer, lambda tasks: [texts for _ in tasks], composer=composer, log=lambda m: None
     )
     seen = []
-    score = trainer_mod.S.score_teacher
+    score = step_mod.score_teacher
 
     def recording(lm, ids, masks, context, keys, **kwargs):
         seen.extend(len(row) + (0 if context is None or not len(c) else len(c) + 3) for row, c in zip(ids, context))
         return score(lm, ids, masks, context, keys, **kwargs)
 
-    monkeypatch.setattr(trainer_mod.S, "score_teacher", recording)
+    monkeypatch.setattr(step_mod, "score_teacher", recording)
     out = d.step()
     assert seen and max(seen) <= 200, seen
     assert max(len(t.token_ids) for t in out.trajectories) > 100  # the flood did fill the contexts

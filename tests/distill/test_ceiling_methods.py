@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from lopd_core import methods as M
-from lopd_core.config import FORWARD_KL_METHODS, KL_MIX_METHODS, ConfigError, Params, load_params
+from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import losses as L
 from lopd_core.distill import step as S
 from lopd_core.distill import teacher_refresh as R
@@ -143,12 +144,6 @@ def test_meaningless_mixes_and_settings_fail_at_load(overrides, fragments):
         assert fragment in str(info.value)
 
 
-def test_the_configs_method_families_are_the_methods_table():
-    assert set(KL_MIX_METHODS) == {n for n, s in M.METHODS.items() if s.student.kl_mix > 0} == set(M.KL_MIX_METHODS)
-    assert set(FORWARD_KL_METHODS) == {n for n, s in M.METHODS.items() if s.student.kl_mix == 1.0}
-    assert set(FORWARD_KL_METHODS) == set(M.FORWARD_KL_METHODS)
-
-
 def test_every_new_method_is_in_params_yaml_and_its_presets():
     params = load_params("params.yaml")
     new = {"lopd_then_grpo", "lopd_gated_refresh", "lopd_forward_kl", "lopd_mixed_kl"}
@@ -244,7 +239,7 @@ def test_lopd_then_grpo_trains_lopd_then_grpo_without_a_teacher(
         return original_update(*args, **kwargs)
 
     d.update = update
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     rows = _rows(params.lopd.csv)
     assert [int(r["phase"]) for r in rows] == [0, 0, 1, 1]
     assert sorted(set(calls)) == [0, 1]  # teacher passes in the LOPD steps only
@@ -263,12 +258,12 @@ def test_lopd_then_grpo_trains_lopd_then_grpo_without_a_teacher(
 @pytest.mark.parametrize("stop_after", [1, 3])  # a checkpoint before the switch, and one after it
 def test_lopd_then_grpo_resumes_across_the_switch(tmp_path, tiny_model, tiny_tokenizer, retriever, stop_after):
     full = _params(tmp_path / "a", "lopd_then_grpo", steps=4)
-    trainer_mod.run_distill(_distiller(full, tiny_model, tiny_tokenizer, retriever))
+    loop_mod.run_distill(_distiller(full, tiny_model, tiny_tokenizer, retriever))
     split = _params(tmp_path / "b", "lopd_then_grpo", steps=4)
-    trainer_mod.run_distill(_distiller(split, tiny_model, tiny_tokenizer, retriever), stop_after=stop_after)
+    loop_mod.run_distill(_distiller(split, tiny_model, tiny_tokenizer, retriever), stop_after=stop_after)
     resumed = _distiller(split, tiny_model, tiny_tokenizer, retriever)
     assert resumed.load_checkpoint() and resumed.state.step == stop_after
-    state = trainer_mod.run_distill(resumed)
+    state = loop_mod.run_distill(resumed)
     assert state.step == 4 and resumed.method.name == "grpo"
     drop = {"step_seconds"}
     a = [{k: v for k, v in r.items() if k not in drop} for r in _rows(full.lopd.csv)]
@@ -324,7 +319,7 @@ def test_gated_refresh_refreshes_only_when_the_student_is_ahead(tmp_path, tiny_m
         snapshots.append((_weights(d.teacher.lm), _weights(d.student)))
 
     d._refresh_check = check
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     assert seen[0] is d.student and seen[1] is d.teacher.lm and all(m is d.student for m in seen[2:])
     assert [c["refreshed"] for c in d.state.refresh_checks] == [False, True, False, True]
     assert [c["teacher"]["success_rate"] for c in d.state.refresh_checks] == [0.5, 0.5, 0.75, 0.75]
@@ -344,7 +339,7 @@ def test_gated_refresh_never_refreshes_a_student_behind_or_level(tmp_path, tiny_
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     d.refresh_scorer = _scripted([0.5, 0.5, 0.55], [])  # level, then ahead by less than the minimum gain
     base = _weights(d.teacher.lm)
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     assert d.state.teacher_refreshes == 0 and _same(_weights(d.teacher.lm), base)
     assert [c["refreshed"] for c in d.state.refresh_checks] == [False, False]
 
@@ -353,7 +348,7 @@ def test_checks_run_every_refresh_check_every_steps(tmp_path, tiny_model, tiny_t
     params = _params(tmp_path, "lopd_gated_refresh", steps=3, refresh_check_every=2)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     d.refresh_scorer = _scripted([1.0, 0.0], [])
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     assert [c["step"] for c in d.state.refresh_checks] == [2]
     assert [int(r["teacher_refreshes"]) for r in _rows(params.lopd.csv)] == [0, 1, 1]
 
@@ -362,7 +357,7 @@ def test_a_refreshed_teacher_is_in_the_checkpoint(tmp_path, tiny_model, tiny_tok
     params = _params(tmp_path, "lopd_gated_refresh", steps=2, refresh_check_every=1)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     d.refresh_scorer = _scripted([1.0, 0.0], [])
-    trainer_mod.run_distill(d, stop_after=1)
+    loop_mod.run_distill(d, stop_after=1)
     assert d.state.teacher_refreshes == 1
     resumed = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     assert not _same(_weights(resumed.teacher.lm), _weights(d.teacher.lm))  # rebuilt: the start's θ̄
@@ -370,7 +365,7 @@ def test_a_refreshed_teacher_is_in_the_checkpoint(tmp_path, tiny_model, tiny_tok
     assert _same(_weights(resumed.teacher.lm), _weights(d.teacher.lm))
     assert resumed.state.refresh_teacher_score == {"success_rate": 1.0, "reward_mean": 1.0, "n": 4}
     resumed.refresh_scorer = _scripted([1.0], [])  # the teacher is not scored again: its score is kept
-    trainer_mod.run_distill(resumed)
+    loop_mod.run_distill(resumed)
     assert [c["refreshed"] for c in resumed.state.refresh_checks] == [True, False]
 
 
@@ -393,14 +388,14 @@ def test_lora_refresh_merges_the_adapter_and_starts_a_fresh_one(tmp_path, tiny_m
                 logits["teacher"] = t(ids).logits
 
     d._refresh_check = check
-    trainer_mod.run_distill(d, stop_after=1)
+    loop_mod.run_distill(d, stop_after=1)
     assert d.state.teacher_refreshes == 1 and not d.opt_theta.state  # the old adapter's moments are gone
     torch.testing.assert_close(logits["student"], logits["before"], atol=1e-5, rtol=1e-5)  # same function
     torch.testing.assert_close(logits["teacher"], logits["student"], atol=1e-5, rtol=1e-5)  # θ̄ is that student
     assert all(torch.equal(p, torch.zeros_like(p)) for n, p in d.trainable.named_parameters() if "lora_B" in n)
     with torch.no_grad():
         assert not torch.allclose(logits["teacher"], tiny_model(ids).logits)  # no longer the start's base
-    trainer_mod.run_distill(d)  # trains on from the fresh adapter (the checkpoint holds the merged base)
+    loop_mod.run_distill(d)  # trains on from the fresh adapter (the checkpoint holds the merged base)
     assert d.state.step == 2 and d.state.skipped_updates == 0 and d.state.teacher_refreshes == 1
 
 
@@ -453,7 +448,7 @@ def test_the_real_check_on_the_tiny_model(tmp_path, tiny_model, tiny_tokenizer, 
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever)
     logs = []
     d.log = logs.append
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     (check,) = d.state.refresh_checks
     assert check["student"]["n"] == check["teacher"]["n"] == 2 and d.state.check_episodes == 4
     assert check["refreshed"] == (check["student"]["success_rate"] > check["teacher"]["success_rate"])

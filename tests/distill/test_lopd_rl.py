@@ -7,6 +7,7 @@ import torch
 
 from lopd_core.config import Params, load_params
 from lopd_core.distill import losses as L
+from lopd_core.distill import pg_losses as PG
 from lopd_core.distill import step as S
 from lopd_core.methods import resolve_method
 
@@ -32,7 +33,7 @@ def test_lopd_rl_is_lopds_loss_plus_the_weighted_grpo_term():
     assert hybrid.kind == "topk" and hybrid.rl_weight == 0.3 and hybrid.reads_sample_logprobs
     got = S.student_token_loss(logits, actions, targets, hybrid, pg_advantage=adv, sample_logprobs=sample_lp)
     s_action = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
-    want = L.reverse_kl_topk(logits, top.values, top.indices) + 0.3 * L.clipped_policy_loss(
+    want = L.reverse_kl_topk(logits, top.values, top.indices) + 0.3 * PG.clipped_policy_loss(
         s_action, sample_lp, adv, clip=hybrid.clip
     )
     torch.testing.assert_close(got, want)

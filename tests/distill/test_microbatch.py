@@ -14,6 +14,7 @@ from lopd_core.config import Params
 from lopd_core.distill import losses as L
 from lopd_core.distill import step as step_mod
 from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill import update as U
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 
 
@@ -96,8 +97,8 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
         teacher_micro_batch=0 if isinstance(separate, bool) else separate,
         **kw,
     )
-    assert chunked.low_memory == (separate is not False)  # lopd.low_memory, read at construction
-    assert len(chunked._chunks([t.token_ids for t in trajs])) == 3
+    assert chunked.setup.low_memory == (separate is not False)  # lopd.low_memory, read at construction
+    assert len(U.step_chunks(chunked.setup, [t.token_ids for t in trajs])) == 3
     theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
     out_a, out_b = whole.update(tasks, trajs), chunked.update(tasks, trajs)
 
@@ -136,7 +137,8 @@ def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whol
     tasks, trajs, retriever = batch
     full = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=2)
     part = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2, composer_fraction=0.34)
-    assert len(part._composer_chunks(3)) == 1 and part._composer_chunks(3) == part._composer_chunks(3)
+    picks = U.composer_picks(part.setup, 3, part.state.step)
+    assert len(picks) == 1 and picks == U.composer_picks(part.setup, 3, part.state.step)
     phi0 = {n: p.detach().clone() for n, p in part.composer.named_parameters()}
     out_a, out_b = full.update(tasks, trajs), part.update(tasks, trajs)
     a = dict(full.trainable.named_parameters())

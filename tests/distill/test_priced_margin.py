@@ -23,6 +23,7 @@ from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core import methods as M
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import losses as L
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing
@@ -132,7 +133,7 @@ def test_a_gap_at_or_below_zero_prices_zero_and_says_so(tmp_path, tiny_model, ti
     d = _distiller(
         _params(tmp_path), tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever), log=logs.append
     )
-    monkeypatch.setattr(margin_pricing, "seed_gap", lambda d, rows, retriever: (-0.004, len(rows)))
+    monkeypatch.setattr(margin_pricing, "seed_gap", lambda setup, models, rows, retriever: (-0.004, len(rows)))
     d.price_margin()
     assert d.margin == 0.0 and any("cannot be met by privilege" in line for line in logs)
     failed = [copy.copy(t) for t in trajs]
@@ -160,8 +161,8 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
     _, trajs, retriever = batch
     params = _params(tmp_path)
     d = _distiller(params, tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever))
-    monkeypatch.setattr(margin_pricing, "seed_gap", lambda d, rows, retriever: (0.03, len(rows)))
-    trainer_mod.run_distill(d)
+    monkeypatch.setattr(margin_pricing, "seed_gap", lambda setup, models, rows, retriever: (0.03, len(rows)))
+    loop_mod.run_distill(d)
     assert d.margin == pytest.approx(0.015)
     resumed = _distiller(params, tiny_model, tiny_tokenizer, retriever, pricing=_pricing(trajs, retriever))
 
@@ -169,7 +170,7 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
         raise AssertionError("a resumed run re-priced its margin")
 
     monkeypatch.setattr(margin_pricing, "seed_gap", reprice)
-    trainer_mod.run_distill(resumed, steps=2)
+    loop_mod.run_distill(resumed, steps=2)
     assert resumed.state.step == 2 and resumed.margin == pytest.approx(0.015)
     assert resumed.state.margin_pricing == d.state.margin_pricing
     with open(params.lopd.csv) as f:
@@ -197,7 +198,7 @@ def test_the_csv_has_the_margin_and_deltas_parts(tmp_path, tiny_model, tiny_toke
     )
     # δ̄ is one vote per trajectory: the parts mixed by their trajectory counts
     assert row.delta == pytest.approx((2 * row.delta_success + 4 * row.delta_failure) / 6, abs=1e-6)
-    trainer_mod._write_rows(tmp_path / "d.csv", cols, [{**dataclasses.asdict(row), "delta_success": math.nan}])
+    loop_mod.write_rows(tmp_path / "d.csv", cols, [{**dataclasses.asdict(row), "delta_success": math.nan}])
     frame = pd.read_csv(tmp_path / "d.csv")
     assert list(frame.columns) == cols and math.isnan(frame["delta_success"][0])
 

@@ -1,7 +1,9 @@
 """The optimised update (update.py: micro-batches, one teacher pass shared by steps 2 and 4, a task's prompt
 shared by its samples, latents composed once per distinct text, loss_φ back-propagated in pieces) equals the
 reference (reference.py: the same update read top to bottom) on the same batch, for every method of the methods
-table: θ and φ after the step, β, and every numeric field of the dashboard row but the time.
+table, in the default tier: θ and φ after the step, β, and every numeric field of the dashboard row but the time.
+Both run through `Distiller.update`: the reference because its distiller is in the simple configuration
+(lopd.micro_batch 0, no shared prompt, one process), which is what the trainer runs there.
 
 Both run on copies of one tiny model, composer and batch (tests/_batches.py), in float64 so that the
 differences left are summation order, far below the 1e-5 asked. Each method says what the comparison covers
@@ -20,7 +22,6 @@ from _batches import oracle_texts, six_trajectories, step_params
 from lopd_core import methods as M
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.reference import reference_update
 
 LATENT = "latent teacher, φ learns: θ, φ, β and the whole row"
 COMPARED = {
@@ -42,16 +43,6 @@ COMPARED = {
     "text_experience": "text teacher (the retrieved texts): θ and the row; φ, β unchanged",
     "sharpened_teacher": "teacher without context at temperature 0.5: θ and the row; φ, β unchanged",
 }
-SLOW = {
-    "lopd_no_margin",
-    "lopd_no_anchor",
-    "lopd_random_retrieval",
-    "lopd_then_grpo",
-    "lopd_gated_refresh",
-    "lopd_mixed_kl",
-    "text_experience",
-    "skill_sd",
-}  # each shares its path with a fast-tier method
 TOL = 1e-5
 
 
@@ -66,8 +57,10 @@ def batch(tiny_model, tiny_tokenizer):
     return tasks, trajs, lambda ts: [texts[:2] for _ in ts]
 
 
-def _distiller(tmp_path, method, tiny_model, tiny_tokenizer, retriever):
-    params = step_params(tmp_path, method=method, micro_batch=2)  # the optimised path runs chunks of 2
+def _distiller(tmp_path, method, tiny_model, tiny_tokenizer, retriever, *, simple: bool):
+    """`simple`: the configuration the trainer runs reference.py in; else the optimised path, in chunks of 2."""
+    knobs = {"micro_batch": 0, "share_prompt": False} if simple else {"micro_batch": 2}
+    params = step_params(tmp_path, method=method, **knobs)
     model = copy.deepcopy(tiny_model).double()
     torch.manual_seed(0)
     composer = Composer(
@@ -89,19 +82,18 @@ def _close(a, b) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL * max(1.0, abs(b))
 
 
-@pytest.mark.parametrize(
-    "method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in M.METHOD_NAMES], ids=str
-)
+@pytest.mark.parametrize("method", M.METHOD_NAMES, ids=str)
 def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_tokenizer, batch, method):
     tasks, trajs, retriever = batch
-    fast = _distiller(tmp_path / "fast", method, tiny_model, tiny_tokenizer, retriever)
-    slow = _distiller(tmp_path / "slow", method, tiny_model, tiny_tokenizer, retriever)
+    fast = _distiller(tmp_path / "fast", method, tiny_model, tiny_tokenizer, retriever, simple=False)
+    slow = _distiller(tmp_path / "slow", method, tiny_model, tiny_tokenizer, retriever, simple=True)
+    assert slow.setup.runs_reference and not fast.setup.runs_reference
     theta0 = {n: p.detach().clone() for n, p in fast.trainable.named_parameters() if p.requires_grad}
     phi0 = {n: p.detach().clone() for n, p in fast.composer.named_parameters()}
     beta0 = fast.state.beta
     got = asdict(fast.update(tasks, trajs).row)
-    want = asdict(reference_update(slow, tasks, trajs))
-    assert fast.state.skipped_updates == 0
+    want = asdict(slow.update(tasks, trajs).row)
+    assert fast.state.skipped_updates == slow.state.skipped_updates == 0
     different = {k: (got[k], want[k]) for k in got if k != "step_seconds" and not _close(got[k], want[k])}
     assert not different, different
     for name in ("trainable", "composer") + (("ema_lm",) if fast.ema_lm is not None else ()):

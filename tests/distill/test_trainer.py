@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
@@ -115,7 +116,7 @@ def test_training_steps_follow_the_design(tmp_path, tiny_model, tiny_tokenizer):
     d = _distiller(params, tiny_model, tiny_tokenizer)
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
     phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
-    trainer_mod.run_distill(d)
+    loop_mod.run_distill(d)
     rows = _rows(params.lopd.csv)
     assert list(rows[0].keys()) == trainer_mod.CSV_COLUMNS
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
@@ -135,12 +136,12 @@ def test_training_steps_follow_the_design(tmp_path, tiny_model, tiny_tokenizer):
 
 def test_resumed_run_prints_the_same_numbers(tmp_path, tiny_model, tiny_tokenizer):
     full = _params(tmp_path / "a")
-    trainer_mod.run_distill(_distiller(full, tiny_model, tiny_tokenizer))
+    loop_mod.run_distill(_distiller(full, tiny_model, tiny_tokenizer))
     split = _params(tmp_path / "b")
-    trainer_mod.run_distill(_distiller(split, tiny_model, tiny_tokenizer), stop_after=1)
+    loop_mod.run_distill(_distiller(split, tiny_model, tiny_tokenizer), stop_after=1)
     assert len(_rows(split.lopd.csv)) == 1
     resumed = _distiller(split, tiny_model, tiny_tokenizer)  # fresh process state, same params
-    state = trainer_mod.run_distill(resumed)
+    state = loop_mod.run_distill(resumed)
     assert state.step == 3
     drop = {"step_seconds"}
     a = [{k: v for k, v in r.items() if k not in drop} for r in _rows(full.lopd.csv)]
@@ -154,7 +155,7 @@ def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, 
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
     real = trainer_mod.L.reverse_kl_topk
     monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
-    state = trainer_mod.run_distill(d)
+    state = loop_mod.run_distill(d)
     assert state.skipped_updates >= 1
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
 
@@ -168,7 +169,7 @@ def test_a_run_that_skips_too_many_updates_fails_before_saving(tmp_path, tiny_mo
     real = trainer_mod.L.reverse_kl_topk
     monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
     with pytest.raises(trainer_mod.TrainingDiverged, match="max_skipped_share"):
-        trainer_mod.run_distill(d)
+        loop_mod.run_distill(d)
     assert d.state.step < 4
 
 
@@ -176,7 +177,7 @@ def test_a_run_that_skips_too_many_updates_fails_before_saving(tmp_path, tiny_mo
 def _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=1, **lopd):
     """Params of a run stopped after `stop_after` steps, its checkpoint on disk."""
     params = _params(tmp_path, **lopd)
-    trainer_mod.run_distill(_distiller(params, tiny_model, tiny_tokenizer), stop_after=stop_after)
+    loop_mod.run_distill(_distiller(params, tiny_model, tiny_tokenizer), stop_after=stop_after)
     return params
 
 
@@ -210,7 +211,7 @@ def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_
     other = copy.deepcopy(params)
     other.lopd, other.seed = replace(other.lopd, lr_student=1e-3, margin=0.1), 1
     with pytest.raises(trainer_mod.CheckpointError) as info:
-        trainer_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
+        loop_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
     message = str(info.value)
     assert str(_distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()) in message
     for line in ("lopd.lr_student: 0.0003 → 0.001", "lopd.margin: 0.05 → 0.1", "seed: 0 → 1"):
@@ -226,7 +227,7 @@ def test_a_longer_run_and_other_paths_resume_silently(tmp_path, tiny_model, tiny
     logged = []
     d = _distiller(longer, tiny_model, tiny_tokenizer)
     d.log = logged.append
-    assert trainer_mod.run_distill(d, stop_after=2).step == 2
+    assert loop_mod.run_distill(d, stop_after=2).step == 2
     assert not any("warning" in m for m in logged), logged
 
 
@@ -246,12 +247,12 @@ def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model,
     shorter = copy.deepcopy(params)
     shorter.lopd = replace(shorter.lopd, steps=1)
     with pytest.raises(trainer_mod.CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
-        trainer_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
+        loop_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
     shorter.lopd = replace(shorter.lopd, resume_mismatch="warn")
     logged = []
     d = _distiller(shorter, tiny_model, tiny_tokenizer)
     d.log = logged.append
-    assert trainer_mod.run_distill(d).step == 2
+    assert loop_mod.run_distill(d).step == 2
     assert any("warning" in m and "past the 1 steps" in m for m in logged), logged
 
 

@@ -18,8 +18,10 @@ import torch
 from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core import methods as M
-from lopd_core.config import POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS, ConfigError, Params, load_params
+from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import losses as L
+from lopd_core.distill import pg_losses as PG
 from lopd_core.distill import step as S
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
@@ -77,10 +79,6 @@ def test_the_importance_weight_loads_where_it_weighs_a_sampled_token():
     assert ok.lopd.importance_weight
     assert load_params("params.yaml", ["lopd.importance_weight=true", "lopd.method=skill_sd"]).lopd.method == "skill_sd"
     assert load_params("params.yaml", ["lopd.low_memory=true", "lopd.teacher_micro_batch=2"]).lopd.low_memory
-    # the config's method families are the methods table's
-    assert set(POLICY_GRADIENT_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss in ("grpo", "grpo+kl")}
-    assert set(SAMPLED_KL_METHODS) == {n for n, s in M.METHODS.items() if s.student.loss == "grpo+kl"}
-    assert (POLICY_GRADIENT_METHODS, SAMPLED_KL_METHODS) == (M.POLICY_GRADIENT_METHODS, M.SAMPLED_KL_METHODS)
 
 
 def test_the_trainer_rejects_a_section_built_by_hand(tmp_path, tiny_model, tiny_tokenizer, batch):
@@ -121,9 +119,9 @@ def test_grpo_ratio_is_against_the_sampling_logprobs(tmp_path, tiny_model, tiny_
     sampled = torch.tensor([lp for t in shifted for lp, m in zip(t.sample_logprobs[1:], t.action_mask[1:]) if m])
     assert float((current - sampled).mean()) > 0.3  # the ratio is far from 1 (≈ e^0.5): the clip acts
     groups = torch.tensor([i // 2 for i in range(len(shifted))])
-    adv = L.group_relative_advantages(torch.tensor([t.reward for t in shifted]), groups, eps=1e-4)
-    expected = L.clipped_policy_loss(current, sampled, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
-    ratio_one = L.clipped_policy_loss(current, current, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
+    adv = PG.group_relative_advantages(torch.tensor([t.reward for t in shifted]), groups, eps=1e-4)
+    expected = PG.clipped_policy_loss(current, sampled, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
+    ratio_one = PG.clipped_policy_loss(current, current, adv[sb.token_traj_index], clip=0.2).sum() / len(sampled)
     assert abs(float(expected - ratio_one)) > 1e-3  # what the step used to compute differs
     row = d.update(tasks, shifted).row
     assert row.distill_loss == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
@@ -186,7 +184,7 @@ def test_a_longer_run_draws_fresh_tasks(tmp_path, tiny_model, tiny_tokenizer, ba
         return real(model, codec, requests, **kw)
 
     monkeypatch.setattr(trainer_mod, "rollout", counted)
-    trainer_mod.run_distill(d, steps=3)
+    loop_mod.run_distill(d, steps=3)
     assert played == [6, 6, 6]  # 3 tasks × 2 samples every step, none past the end of the stream
     rows = d.state.history
     assert [h["row"]["step"] for h in rows] == [1, 2, 3]

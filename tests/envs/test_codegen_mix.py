@@ -10,6 +10,7 @@ import torch
 
 from lopd_core.bank.store import BankStore
 from lopd_core.config import Params, load_params
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.coldstart_data import oracle_trajectory
 from lopd_core.distill.composer import Composer, mean_embedding_norm
@@ -162,7 +163,7 @@ def test_a_tiny_mixed_distillation_draws_both_envs(tmp_path, tiny_model, tiny_to
         return [code_pool.sample(t, 1, rng) if t.env == "codegen" else [] for t in tasks]
 
     distiller = trainer_mod.Distiller(params, model, tiny_tokenizer, retriever, composer=composer, log=lambda m: None)
-    state = trainer_mod.run_distill(distiller)
+    state = loop_mod.run_distill(distiller)
     assert state.step == 2
     assert seen.count("codegen") == seen.count("toolworld") == 4  # 2 steps x (1 task of each env x 2 samples)
     per_step = [seen[i : i + 4] for i in (0, 4)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 from _batches import oracle_texts, step_params
 
+from lopd_core.distill import loop as loop_mod
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from tests.serve.conftest import make_server
@@ -44,7 +45,7 @@ def test_a_distillation_run_rolls_out_on_the_server_and_syncs_each_update(
         reloads = []
         real = holder.reload
         monkeypatch.setattr(holder, "reload", lambda path=None: reloads.append(path) or real(path))
-        trainer_mod.run_distill(d, steps=2)
+        loop_mod.run_distill(d, steps=2)
         assert len(reloads) == 2  # before step 1 (the run's student), before step 2 (after the first update)
         assert server.app.state.batcher.rows >= 2 * params.lopd.tasks_per_step * params.lopd.samples_per_task
         assert all(math.isfinite(h["row"]["reward_mean"]) for h in d.state.history)

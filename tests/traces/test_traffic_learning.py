@@ -99,8 +99,9 @@ def test_a_traces_step_scores_the_recorded_tokens_of_its_rows(tmp_path, store, t
     monkeypatch.setattr(
         trainer_mod.U,
         "update",
-        lambda dd, tasks, trajs, **k: (
-            seen.append((dd.cfg.samples_per_task, [t.task_id for t in tasks], trajs)) or update(dd, tasks, trajs, **k)
+        lambda setup, models, state, tasks, trajs, **k: (
+            seen.append((setup.samples_per_task, [t.task_id for t in tasks], trajs))
+            or update(setup, models, state, tasks, trajs, **k)
         ),
     )
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
@@ -128,7 +129,11 @@ def test_both_rolls_out_half_and_reads_half_from_traces(tmp_path, store, tiny_mo
     seen = []
     update = trainer_mod.U.update
     monkeypatch.setattr(
-        trainer_mod.U, "update", lambda dd, tasks, trajs, **k: seen.append(trajs) or update(dd, tasks, trajs, **k)
+        trainer_mod.U,
+        "update",
+        lambda setup, models, state, tasks, trajs, **k: (
+            seen.append(trajs) or update(setup, models, state, tasks, trajs, **k)
+        ),
     )
     d.step()
     trajs = seen[0]
