@@ -93,6 +93,16 @@ class CurveProbe:
         self.points = {int(p["step"]): p for p in json.loads(path.read_text())} if path.exists() else {}
         self.seconds = 0.0
 
+    @classmethod
+    def started(cls, p: Params, steps: int, spent: int, points: int, n: int, path: Path, log) -> CurveProbe:
+        """A probe at `points` evenly spaced steps of `steps`, the starting policy recorded (step 0) first."""
+        probe = cls(p, sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)}), n, path, log)
+        if 0 not in probe.points:  # the starting policy: the student before its first step
+            model, tokenizer = load_policy(p.model)
+            probe.record(0, spent, model, tokenizer)
+            del model
+        return probe
+
     def __call__(self, distiller, result) -> None:
         if distiller.state.step in self.marks:
             self.record(distiller.state.step, distiller.state.rollouts, distiller.student, distiller.tokenizer)
@@ -129,36 +139,15 @@ def run_method(
     that many train-split tasks only."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    p = copy.deepcopy(params)
-    steps, spent = plan_steps(p, method, budget, bank_rollouts)
-    p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
-    # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
-    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
-    if bank_dir:
-        p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
-
-    marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
-    probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)
-    if 0 not in probe.points:  # the starting policy: the student before its first step
-        model, tokenizer = load_policy(p.model)
-        probe.record(0, spent, model, tokenizer)
-        del model
+    p, steps, spent = method_params(params, method, out, budget, bank_rollouts, bank_dir, index_dir, phi0)
+    probe = CurveProbe.started(p, steps, spent, curve_points, curve_n, out / "curve.json", log)
     eval_s, probe.seconds = probe.seconds, 0.0
     started = time.perf_counter()
     trained = run_lopd(p, resume=True, initial_rollouts=spent, on_step=probe, log=log)
     train_s = time.perf_counter() - started - probe.seconds
     eval_s += probe.seconds
-
     started = time.perf_counter()
-    if validation_n:  # a tuning run: validation tasks of the train split, never the evaluate stage's test splits
-        student, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=trained["student"]))
-        results = evaluate(student, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
-        del student
-        write_metrics(results, out / "eval.json")
-    else:
-        final = final_eval_params(p, eval_n)
-        final.model = dataclasses.replace(p.model, name_or_path=trained["student"])
-        results = run_evaluate(final, out / "eval.json", log=log)
+    results = final_evaluation(p, trained["student"], out / "eval.json", eval_n, validation_n, log)
     eval_s += time.perf_counter() - started
     envs = [e for e in p.envs.mix if e in results]
     summary = {
@@ -178,12 +167,7 @@ def run_method(
         "eval": str(out / "eval.json"),
         "student": trained["student"],
         "envs": envs,
-        "bank": {
-            "rows": trained["bank_rows"],
-            "added": trained["bank_added"],
-            "refreshes": trained["bank_refreshes"],
-            "dir": trained["bank_dir"],
-        },
+        "bank": {k: trained[f"bank_{k}"] for k in ("rows", "added", "refreshes", "dir")},
         "curve": probe.curve(),
         # the mix's environments pooled (one environment: its own cells); per environment under by_env
         "final": _final(pool_envs(results, envs)),
@@ -191,6 +175,35 @@ def run_method(
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def method_params(
+    params: Params, method: str, out: Path, budget: int, bank_rollouts: int, bank_dir, index_dir, phi0
+) -> tuple[Params, int, int]:
+    """The run's params (the method, its steps to the budget, its own folder, φ0 and the seed bank), its
+    training steps and the rollouts already spent."""
+    p = copy.deepcopy(params)
+    steps, spent = plan_steps(p, method, budget, bank_rollouts)
+    p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
+    # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
+    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
+    if bank_dir:
+        p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
+    return p, steps, spent
+
+
+def final_evaluation(p: Params, student: str, path: Path, eval_n: int, validation_n: int, log) -> dict:
+    """The exported student evaluated, written to `path`: the cycle's evaluation, or for a tuning run
+    (`validation_n` > 0) validation tasks of the train split, never the evaluate stage's test splits."""
+    if validation_n:
+        model, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=student))
+        results = evaluate(model, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
+        del model
+        write_metrics(results, path)
+        return results
+    final = final_eval_params(p, eval_n)
+    final.model = dataclasses.replace(p.model, name_or_path=student)
+    return run_evaluate(final, path, log=log)
 
 
 def pool_envs(results: dict, envs) -> dict:
