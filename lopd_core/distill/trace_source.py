@@ -28,12 +28,9 @@ min(p_S / p_sample, cap) with p_sample the recorded log-prob, i.e. the served ch
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import warnings
-from contextlib import contextmanager
 
-from lopd_core import distributed as D
 from lopd_core.rollout.engine import Trajectory
 from lopd_core.settings.checks import ConfigError
 from lopd_core.traces.fingerprint import tokenizer_fingerprint
@@ -113,33 +110,3 @@ def trace_count(tasks_per_step: int, samples_per_task: int, mode: str) -> int:
     if mode == "both":
         return (tasks_per_step - (tasks_per_step + 1) // 2) * samples_per_task
     return 0
-
-
-def trace_step(d, started: float):
-    """Steps 1-5 of `d` (a trainer.Distiller) with the step's traces in place of (some of) its rollouts. Every
-    trajectory, rolled out or read from a trace, is charged to `rollouts`. Under `accelerate launch` each rank
-    takes its contiguous slice of the rolled-out tasks and of the traces."""
-    cfg, s = d.cfg, d.state.step
-    d.traces.check_tokenizer(d.tokenizer)  # before any rollout or update is spent (once per stream)
-    n_traces = trace_count(cfg.tasks_per_step, cfg.samples_per_task, cfg.trajectories)
-    rolled = cfg.tasks_per_step - n_traces // cfg.samples_per_task  # tasks rolled out (0 with `traces`)
-    mine = D.shard_range(rolled)
-    tasks = d.step_tasks(s)[mine.start : mine.stop] if rolled else []
-    trajs = d.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start) if tasks else []
-    theirs = D.shard_range(n_traces)
-    served = d.traces.take(s, n_traces)[theirs.start : theirs.stop]
-    per_trajectory = [t for t in tasks for _ in range(cfg.samples_per_task)] + [t.task for t in served]
-    d.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # traces are charged as rollouts
-    with groups_of_one(d):
-        return d.update(per_trajectory, trajs + served, started=started)
-
-
-@contextmanager
-def groups_of_one(distiller):
-    """The update reads `lopd.samples_per_task` as the group size: one while a batch holds traces."""
-    cfg = distiller.cfg
-    distiller.cfg = dataclasses.replace(cfg, samples_per_task=1)
-    try:
-        yield
-    finally:
-        distiller.cfg = cfg
