@@ -1,7 +1,6 @@
-"""Steps 2-5 of one LOPD step, the optimised way: reference.py's update (read that first) with these named
-optimisations and nothing else; tests/distill/test_reference_update.py holds the two equal for every method. The
-trainer runs this update wherever the settings ask for one of them, reference.py's where none is asked
-(`StepSetup.runs_reference`).
+"""Steps 2-5 of one LOPD step, the optimised way: reference.py's update (read that first) with the optimisations
+below and nothing else (tests/distill/test_reference_update.py holds the two equal for every method); the trainer
+runs it wherever the settings ask for one of them, reference.py's where none is (`StepSetup.runs_reference`).
 
   1. Micro-batches (`lopd.micro_batch`): per chunk the teacher forward, the student forward and backward, then the
      composer's chunk loss backward through the teacher, after which both graphs are gone. Every chunk's sum is
@@ -191,8 +190,9 @@ def chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, *, beta
         raise RuntimeError("teacher passes and the student chunk disagree on the action tokens")
     del s_lp_old  # the composer is done with it: not alive through the student's backward
     with timed(sums, "student"):
-        targets = S.StudentTargets.cat(targets)
-        student_backward(setup, models, batch, context, chunk, sbatch, targets, sums, keep_old=False)
+        student_backward(
+            setup, models, batch, context, chunk, sbatch, S.StudentTargets.cat(targets), sums, keep_old=False
+        )
 
 
 def score_rows(
@@ -356,8 +356,7 @@ def step_composer(
     flat = torch.zeros((0, width), device=models.device)  # (Σ J_τ·K, D) the step's latents
     anchor = torch.zeros(())
     models.opt_phi.zero_grad(set_to_none=True)
-    trainable = setup.method.composer.trainable
-    if context.latents is not None and trainable:  # (φ = φ0: frozen-composer ablation)
+    if context.latents is not None and setup.method.composer.trainable:  # (φ = φ0: frozen-composer ablation)
         flat, anchor = composer_anchor_backward(setup, models, context, beta, margin)
     elif context.latents is not None:  # φ = φ0: nothing to learn, but the dashboard still shows their scale
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()

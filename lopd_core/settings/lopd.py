@@ -25,8 +25,8 @@ from lopd_core.settings.checks import (
 )
 from lopd_core.settings.fields import Section, setting
 
-# The method families the rules across keys name are the methods table's (methods.py imports nothing of the
-# library, so the configuration reads them without loading the trainer).
+# The rules across keys read the method's row (methods.py imports nothing of the library, so the configuration
+# reads it without loading the trainer); the table's method families are re-exported as lopd_core.config names.
 __all__ = [
     "FORWARD_KL_METHODS",
     "KL_MIX_METHODS",
@@ -186,13 +186,12 @@ class LopdConfig(Section):
 
     def check(self) -> None:
         """Rules across keys: each key's own range is its field's."""
-        sampled_kl = self.method in SAMPLED_KL_METHODS or (
-            self.method not in POLICY_GRADIENT_METHODS and self.student_loss == "sampled"
-        )
+        student = METHODS[self.method].student  # the method's row says what its loss is (methods.py)
+        sampled_kl = student.adds_sampled_kl or (student.distills and self.student_loss == "sampled")
         if self.importance_weight and not sampled_kl:
             why = (
                 "GRPO's clipped ratio is already taken against the sampling log-probs"
-                if self.method in POLICY_GRADIENT_METHODS
+                if not student.distills
                 else f"lopd.student_loss={self.student_loss!r} is the exact KL at each visited state, which does not "
                 "depend on the sampled token, so its ratio corrects nothing"
             )
@@ -219,7 +218,7 @@ class LopdConfig(Section):
             )
         if self.trajectories == "rollouts":
             return
-        if self.method in POLICY_GRADIENT_METHODS or self.advantage == "group":
+        if not METHODS[self.method].student.distills or self.advantage == "group":
             raise ConfigError(
                 f"lopd.trajectories: got {self.trajectories!r} with lopd.method={self.method!r} and "
                 f"lopd.advantage={self.advantage!r}, expected rollouts: a trace is its task's only "
@@ -229,8 +228,9 @@ class LopdConfig(Section):
 
     def _check_kl_mix(self) -> None:
         """lopd.kl_mix weighs the top-k distillation loss: meaningless with GRPO's loss or another student loss."""
-        mixes = self.kl_mix > 0 or self.method in KL_MIX_METHODS
-        if mixes and self.method in POLICY_GRADIENT_METHODS:
+        student = METHODS[self.method].student
+        mixes = self.kl_mix > 0 or student.kl_mix > 0
+        if mixes and not student.distills:
             raise ConfigError(
                 f"lopd.kl_mix: got {self.kl_mix:g} with lopd.method={self.method!r}, expected 0: the "
                 "forward/reverse mix weighs a distillation loss, and this method's loss is GRPO's"
@@ -241,7 +241,7 @@ class LopdConfig(Section):
                 f"lopd.kl_mix={self.kl_mix:g}, expected 'topk': the forward KL is taken on the "
                 "teacher's top-k + tail buckets (the sampled-token estimator has no forward form)"
             )
-        if self.method in FORWARD_KL_METHODS and 0 < self.kl_mix < 1:
+        if student.kl_mix == 1.0 and 0 < self.kl_mix < 1:
             raise ConfigError(
                 f"lopd.kl_mix: got {self.kl_mix:g} with lopd.method={self.method!r}, expected 0 or 1: "
                 "that method is the pure forward KL; for a mix use lopd.method=lopd_mixed_kl"
