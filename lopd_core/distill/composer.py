@@ -221,12 +221,14 @@ def build_composer(cfg, model) -> Composer:
     )
 
 
-def load_weights(composer: Composer, path) -> None:
+def load_weights(composer: Composer, path, *, refit: bool = False) -> None:
     """φ's saved state into `composer`; a φ fitted to read another way than the settings say is refused (its
-    latents would mean something else)."""
+    latents would mean something else) unless `refit`: the start of a fit, which teaches it the new reading."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict):
         state.setdefault("query_conditioned", torch.tensor(False))  # a φ saved before the option read no query
+        if refit:
+            state["query_conditioned"] = torch.tensor(composer.reads_query)
         if composer.encoder_lora is not None and not any(k.startswith("encoder_lora.") for k in state):
             # a φ fitted without an encoder LoRA (φ0) starts one at zero: it reads exactly as it did
             state.update({f"encoder_lora.{k}": v for k, v in composer.encoder_lora.state_dict().items()})

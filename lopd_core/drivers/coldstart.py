@@ -23,14 +23,15 @@ def new_composer(params: Params, model) -> Composer:
     return build_composer(params.composer, model)
 
 
-def load_phi(params: Params, model, path: str | Path) -> Composer:
+def load_phi(params: Params, model, path: str | Path, *, refit: bool = False) -> Composer:
     """The composer saved at `path` (`lopd coldstart`, `lopd fit`), built to the `composer` section for `model`; a
-    file that is no such composer is one line naming it, not a traceback."""
+    file that is no such composer is one line naming it, not a traceback. `refit`: the start of `lopd fit`, which
+    may read another way than it was fitted (composer.load_weights)."""
     import pickle
 
     composer = new_composer(params, model)
     try:
-        load_weights(composer, path)
+        load_weights(composer, path, refit=refit)
     except (RuntimeError, ValueError, EOFError, IsADirectoryError, pickle.UnpicklingError) as exc:
         # (torch's unpickling message suggests loading untrusted files unsafely: never repeated here)
         unpickled = isinstance(exc, pickle.UnpicklingError) or not str(exc).strip()

@@ -149,3 +149,11 @@ def test_distillation_with_both_options_equals_the_reference_and_keeps_the_lora(
         torch.testing.assert_close(p, reference[n], atol=1e-5, rtol=1e-5, msg=n)
     assert not torch.equal(fast.composer.queries, queries0)  # the resampler learns
     assert all(torch.equal(p, lora0[n]) for n, p in fast.composer.encoder_lora.named_parameters())  # the LoRA not
+
+
+def test_a_fit_may_start_from_a_phi_fitted_to_read_without_the_query(tmp_path, tiny_model):
+    path = tmp_path / "phi0.pt"
+    torch.save(_composer(tiny_model).state_dict(), path)
+    conditioned = _composer(tiny_model, query=True)
+    load_weights(conditioned, path, refit=True)  # `lopd fit` teaches φ0 the new reading
+    assert conditioned.reads_query
