@@ -39,6 +39,7 @@ from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import checkpoints as C
+from lopd_core.distill import composer as CP
 from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing as P
@@ -56,14 +57,7 @@ from lopd_core.distill.checkpoints import (  # noqa: F401  re-exported
     resume_settings,
     settings_differences,
 )
-from lopd_core.distill.composer import (
-    Composer,
-    ExperienceEncoder,
-    build_composer,
-    compose_latents,
-    load_weights,
-    mean_embedding_norm,
-)
+from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
 from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, ComposerStep, DashboardRow  # noqa: F401
 from lopd_core.distill.loop import (  # noqa: F401  re-exported
     DIVERGENCE_FACTOR,
@@ -90,9 +84,9 @@ Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts
 def load_composer(path: str | Path, model, cfg) -> Composer:
     """φ of the composer section (`cfg`) for `model`, loaded from `path`; a fresh one when there is no file (a
     method whose teacher reads no latents still owns a composer, unused)."""
-    composer = build_composer(cfg, model)
+    composer = CP.build_composer(cfg, model)
     if path and Path(path).exists():
-        load_weights(composer, path)
+        CP.load_weights(composer, path)
     return composer
 
 
