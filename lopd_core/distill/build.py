@@ -14,6 +14,7 @@ import torch
 from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
 from lopd_core.distill import baselines as B
+from lopd_core.distill import composer as CP
 from lopd_core.distill.composer import Composer, ExperienceEncoder, mean_embedding_norm
 from lopd_core.distill.inputs import AnchorLatents, Retriever, StepModels
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
@@ -21,17 +22,12 @@ from lopd_core.distill.teacher import Framing
 from lopd_core.methods import MethodSpec
 
 
-def load_composer(path: str | Path, lm_width: int, cfg, embedding_norm: float) -> Composer:
-    composer = Composer(
-        lm_width,
-        num_queries=cfg.num_queries,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        embedding_norm=embedding_norm,
-    )
+def load_composer(path: str | Path, model, cfg) -> Composer:
+    """φ of the composer section (`cfg`) for `model`, loaded from `path`; a fresh one when there is no file (a
+    method whose teacher reads no latents still owns a composer, unused)."""
+    composer = CP.build_composer(cfg, model)
     if path and Path(path).exists():
-        composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        CP.load_weights(composer, path)
     return composer
 
 
@@ -76,6 +72,8 @@ def build_models(
     )
     encoder = ExperienceEncoder(teacher, tokenizer, max_tokens=params.composer.max_experience_tokens)
     composer = composer.train().requires_grad_(first.composer.trainable)
+    if composer.encoder_lora is not None:  # fixed here: the encoder's states are cached (encoder_lora.py)
+        composer.encoder_lora.requires_grad_(False)
     ema = B.ema_copy(student) if first.teacher.weights == "ema" else None
     anchor = AnchorLatents(composer, encoder)  # φ0, fixed
     embedding_norm = mean_embedding_norm(student)

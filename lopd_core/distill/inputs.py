@@ -127,24 +127,29 @@ class StepSetup:
 
 
 class AnchorLatents:
-    """φ0, fixed, and its latents per experience text, cached: the target of the composer's anchor term."""
+    """φ0, fixed, and its latents per experience (and query: `StepModels.queries_of`), cached: the target of the
+    composer's anchor term."""
 
     def __init__(self, composer: Composer, encoder: ExperienceEncoder):
         self.composer = copy.deepcopy(composer).eval().requires_grad_(False)
         self.encoder = encoder
-        self.cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
+        self.cache: dict[tuple[str, str], torch.Tensor] = {}  # (query, experience) -> φ0's (K, D) latents
 
-    def __call__(self, experiences: list[list[str]]) -> list[torch.Tensor]:
-        """c_φ0 per task: (J·K, D), from the latents of each experience text."""
-        missing = list(dict.fromkeys(t for texts in experiences for t in texts if t not in self.cache))
+    def __call__(self, experiences: list[list[str]], queries: list[str] | None = None) -> list[torch.Tensor]:
+        """c_φ0 per task: (J·K, D), from the latents of each experience (read with its task's query, if any)."""
+        units = [(q, t) for q, texts in zip(queries or [""] * len(experiences), experiences) for t in texts]
+        missing = list(dict.fromkeys(u for u in units if u not in self.cache))
         if missing:
+            asked = None if queries is None else [q for q, _ in missing]
             with torch.no_grad():
-                fresh = compose_latents(self.composer, self.encoder, [[t] for t in missing])
+                fresh = compose_latents(self.composer, self.encoder, [[t] for _, t in missing], asked)
             self.cache.update(zip(missing, fresh))
-        width = self.composer.proj_out.out_features
-        return [
-            torch.cat([self.cache[t] for t in texts]) if texts else torch.zeros((0, width)) for texts in experiences
-        ]
+        out, start = [], 0
+        for texts in experiences:
+            rows = [self.cache[u] for u in units[start : start + len(texts)]]
+            out.append(torch.cat(rows) if rows else torch.zeros((0, self.composer.proj_out.out_features)))
+            start += len(texts)
+        return out
 
     def clear(self) -> None:
         """φ0's latents are of the teacher base's encodings: dropped when a refresh replaces the base."""
@@ -178,6 +183,11 @@ class StepModels:
     @property
     def latent_width(self) -> int:
         return self.composer.proj_out.out_features
+
+    def queries_of(self, tasks: list[Task]) -> list[str] | None:
+        """What φ reads in front of each task's experiences: its instruction for a query-conditioned composer,
+        else None (composer.py)."""
+        return [t.instruction for t in tasks] if self.composer.reads_query else None
 
     def teacher_lm(self, weights: TeacherWeights):
         """The teacher's weights, as a context manager: the frozen base θ̄, the live student or its EMA."""

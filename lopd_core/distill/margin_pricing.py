@@ -51,7 +51,9 @@ def seed_gap(
     total, n = 0.0, 0
     if part:
         experiences = retriever([r.task for r in part])
-        latents = [x.to(models.device) for x in models.anchor(experiences)]  # φ0's, cached
+        queries = models.queries_of([r.task for r in part])
+        latents = [x.to(models.device) for x in models.anchor(experiences, queries)]  # φ0's, cached
+        keys = [(queries[i] if queries else "", *experiences[i]) for i in range(len(part))]  # equal keys: equal latents
         ids, masks = [r.token_ids for r in part], [r.action_mask for r in part]
         with torch.no_grad():
             for chunk in micro_batches([len(i) for i in ids], setup.micro_batch):
@@ -61,7 +63,7 @@ def seed_gap(
                     [ids[i] for i in chunk],
                     [masks[i] for i in chunk],
                     [latents[i] for i in chunk],
-                    [tuple(experiences[i]) for i in chunk],
+                    [keys[i] for i in chunk],
                 )
                 total += float((sums / counts.clamp(min=1))[counts > 0].sum())
                 n += int((counts > 0).sum())

@@ -85,7 +85,8 @@ def reference_update(
     margin = setup.margin(state)
     flat = torch.cat(latents) if latents else torch.zeros((0, models.latent_width), device=device)
     if trains_phi:
-        anchor = L.anchor_loss(flat, torch.cat(models.anchor(experiences)).to(device))
+        queries = models.queries_of([tasks[i // setup.samples_per_task] for i in range(len(experiences))])
+        anchor = L.anchor_loss(flat, torch.cat(models.anchor(experiences, queries)).to(device))
     if trains_phi and setup.text_kl_weight:  # the reading term (reading.py): φ reads the bank as the text does
         kl_text = reading_term(setup, models, batch, latents, experiences)
     weight = spec.composer.anchor_weight
@@ -124,7 +125,8 @@ def teacher_inputs(setup: StepSetup, models: StepModels, tasks: list[Task], traj
     per_task = models.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
     experiences = [per_task[i // group] for i in range(len(trajs))]
     texts = B.text_contexts(spec, tasks, trajs, per_task, group)
-    latents = compose_latents(models.composer, models.encoder, experiences) if spec.needs_composer else None
+    queries = models.queries_of([tasks[i // group] for i in range(len(trajs))])
+    latents = compose_latents(models.composer, models.encoder, experiences, queries) if spec.needs_composer else None
     has_context = None if not spec.teacher.may_lack_context else [t is not None for t in texts]
     signal = None if has_context is None else torch.tensor(has_context, device=models.device)
     return experiences, latents, texts, signal

@@ -325,7 +325,7 @@ def composer_anchor_backward(
     # low memory: the same forward again (φ unchanged, deterministic), now with a graph
     composed = context.composed if context.composed is not None else models.composer(*context.encoded)
     flat = composed[order].reshape(-1, width)
-    anchor_u = models.anchor([[t] for t in context.texts])  # φ0's (K, D) per distinct text
+    anchor_u = models.anchor([[t] for t in context.texts], context.queries)  # φ0's (K, D) per distinct row
     anchor_target = torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device)
     anchor = anchor_share * L.anchor_loss(flat, anchor_target)
     zero = torch.zeros((), device=flat.device)

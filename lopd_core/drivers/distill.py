@@ -21,7 +21,6 @@ from lopd_core.distill import baselines as B
 from lopd_core.distill import margin as MG
 from lopd_core.distill.build import check_top_k, load_composer
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.distill.loop import export, run_distill
 from lopd_core.distill.trainer import Distiller
@@ -164,7 +163,7 @@ def load_inputs(params: Params):
         fix = "lopd fit" if params.coldstart.fit_steps else "lopd coldstart"
         raise FileNotFoundError(f"no composer at {start}: run `{fix}` first (the composer distillation starts from)")
     # a method whose teacher reads no latents still owns a composer (unused): φ when there is one, else fresh
-    composer = load_composer(start, model.config.hidden_size, params.composer, mean_embedding_norm(model))
+    composer = load_composer(start, model, params.composer)
     return model, tokenizer, spec, composer
 
 
