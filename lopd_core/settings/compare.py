@@ -140,8 +140,7 @@ PRESET_HELP = {
     "regime": "the paper-regime comparison: LOPD against GRPO, the frozen composer, the text teacher, the ways past "
     "the teacher's ceiling and both controls, at the one learning rate every method preferred in the full "
     "preset's tuning",
-    "smoke": "every method once on a tiny base built for it, through the readable update (lopd_core/distill/"
-    "reference.py; tests/pipeline/test_compare.py)",
+    "smoke": "every method once on a tiny base, through distill/reference.py (tests/pipeline/test_compare.py)",
 }
 
 
