@@ -225,6 +225,12 @@ def disk_full_error(exc: DiskFull) -> ApiError:
     return ApiError(507, str(exc), "disk_full", kind="server_error")
 
 
+def _where(error: dict) -> str:
+    """A validation error's field as a path (`messages.2.name`), the union branch pydantic tried left out."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    return ".".join(p for p in loc if p not in ("str", "int", "float", "bool") and "[" not in p)
+
+
 def _add_error_handlers(app) -> None:
     """Every error in OpenAI's shape: validation 400, unknown route 404, anything unexpected 500."""
 
@@ -240,7 +246,16 @@ def _add_error_handlers(app) -> None:
             return error_response(
                 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", "invalid_json"
             )
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        unknown = [_where(e) for e in errors if e.get("type") == "extra_forbidden"]
+        if unknown:  # a field the server would ignore is named, never dropped (protocol.Strict)
+            return error_response(
+                400,
+                f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: lopd serve does not "
+                "implement it, and ignoring it would serve something else than asked",
+                "unsupported_field",
+                param=unknown[0],
+            )
+        where = _where(first)
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
 
     @app.exception_handler(DiskFull)
