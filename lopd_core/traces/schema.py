@@ -178,7 +178,8 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
     """Traces as rows of the rollout table (same columns, same schema): what a reader of rollout trajectories
     (the bank, distillation) loads. `labeled_only` drops conversations no feedback reached; with False they come
     with reward 0.0 and success False. A trace with a reply the model did not sample is no success (module
-    docstring); its label's reward stays."""
+    docstring), nor one whose first user message is blank (an experience is found by its task's text, and the
+    bank refuses a row without one); its label's reward stays."""
     traces = validate_traces(traces)
     if labeled_only:
         traces = traces[traces["labeled"]]
@@ -196,7 +197,9 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
             "sample_logprobs": [float(v) for v in r["sample_logprobs"]],
             "prompt_length": int(r["prompt_length"]),
             "reward": float(r["reward"]) if r["labeled"] else 0.0,
-            "success": bool(r["success"]) and forced_replies(r["messages"], int(r["num_turns"])) <= 0,
+            "success": bool(r["success"])
+            and forced_replies(r["messages"], int(r["num_turns"])) <= 0
+            and bool(_instruction(r["messages"]).strip()),
             "stop_reason": STOP_REASONS[r["finish_reason"]],
             "num_turns": int(r["num_turns"]),
             "episode": json.dumps(episode_records(json.loads(r["messages"]))),
