@@ -294,17 +294,23 @@ def render(chat, parsed: Parsed, start: int = 0, sampled: Collection[str] = ()) 
 
 
 def _action_ids(chat, text: str, calls: tuple[Call, ...], n: int) -> list[int]:
+    """An assistant message's forced ids; several calls only where the chat format can write them: a bare-JSON
+    call syntax (Llama 3) holds one call per message, and its templates drop or refuse the others."""
+    refused = ApiError(
+        400,
+        f"assistant message #{n + 1} after the first user message: the model's chat format cannot write "
+        f"{len(calls)} calls in one turn",
+        "invalid_tool_call",
+    )
+    syntax = getattr(chat, "syntax", None)
+    if len(calls) > 1 and getattr(chat, "renders_tool_calls", False) and syntax is not None and not syntax.open:
+        raise refused
     try:
         return chat.action_ids(action_text(text, calls))
-    except Exception as exc:  # a template's own refusal (Llama 3.1: one call per turn)
+    except Exception:  # a template's own refusal (Llama 3.1's: one call per turn)
         if len(calls) < 2:
             raise
-        raise ApiError(
-            400,
-            f"assistant message #{n + 1} after the first user message: the model's chat template cannot render "
-            f"{len(calls)} calls in one turn ({type(exc).__name__})",
-            "invalid_tool_call",
-        ) from None
+        raise refused from None
 
 
 def reply(chat, sampled: list[int], *, stopped: bool, declared: set[str], tool_choice: str | None, parallel=True):

@@ -199,3 +199,30 @@ def test_the_model_writes_two_calls_and_training_replays_the_served_ids(tiny_tok
         {"call": {"name": "lookup", "arguments": {"key": "a"}}, "observation": "value 7"},
         {"call": {"name": "lookup", "arguments": {"key": "b"}}, "observation": "value 8"},
     ]
+
+
+def test_a_bare_json_call_syntax_refuses_several_calls_in_one_turn():
+    """Llama 3's syntax is one JSON object per message: several calls cannot be written, so a history holding
+    them is a 400 rather than a rendering that drops all but one."""
+    import pytest
+
+    from lopd_core.model.chat.template import TemplateChat
+    from lopd_core.model.loading import add_experience_tokens
+    from lopd_serve.protocol import ApiError
+    from tests.model._foreign_tokenizers import llama_tokenizer
+
+    tok = llama_tokenizer()
+    add_experience_tokens(tok)
+    chat = TemplateChat(tok)
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "find a and b"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c0", *CALLS[0]), _call("c1", *CALLS[1])]},
+        {"role": "tool", "tool_call_id": "c0", "content": "7"},
+        {"role": "tool", "tool_call_id": "c1", "content": "8"},
+    ]
+    with pytest.raises(ApiError, match="cannot write 2 calls"):
+        render(chat, parse_messages(ChatRequest(messages=messages, tools=TOOLS), max_messages=10))
+    one = messages[:3] + messages[3:4]
+    one[2] = {**one[2], "tool_calls": one[2]["tool_calls"][:1]}
+    assert render(chat, parse_messages(ChatRequest(messages=one, tools=TOOLS), max_messages=10)).token_ids
