@@ -35,6 +35,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import stage_flows as S
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.methods import method_spec
 from tasks.caching import (
@@ -47,7 +48,6 @@ from tasks.caching import (
     stage_key,
 )
 from tasks.stage_params import COMPARE_CODE
-from tasks.stage_tasks import log
 from tasks.tracking import NullTracker, Tracker, eval_metrics, git_commit, make_tracker
 
 

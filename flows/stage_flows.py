@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import flow
 
 from lopd_core.config import Params
+from lopd_core.drivers.progress import log
 from tasks import stage_tasks as T
 from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, plugin_fingerprint, stage_key
 from tasks.stage_params import STAGES, reads_plugins, stage_sections, without_paths
@@ -77,7 +78,7 @@ def run_cached(
     state = runner(stage=stage, key=key, work=str(work), params=params, return_state=True, **kwargs)
     summary = state.result()
     cached = state.name == "Cached"
-    T.log(f"{stage}: {'reused cached result' if cached else 'done'} ({work})")
+    log(f"{stage}: {'reused cached result' if cached else 'done'} ({work})")
     return summary, cached
 
 

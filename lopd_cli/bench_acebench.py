@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from lopd_cli.bench import Benchmark, register
+from lopd_core.drivers.progress import log
 
 _HELP_CATEGORIES = "normal, special, or one category such as normal_atom_bool (agent is not supported)"
 
@@ -140,15 +141,11 @@ def run(params, args) -> int:
         bench,
         categories=args.category,
         languages=args.language,
-        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+        log=log,
     )
     for name, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{name}.jsonl", rows)
-    print(
-        f"[{time.strftime('%H:%M:%S')}] acebench run done in {time.perf_counter() - started:.0f}s; answers in "
-        f"{args.predictions_out}/",
-        flush=True,
-    )
+    log(f"acebench run done in {time.perf_counter() - started:.0f}s; answers in {args.predictions_out}/")
     return _write(params, args, scores)
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from lopd_cli.bench import Benchmark, register
+from lopd_core.drivers.progress import log
 
 # The categories (duplicated from lopd_core.bench.bfcl.data to keep `lopd --help` free of imports).
 _HELP_CATEGORIES = "simple, multiple, parallel, parallel_multiple, irrelevance, live_*, multi_turn_*"
@@ -110,15 +111,11 @@ def run(params, args) -> int:
         tokenizer,
         bench,
         categories=categories,
-        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+        log=log,
     )
     for category, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{category}.jsonl", rows)
-    print(
-        f"[{time.strftime('%H:%M:%S')}] bfcl run done in {time.perf_counter() - started:.0f}s; answers in "
-        f"{args.predictions_out}/",
-        flush=True,
-    )
+    log(f"bfcl run done in {time.perf_counter() - started:.0f}s; answers in {args.predictions_out}/")
     return _write(params, args, scores, {})
 
 

@@ -283,7 +283,7 @@ def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path)
 
 
 def test_refresh_teacher_picks_the_cycles_teacher():
-    from flows.cycle import Champion, teacher_for
+    from lopd_core.drivers.cycle_record import Champion, teacher_for
 
     refresh, keep = Params(), Params()
     keep.cycle = replace(keep.cycle, refresh_teacher=False)
