@@ -333,8 +333,8 @@ def test_cycle_summary_shows_every_environment_of_the_mix(tmp_path):
     """A plugin environment's success is in the summary, on the splits it has; one env keeps the plain lines."""
     import json
 
-    from lopd_core.drivers.cycle_summary import summarize
     from lopd_core.config import EnvsConfig, Params
+    from lopd_core.drivers.cycle_summary import summarize
 
     def cell(rate):
         return {"success_rate": rate, "reward_mean": rate, "n": 4, "ci95": [0.0, 1.0]}
