@@ -180,26 +180,27 @@ def settings_epilog(command: str) -> str:
 RESOLVES_ENVS = ("base", "bank", "coldstart", "fit", "distill", "evaluate", "cycle", "compare")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_common(p: argparse.ArgumentParser) -> None:
+    """--params and --set, which every command takes."""
+    p.add_argument(
+        "--params",
+        default=None,
+        help="the run's configuration (default: params.yaml; only the default may be missing, meaning every default)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
+        "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting",
+    )
 
-    def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--params",
-            default=None,
-            help="the run's configuration (default: params.yaml; only the "
-            "default may be missing, meaning every default)",
-        )
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="SECTION.KEY=VALUE",
-            help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
-            "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting",
-        )
+
+def stage_adder(sub):
+    """`stage(name, help, func)`: adds the command of a pipeline stage, whose --help lists what it writes and the
+    settings it reads (lopd_cli/pipeline.py and lopd_cli/compare.py add theirs with it too)."""
 
     def stage(name: str, help_text: str, func):
         description = f"{help_text[0].upper()}{help_text[1:]}." + (
@@ -216,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, resolve_envs=name in RESOLVES_ENVS)
         return p
 
+    return stage
+
+
+def add_stage_parsers(stage) -> None:
+    """The stages by hand: base, bank, coldstart, fit, distill, evaluate."""
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
         "--out", default=None, help="output directory (default: model.base_dir)"
     )
@@ -251,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also play the policy as the frozen teacher on eval.teacher_splits: alone, reading its bank rows "
         "(bank.dir) as text and as the composer's latents (coldstart.fit_out) -> teacher_in_play in the file",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stage = stage_adder(sub)
+    add_stage_parsers(stage)
     add_pipeline_parsers(stage)
     sub.choices["cycle"].add_argument(
         "--source",
