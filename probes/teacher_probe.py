@@ -33,9 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
-from lopd_core.distill.trainer import load_composer
+from lopd_core.drivers.coldstart import load_phi
 from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize
@@ -63,7 +62,6 @@ def main() -> None:
     with open_bank(params) as bank:
         retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
         texts = make_retriever(bank, retrieval)(tasks)
-    norm = mean_embedding_norm(model)
     composers = {"latents_phi0": params.coldstart.out}
     composers.update({f"latents_{Path(p).parent.name or Path(p).stem}": p for p in args.composer})
     for name, path in composers.items():
@@ -73,7 +71,7 @@ def main() -> None:
         name: task_latents(
             model,
             tokenizer,
-            load_composer(path, model.config.hidden_size, params.composer, norm),
+            load_phi(params, model, path),
             texts,
             max_tokens=params.composer.max_experience_tokens,
         )

@@ -19,6 +19,8 @@ from lopd_core.outputs import atomic_write
 
 
 def new_composer(params: Params, model) -> Composer:
+    """A fresh composer as the `composer` settings describe it, sized to `model` (its width, its embedding norm):
+    the one constructor of a composer from settings, for the stages, load_phi, the probes and benchmarks."""
     c = params.composer
     return Composer(
         model.config.hidden_size,
