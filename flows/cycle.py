@@ -99,14 +99,14 @@ def run_one_cycle(
         tracker.log_params(parent, params.to_dict())
         common = {"parent_run": parent, "cycle": number, "tracker": tracker}
         stages = read_experience(params, champion, base, common)
-        stages.update(distill=distill(params, champion, base, stages, common))
+        stages.update(distill=distill_student(params, champion, base, stages, common))
         resolvable = announce_gate(params, number)
-        stages.update(evaluate(params, champion, base, stages, common))
-        decision, looks = decide(params, champion, stages, common)
+        stages.update(evaluate_cycle(params, champion, base, stages, common))
+        decision, looks = gate_student(params, champion, stages, common)
         gate = gate_record(decision, resolvable)
         done = CycleStages(**stages, gate_looks=looks)
         run = CycleRun(number, commit, parent, content_hash(base)[:16])
-        exported = export(params, done, cycle_lineage(run, champion, done, gate, decision.promoted), common)
+        exported = export_student(params, done, cycle_lineage(run, champion, done, gate, decision.promoted), common)
         record = cycle_record(params, run, champion, done, gate, decision.promoted, exported)
         record["report"] = write_cycle_report(params, history + [record], tracker, parent, number)
         record["seconds"] = round(time.perf_counter() - started, 1)
@@ -131,7 +131,7 @@ def read_experience(params: Params, champion: Champion, base: str, common: dict)
     return {"bank": bank, "coldstart": cold, "fit": fitted, "teacher": play}
 
 
-def distill(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
+def distill_student(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
     """Step 4: a new student distilled from the champion toward the fitted φ's latent teacher."""
     teacher = teacher_for(params, champion, base)
     return S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
@@ -147,7 +147,7 @@ def announce_gate(params: Params, number: int) -> tuple[float, int]:
     return resolvable
 
 
-def evaluate(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
+def evaluate_cycle(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
     """Step 5: champion and student on held-out tasks (the student's file with the teacher in play beside it),
     and the base, for the report's first column, when the champion is no longer the base."""
     champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
@@ -159,7 +159,7 @@ def evaluate(params: Params, champion: Champion, base: str, stages: dict, common
     return {"champion_eval": champ_eval, "student_eval": student_eval, "base_eval": base_eval}
 
 
-def decide(params: Params, champion: Champion, stages: dict, common: dict):
+def gate_student(params: Params, champion: Champion, stages: dict, common: dict):
     """Step 6's gate: champion against student on the paired outcomes, with more looks when `eval.sequential`
     asks for them (flows/gate.py); the decision, and the evaluations of the looks after the first."""
     decision, looks = gate_flow.decide_promotion(
@@ -174,7 +174,7 @@ def decide(params: Params, champion: Champion, stages: dict, common: dict):
     return decision, looks
 
 
-def export(params: Params, stages: CycleStages, lineage: dict, common: dict) -> dict:
+def export_student(params: Params, stages: CycleStages, lineage: dict, common: dict) -> dict:
     """Step 6: the student exported with its lineage, registered, and promoted when the gate passed."""
     number = common["cycle"]
     return S.export_flow(
