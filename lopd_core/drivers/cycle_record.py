@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.distill.teacher_play import merge_teacher
+from lopd_core.gate import GateDecision
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.methods import resolve_method
 
@@ -95,8 +96,8 @@ def gate_score(params: Params, results: dict | None) -> float:
     return sum(values) / len(values)
 
 
-def gate_record(decision, resolvable: tuple[float, int]) -> dict:
-    """What champion.json, history.json and the report keep of a `GateDecision` (lopd_core/gate.py): the point
+def gate_record(decision: GateDecision, resolvable: tuple[float, int]) -> dict:
+    """What champion.json, history.json and the report keep of the gate's decision (lopd_core/gate.py): the point
     estimates under their old names (`champion`, `student`), the paired gain, interval and n, the guards, the
     reason, and what the first look could resolve before the evaluation."""
     record = {
