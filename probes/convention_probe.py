@@ -41,7 +41,7 @@ from lopd_core.config import load_params
 from lopd_core.distill.composer import ExperienceEncoder, compose_latents
 from lopd_core.distill.models import TeacherView
 from lopd_core.distill.teacher import Framing, embed_row, splice_position
-from lopd_core.drivers.coldstart import load_phi
+from lopd_core.distill.trainer import load_composer
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.evaluation import EVAL_SEED_OFFSET
@@ -70,7 +70,7 @@ class LatentReader:
     def __init__(self, model, tokenizer, composer_path: str, params_file: str):
         params = load_params(params_file)
         self.framing = Framing.from_tokenizer(tokenizer)
-        self.composer = load_phi(params, model, composer_path).eval()
+        self.composer = load_composer(composer_path, model, params.composer).eval()
         self.encoder = ExperienceEncoder(
             TeacherView(model), tokenizer, max_tokens=params.composer.max_experience_tokens
         )
