@@ -5,6 +5,9 @@ Every limit is a 4xx in OpenAI's error shape. `POST /admin/reload {"model": DIR}
 (what a trainer calls after each update when it rolls out here: lopd_core/rollout/served.py `sync_weights`);
 without a folder it reloads the registry's champion.
 
+A server started on a store goes on with the conversations it holds: its session table and feedback targets are
+rebuilt from the store's records (resume.py).
+
 Extensions beside OpenAI's fields (as vLLM adds its own): a response carries `lopd: {session, trajectory_id,
 model_version}`, and a session is named by the `X-Session-Id` header or `user`.
 """
@@ -30,6 +33,7 @@ from lopd_serve.completions import add_completions
 from lopd_serve.config import ServeConfig
 from lopd_serve.models import ModelHolder, Unservable
 from lopd_serve.protocol import ApiError, Feedback, Reload, error_response
+from lopd_serve.resume import resume_sessions
 from lopd_serve.sessions import Recorded, SessionTable
 
 log = logging.getLogger("lopd.serve")
@@ -117,6 +121,10 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     key = cfg.api_key()
     recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest kept
+    # a restarted server goes on with the conversations its store holds (resume.py)
+    resumed = resume_sessions(store.dir, sessions, recorded)
+    if resumed:
+        log.warning("resumed %d sessions from %s", resumed, store.dir)
 
     # behind a key, the schema pages are not served to whoever asks: they name every route and field
     pages = {} if key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
@@ -225,6 +233,12 @@ def disk_full_error(exc: DiskFull) -> ApiError:
     return ApiError(507, str(exc), "disk_full", kind="server_error")
 
 
+def _where(error: dict) -> str:
+    """A validation error's field as a path (`messages.2.name`), the union branch pydantic tried left out."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    return ".".join(p for p in loc if p not in ("str", "int", "float", "bool") and "[" not in p)
+
+
 def _add_error_handlers(app) -> None:
     """Every error in OpenAI's shape: validation 400, unknown route 404, anything unexpected 500."""
 
@@ -240,7 +254,16 @@ def _add_error_handlers(app) -> None:
             return error_response(
                 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", "invalid_json"
             )
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        unknown = [_where(e) for e in errors if e.get("type") == "extra_forbidden"]
+        if unknown:  # a field the server would ignore is named, never dropped (protocol.Strict)
+            return error_response(
+                400,
+                f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: lopd serve does not "
+                "implement it, and ignoring it would serve something else than asked",
+                "unsupported_field",
+                param=unknown[0],
+            )
+        where = _where(first)
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request", param=where or None)
 
     @app.exception_handler(DiskFull)
@@ -281,8 +304,8 @@ def _add_feedback(app, *, sessions, store, recorded: Recorded, authorized, room)
         if recorded.get(trajectory_id) != fb.session:  # a label must land on a conversation of that session
             raise ApiError(
                 404,
-                f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} served by this process "
-                f"(among its latest {recorded.cap})",
+                f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} in this server's "
+                f"store (among its latest {recorded.cap})",
                 "unknown_trajectory",
                 param="trajectory_id",
             )

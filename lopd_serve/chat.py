@@ -55,17 +55,9 @@ class Turn:
 
 
 def _max_tokens(req: ChatRequest, cfg) -> int:
-    if req.n != 1:
-        raise ApiError(400, "n: only 1 choice per request is supported", "unsupported", param="n")
-    if req.stop:
-        raise ApiError(
-            400,
-            "stop: stop sequences are not supported (a turn ends at the model's end token)",
-            "unsupported",
-            param="stop",
-        )
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise ApiError(400, "response_format: only text is supported", "unsupported", param="response_format")
+    refused = req.unsupported()
+    if refused is not None:
+        raise ApiError(400, f"{refused[0]}: {refused[1]}", "unsupported", param=refused[0])
     if req.top_logprobs is not None and req.top_logprobs > cfg.max_top_logprobs:
         raise ApiError(
             400,
@@ -163,7 +155,12 @@ async def _record(turn: Turn, out, store, recorded) -> dict:
     req, plan, loaded, session = turn.req, turn.plan, turn.loaded, turn.session
     declared = {t["function"]["name"] for t in turn.parsed.tools}
     message, finish, reply_key = reply(
-        loaded.chat, out.token_ids, stopped=out.stopped, declared=declared, tool_choice=req.tool_choice
+        loaded.chat,
+        out.token_ids,
+        stopped=out.stopped,
+        declared=declared,
+        tool_choice=req.tool_choice,
+        parallel=req.parallel_tool_calls is not False,
     )
     segment = plan.segment
     prompt_length = len(segment) if plan.turn == 0 else 0
@@ -300,8 +297,11 @@ async def _stream(turn: Turn, batcher, store, recorded, request: Request):
         head["lopd"] = body["lopd"]
         choice = body["choices"][0]
         message = choice["message"]
-        if message.get("tool_calls"):
-            yield _chunk(head, {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]})
+        if message.get("tool_calls"):  # every call of the turn, each with its index (OpenAI's parallel calls)
+            delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]}
+            if message.get("content"):
+                delta["content"] = message["content"]
+            yield _chunk(head, delta)
         else:
             content = message["content"]
             # what was streamed is a prefix of the message's text; anything else cannot be taken back
@@ -313,6 +313,9 @@ async def _stream(turn: Turn, batcher, store, recorded, request: Request):
                     logprobs=(None if not req.logprobs else {"content": pending} if live else choice["logprobs"]),
                 )
         yield _chunk(head, {}, choice["finish_reason"])
+        if req.stream_options is not None and req.stream_options.include_usage:  # OpenAI's last chunk: no choices
+            usage = {**head, "object": "chat.completion.chunk", "choices": [], "usage": body["usage"]}
+            yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if job is not None and not job.done():  # the client went away: its row leaves the batch (batching.py)

@@ -56,8 +56,15 @@ def _check(req: CompletionRequest, cfg, loaded, ids: list[int]) -> int:
                 "too_many_logprobs",
                 param=name,
             )
-    if req.n != 1:
+    if req.n not in (None, 1):
         raise ApiError(400, "n: only 1 choice per request is supported", "unsupported", param="n")
+    if req.include_stop_str_in_output is False:
+        raise ApiError(
+            400,
+            "include_stop_str_in_output: the end-of-turn token is always returned when sampled (leave it out)",
+            "unsupported",
+            param="include_stop_str_in_output",
+        )
     if req.stop:
         raise ApiError(
             400,

@@ -93,16 +93,6 @@ class CurveProbe:
         self.points = {int(p["step"]): p for p in json.loads(path.read_text())} if path.exists() else {}
         self.seconds = 0.0
 
-    @classmethod
-    def started(cls, p: Params, steps: int, spent: int, points: int, n: int, path: Path, log) -> CurveProbe:
-        """A probe at `points` evenly spaced steps of `steps`, the starting policy recorded (step 0) first."""
-        probe = cls(p, sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)}), n, path, log)
-        if 0 not in probe.points:  # the starting policy: the student before its first step
-            model, tokenizer = load_policy(p.model)
-            probe.record(0, spent, model, tokenizer)
-            del model
-        return probe
-
     def __call__(self, distiller, result) -> None:
         if distiller.state.step in self.marks:
             self.record(distiller.state.step, distiller.state.rollouts, distiller.student, distiller.tokenizer)
@@ -139,61 +129,44 @@ def run_method(
     that many train-split tasks only."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    p, steps, spent = method_params(params, method, out, budget, bank_rollouts, bank_dir, index_dir, phi0)
-    probe = CurveProbe.started(p, steps, spent, curve_points, curve_n, out / "curve.json", log)
+    steps, spent = plan_steps(params, method, budget, bank_rollouts)
+    p = run_params(params, method, out, steps, phi0=phi0, bank_dir=bank_dir, index_dir=index_dir)
+    marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
+    probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)
+    if 0 not in probe.points:  # the starting policy: the student before its first step
+        model, tokenizer = load_policy(p.model)
+        probe.record(0, spent, model, tokenizer)
+        del model
     eval_s, probe.seconds = probe.seconds, 0.0
     started = time.perf_counter()
     trained = run_lopd(p, resume=True, initial_rollouts=spent, on_step=probe, log=log)
     train_s = time.perf_counter() - started - probe.seconds
     eval_s += probe.seconds
+
     started = time.perf_counter()
     results = final_evaluation(p, trained["student"], out / "eval.json", eval_n, validation_n, log)
     eval_s += time.perf_counter() - started
-    envs = [e for e in p.envs.mix if e in results]
-    summary = {
-        "method": method,
-        "world": p.envs.deploy_worlds[0],
-        "seed": p.seed,
-        "lr": p.lopd.lr_student,
-        "budget": budget,
-        "steps": steps,
-        "bank_rollouts": spent,
-        "rollouts": trained["rollouts"],
-        "train_seconds": round(train_s, 2),
-        "eval_seconds": round(eval_s, 2),
-        "final_beta": trained["beta"],
-        "margin": trained["margin"],
-        "csv": str(out / "distill.csv"),
-        "eval": str(out / "eval.json"),
-        "student": trained["student"],
-        "envs": envs,
-        "bank": {k: trained[f"bank_{k}"] for k in ("rows", "added", "refreshes", "dir")},
-        "curve": probe.curve(),
-        # the mix's environments pooled (one environment: its own cells); per environment under by_env
-        "final": _final(pool_envs(results, envs)),
-        "by_env": {env: _final(results[env]) for env in envs},
-    }
+    timing = {"train_seconds": round(train_s, 2), "eval_seconds": round(eval_s, 2)}
+    summary = run_summary(p, budget, steps, spent, trained, results, probe.curve(), timing)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def method_params(
-    params: Params, method: str, out: Path, budget: int, bank_rollouts: int, bank_dir, index_dir, phi0
-) -> tuple[Params, int, int]:
-    """The run's params (the method, its steps to the budget, its own folder, φ0 and the seed bank), its
-    training steps and the rollouts already spent."""
+def run_params(
+    params: Params, method: str, out: Path, steps: int, *, phi0: str | None, bank_dir: str | None, index_dir: str | None
+) -> Params:
+    """The distill stage's params for one run: the method, its steps, its own folder, φ0 and the seed bank."""
     p = copy.deepcopy(params)
-    steps, spent = plan_steps(p, method, budget, bank_rollouts)
     p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
     # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
     p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
     if bank_dir:
         p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
-    return p, steps, spent
+    return p
 
 
-def final_evaluation(p: Params, student: str, path: Path, eval_n: int, validation_n: int, log) -> dict:
-    """The exported student evaluated, written to `path`: the cycle's evaluation, or for a tuning run
+def final_evaluation(p: Params, student: str, path: Path, eval_n: int, validation_n: int, log=print) -> dict:
+    """The exported student's evaluation, written to `path`: the cycle's (final_eval_params), or for a tuning run
     (`validation_n` > 0) validation tasks of the train split, never the evaluate stage's test splits."""
     if validation_n:
         model, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=student))
@@ -204,6 +177,41 @@ def final_evaluation(p: Params, student: str, path: Path, eval_n: int, validatio
     final = final_eval_params(p, eval_n)
     final.model = dataclasses.replace(p.model, name_or_path=student)
     return run_evaluate(final, path, log=log)
+
+
+def run_summary(
+    p: Params, budget: int, steps: int, spent: int, trained: dict, results: dict, curve: list[dict], timing: dict
+) -> dict:
+    """The numbers of one run, as summary.json keeps them and the report reads them."""
+    out = Path(p.lopd.out_dir)
+    envs = [e for e in p.envs.mix if e in results]
+    return {
+        "method": p.lopd.method,
+        "world": p.envs.deploy_worlds[0],
+        "seed": p.seed,
+        "lr": p.lopd.lr_student,
+        "budget": budget,
+        "steps": steps,
+        "bank_rollouts": spent,
+        "rollouts": trained["rollouts"],
+        **timing,
+        "final_beta": trained["beta"],
+        "margin": trained["margin"],
+        "csv": str(out / "distill.csv"),
+        "eval": str(out / "eval.json"),
+        "student": trained["student"],
+        "envs": envs,
+        "bank": {
+            "rows": trained["bank_rows"],
+            "added": trained["bank_added"],
+            "refreshes": trained["bank_refreshes"],
+            "dir": trained["bank_dir"],
+        },
+        "curve": curve,
+        # the mix's environments pooled (one environment: its own cells); per environment under by_env
+        "final": _final(pool_envs(results, envs)),
+        "by_env": {env: _final(results[env]) for env in envs},
+    }
 
 
 def pool_envs(results: dict, envs) -> dict:
