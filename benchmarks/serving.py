@@ -104,7 +104,7 @@ def one_round(client, health, server_pid, loaded, messages, context, level, per_
     latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
     after = httpx.get(health).json()["engine"]
     server_cpu, client_cpu = process_cpu_s(server_pid) - server_cpu, time.process_time() - client_cpu
-    engine_tokens, t0 = 0, time.perf_counter()
+    engine_tokens, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
         turns = generate_turn(
             loaded.model,
@@ -115,7 +115,7 @@ def one_round(client, health, server_pid, loaded, messages, context, level, per_
             generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
         )
         engine_tokens += sum(len(ids) for ids, _ in turns)
-    engine_s = time.perf_counter() - t0
+    engine_s, engine_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     busy = after["busy_s"] - before["busy_s"]
     return {
         "requests": len(latencies),
@@ -130,6 +130,8 @@ def one_round(client, health, server_pid, loaded, messages, context, level, per_
         # and the clients' CPU
         "engine_busy_fraction": round(busy / server_s, 3),
         "engine_cpu_over_busy": round((after["cpu_s"] - before["cpu_s"]) / max(busy, 1e-9), 3),
+        # the same for the engine run here: a shared machine gives the two sides different shares of a core
+        "reference_cpu_over_wall": round(engine_cpu / engine_s, 3),
         "server_cpu_s": round(server_cpu, 2),
         "client_cpu_s": round(client_cpu, 2),
         "server_s": round(server_s, 2),

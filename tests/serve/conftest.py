@@ -51,14 +51,14 @@ class LiveServer:
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300  # an engine process imports torch before the server answers
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.root + "/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)
-        raise RuntimeError("the server did not come up within 30 s")
+        raise RuntimeError("the server did not come up within 300 s")
 
     def __exit__(self, *exc):
         self.server.should_exit = True
