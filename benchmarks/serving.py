@@ -129,6 +129,9 @@ def one_round(client, health, server_pid, loaded, messages, context, level, per_
         # waited for the interpreter lock or for a core), the server process's CPU (the engine process's aside)
         # and the clients' CPU
         "engine_busy_fraction": round(busy / server_s, 3),
+        # rows in the decoder's batch, on average over its steps (of `level`: a request being answered, sent
+        # again and rendered is not in it)
+        "rows_per_step": round((after["tokens"] - before["tokens"]) / max(after["steps"] - before["steps"], 1), 2),
         "engine_cpu_over_busy": round((after["cpu_s"] - before["cpu_s"]) / max(busy, 1e-9), 3),
         # the same for the engine run here: a shared machine gives the two sides different shares of a core
         "reference_cpu_over_wall": round(engine_cpu / engine_s, 3),

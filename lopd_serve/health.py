@@ -24,7 +24,9 @@ async def health(request: Request, holder: Holder, sessions: Sessions, decoder: 
         sessions=len(sessions.sessions),
         batches=decoder.batches,
         batched_requests=decoder.rows,
-        engine=EngineStatus(busy_s=round(decoder.busy_s, 3), cpu_s=round(decoder.cpu_s, 3)),
+        engine=EngineStatus(
+            busy_s=round(decoder.busy_s, 3), cpu_s=round(decoder.cpu_s, 3), steps=decoder.batches, tokens=decoder.tokens
+        ),
         store=StoreStatus(dir=str(store.dir), bytes=store.total_bytes, max_bytes=store.max_bytes),
     )
 

@@ -163,6 +163,8 @@ class StoreStatus(BaseModel):
 class EngineStatus(BaseModel):
     busy_s: float  # wall time the decoder spent decoding or scoring
     cpu_s: float  # its CPU time meanwhile
+    steps: int  # decoding steps (one forward each over the rows present)
+    tokens: int  # tokens kept for requests
 
 
 class Health(BaseModel):
