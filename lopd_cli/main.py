@@ -80,7 +80,7 @@ def cmd_fit(params: Params, args) -> int:
     if summary["fitted"]:
         _log(
             f"fit done on {summary['targets']} deployment-world trajectories: kl {summary['first']['kl']:.3f} -> "
-            f"{summary['last']['kl']:.3f}; φ at {summary['out']}"
+            f"{summary['last']['kl']:.3f} ({summary['seconds_per_step']:.2f} s a step); φ at {summary['out']}"
         )
     else:
         _log(f"fit: φ unchanged from {summary['start']}, written to {summary['out']}")

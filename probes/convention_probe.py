@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.composer import ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.distill.composer import ExperienceEncoder, compose_latents
 from lopd_core.distill.models import TeacherView
 from lopd_core.distill.teacher import Framing, embed_row, splice_position
 from lopd_core.distill.trainer import load_composer
@@ -70,9 +70,7 @@ class LatentReader:
     def __init__(self, model, tokenizer, composer_path: str, params_file: str):
         params = load_params(params_file)
         self.framing = Framing.from_tokenizer(tokenizer)
-        self.composer = load_composer(
-            composer_path, model.config.hidden_size, params.composer, mean_embedding_norm(model)
-        ).eval()
+        self.composer = load_composer(composer_path, model, params.composer).eval()
         self.encoder = ExperienceEncoder(
             TeacherView(model), tokenizer, max_tokens=params.composer.max_experience_tokens
         )

@@ -41,7 +41,6 @@ from dataclasses import replace
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
 from lopd_core.distill import losses as L
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.trainer import Distiller, load_composer
 from lopd_core.drivers.distill import method_retriever, new_composer, open_bank
 from lopd_core.envs.mix import mixed_tasks
@@ -63,10 +62,7 @@ def teacher_gaps(params, method: str, tasks, trajs, log) -> tuple[list[float], l
     spec = method_spec(method, p.baselines)
     torch.manual_seed(p.seed)
     model, tokenizer = load_policy(p.model)
-    if spec.needs_composer:
-        composer = load_composer(p.coldstart.out, model.config.hidden_size, p.composer, mean_embedding_norm(model))
-    else:
-        composer = new_composer(p, model)
+    composer = load_composer(p.coldstart.out, model, p.composer) if spec.needs_composer else new_composer(p, model)
     bank = open_bank(p) if spec.uses_bank else None
     try:
         d = Distiller(p, model, tokenizer, method_retriever(spec, bank, p), composer=composer, log=log)

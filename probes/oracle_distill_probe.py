@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.trainer import Distiller, load_composer
 from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs import make_tasks
@@ -84,9 +83,7 @@ def main() -> None:
     codec = ChatCodec(tokenizer)
     evaluation = make_tasks("toolworld", "test_id", args.eval_tasks, params.seed + EVAL_SEED_OFFSET)
     before = held_out(model, codec, evaluation)
-    composer = load_composer(
-        params.coldstart.out, model.config.hidden_size, params.composer, mean_embedding_norm(model)
-    )
+    composer = load_composer(params.coldstart.out, model, params.composer)
     retriever = make_retriever(open_bank(params), params.bank.retrieval)
     distiller = Distiller(params, model, tokenizer, retriever, composer=composer, log=lambda *_: None)
     train = mixed_tasks(params.envs.mix, "train", args.steps * args.tasks_per_step, params.seed + 99)

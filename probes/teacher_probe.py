@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
 from lopd_core.distill.trainer import load_composer
 from lopd_core.drivers.distill import make_retriever, open_bank
@@ -52,6 +51,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="held-out test_id tasks")
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--composer", nargs="*", default=[], help="trained composers (a run's composer.pt)")
+    parser.add_argument(
+        "--conditions",
+        nargs="*",
+        default=["base", "text", "phi0"],
+        choices=["base", "text", "phi0"],
+        help="the reference conditions played beside --composer's (phi0: coldstart.out's latents)",
+    )
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
     params = load_params(args.params, args.overrides)
@@ -63,8 +69,7 @@ def main() -> None:
     with open_bank(params) as bank:
         retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
         texts = make_retriever(bank, retrieval)(tasks)
-    norm = mean_embedding_norm(model)
-    composers = {"latents_phi0": params.coldstart.out}
+    composers = {"latents_phi0": params.coldstart.out} if "phi0" in args.conditions else {}
     composers.update({f"latents_{Path(p).parent.name or Path(p).stem}": p for p in args.composer})
     for name, path in composers.items():
         if not Path(path).exists():
@@ -73,9 +78,10 @@ def main() -> None:
         name: task_latents(
             model,
             tokenizer,
-            load_composer(path, model.config.hidden_size, params.composer, norm),
+            load_composer(path, model, params.composer),
             texts,
             max_tokens=params.composer.max_experience_tokens,
+            queries=[t.instruction for t in tasks],
         )
         for name, path in composers.items()
     }
@@ -100,7 +106,7 @@ def main() -> None:
             max_new_tokens=ro.max_new_tokens,
             max_context=ro.max_context,
         )
-        for condition in ["base", "text", *latents]:
+        for condition in [c for c in ("base", "text") if c in args.conditions] + list(latents):
             started = time.perf_counter()
             summary = summarize(play(condition, sampling))
             summary["seconds"] = round(time.perf_counter() - started, 1)

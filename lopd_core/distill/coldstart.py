@@ -156,7 +156,7 @@ def _coldstart_step(
     base = reader.base
     ids, masks = [t.token_ids for t in batch], [t.action_mask for t in batch]
     experiences = retriever([t.task for t in batch])
-    latents = compose_latents(composer, reader.encoder, experiences)
+    latents = compose_latents(composer, reader.encoder, experiences, [t.task.instruction for t in batch])
     lat_batch = build_batch(base, ids, masks, latents, reader.framing)
     lat_logits = action_logits(base, lat_batch)  # (N, V), graph to φ
     n_tokens = max(D.global_sum([lat_batch.action_ids.numel()])[0], 1)  # the whole batch's, over ranks

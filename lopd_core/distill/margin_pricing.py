@@ -55,7 +55,9 @@ def seed_gap(d: Distiller, rows: list[MG.PricingTrajectory], retriever: Retrieve
     total, n = 0.0, 0
     if part:
         experiences = retriever([r.task for r in part])
-        latents = [x.to(d.composer.queries.device) for x in d.anchor_latents(experiences)]  # φ0's, cached
+        queries = d.queries_of([r.task for r in part])
+        latents = [x.to(d.composer.queries.device) for x in d.anchor_latents(experiences, queries)]  # φ0's, cached
+        keys = [(queries[i] if queries else "", *experiences[i]) for i in range(len(part))]  # equal keys: equal latents
         ids, masks = [r.token_ids for r in part], [r.action_mask for r in part]
         with torch.no_grad():
             for chunk in micro_batches([len(i) for i in ids], d.cfg.micro_batch):
@@ -64,7 +66,7 @@ def seed_gap(d: Distiller, rows: list[MG.PricingTrajectory], retriever: Retrieve
                     [ids[i] for i in chunk],
                     [masks[i] for i in chunk],
                     [latents[i] for i in chunk],
-                    [tuple(experiences[i]) for i in chunk],
+                    [keys[i] for i in chunk],
                 )
                 total += float((sums / counts.clamp(min=1))[counts > 0].sum())
                 n += int((counts > 0).sum())

@@ -76,7 +76,8 @@ def reference_update(d: Distiller, tasks: list[Task], trajs: list) -> DashboardR
         gaps.index_add_(0, rows.cpu(), terms.gap.detach().double().cpu())
     flat = torch.cat(latents) if latents else torch.zeros((0, d.composer.proj_out.out_features), device=device)
     if trains_phi:
-        anchor = L.anchor_loss(flat, torch.cat(d.anchor_latents(experiences)).to(device))
+        queries = d.queries_of([tasks[i // cfg.samples_per_task] for i in range(len(experiences))])
+        anchor = L.anchor_loss(flat, torch.cat(d.anchor_latents(experiences, queries)).to(device))
     kl_text = torch.zeros((), device=device)  # the reading term (reading.py): φ reads the bank as the text does
     if trains_phi and cfg.text_kl_weight:
         picked = reading_rows(len(ids), cfg.samples_per_task, cfg.text_kl_rows)
@@ -142,7 +143,8 @@ def teacher_inputs(d: Distiller, tasks: list[Task], trajs: list):
     per_task = d.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
     experiences = [per_task[i // group] for i in range(len(trajs))]
     texts = B.text_contexts(spec, tasks, trajs, per_task, group)
-    latents = compose_latents(d.composer, d.encoder, experiences) if spec.needs_composer else None
+    queries = d.queries_of([tasks[i // group] for i in range(len(trajs))])
+    latents = compose_latents(d.composer, d.encoder, experiences, queries) if spec.needs_composer else None
     signal = None if spec.teacher.context != "sibling" else torch.tensor([t is not None for t in texts], device=device)
     return experiences, latents, texts, signal
 

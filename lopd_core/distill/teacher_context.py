@@ -2,8 +2,9 @@
 
 LOPD's teacher reads composer latents c_φ of the retrieved experiences; the baselines' teachers read text (the
 same experiences, the oracle's solution, a successful sibling, a skill) or nothing, in the same slot
-(methods.py). Latents are composed once per distinct experience text: the G samples of a task (and tasks
-sharing a bank row) read the same texts, and the resampler treats each experience independently. The chunks'
+(methods.py). Latents are composed once per distinct experience text (per task and text, for a composer that
+reads the task in front: composer.py): the G samples of a task (and tasks sharing a bank row) read the same
+texts, and the resampler treats each experience independently. The chunks'
 teacher backward stops at a detached leaf (`TeacherContext.latents`); its accumulated gradient is pushed through
 the resampler once, after the last chunk (update.py, `step_composer`).
 """
@@ -32,6 +33,7 @@ class TeacherContext:
     latents: torch.Tensor | None  # (U, K, D) detached leaf, one row per distinct experience: grads gather here
     slots: list[list[int]]  # per trajectory, the rows of `latents` it reads (J each; none without experience)
     texts: list[str]  # the distinct experience texts, in `latents` order
+    queries: list[str] | None  # what φ read in front of each (its task's instruction), or None (composer.py)
     text_context: list[str | None] | None  # per trajectory, the text a baseline's teacher reads instead
     signal: torch.Tensor | None  # (B,) 0 where the teacher has no context and so no signal (SDPO), else None
     n_signal: int  # action tokens of the trajectories with signal, every rank's: the student loss's denominator
@@ -53,13 +55,16 @@ def teacher_context(d: Distiller, tasks: list[Task], trajs: list, batch: S.Rollo
         has = torch.tensor([c is not None for c in text_context])
         signal = has.float().to(device)
         n_signal = max(int(D.global_sum([int(batch.token_counts[has].sum())])[0]), 1)
-    texts = list(dict.fromkeys(t for ex in experiences for t in ex))
-    slot = {t: i for i, t in enumerate(texts)}
-    context = TeacherContext(
-        None, [[slot[t] for t in ex] for ex in experiences], texts, text_context, signal, n_signal, None, None
-    )
+    # one latent row per distinct (query, experience): with a query-conditioned φ, per task and experience
+    asked = d.queries_of([tasks[i // group] for i in range(len(trajs))]) or [""] * len(trajs)
+    units = list(dict.fromkeys((asked[i], t) for i, ex in enumerate(experiences) for t in ex))
+    slot = {u: i for i, u in enumerate(units)}
+    texts = [t for _, t in units]
+    queries = [q for q, _ in units] if d.composer.reads_query else None
+    slots = [[slot[(asked[i], t)] for t in ex] for i, ex in enumerate(experiences)]
+    context = TeacherContext(None, slots, texts, queries, text_context, signal, n_signal, None, None)
     if texts:
-        states, state_mask = d.encoder.encode(texts)
+        states, state_mask = d.encoder.encode(texts, queries, lora=d.composer.encoder_lora)
         context.encoded = (states.to(device), state_mask.to(device))
         if d.low_memory or not spec.composer.trainable:  # graph rebuilt at the end (or never: φ = φ0)
             with torch.no_grad():

@@ -46,7 +46,14 @@ def teacher_in_play(
         if key not in cache:
             plain = shard_requests(params, shard)
             texts = retrieve([r.task for r in plain])
-            latents = task_latents(model, tokenizer, composer, texts, max_tokens=params.composer.max_experience_tokens)
+            latents = task_latents(
+                model,
+                tokenizer,
+                composer,
+                texts,
+                max_tokens=params.composer.max_experience_tokens,
+                queries=[r.task.instruction for r in plain],
+            )
             with_text = [RolloutRequest(r.task, experiences=tuple(x)) for r, x in zip(plain, texts)]
             cache[key] = plain, with_text, latents
         plain, with_text, latents = cache[key]

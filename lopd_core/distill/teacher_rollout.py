@@ -21,11 +21,18 @@ from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollo
 
 @torch.no_grad()
 def task_latents(
-    model, tokenizer, composer: Composer, experiences: list[list[str]], *, max_tokens: int
+    model,
+    tokenizer,
+    composer: Composer,
+    experiences: list[list[str]],
+    *,
+    max_tokens: int,
+    queries: list[str] | None = None,
 ) -> list[Tensor]:
-    """(J·K, D) latents per task from its experience texts, read by `model` (the frozen base) and `composer`."""
+    """(J·K, D) latents per task from its experience texts, read by `model` (the frozen base) and `composer`;
+    `queries`: the tasks' instructions, for a composer that reads them (composer.query_conditioned)."""
     encoder = ExperienceEncoder(TeacherView(model), tokenizer, max_tokens=max_tokens)
-    return compose_latents(composer.eval(), encoder, experiences)
+    return compose_latents(composer.eval(), encoder, experiences, queries)
 
 
 def latent_rollout(

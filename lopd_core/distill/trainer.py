@@ -39,6 +39,7 @@ from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import checkpoints as C
+from lopd_core.distill import composer as CP
 from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing as P
@@ -80,17 +81,12 @@ from lopd_core.rollout.engine import RolloutRequest, Sampling, ServedBackend, ro
 Retriever = Callable[[list[Task]], list[list[str]]]  # tasks -> experience texts per task
 
 
-def load_composer(path: str | Path, lm_width: int, cfg, embedding_norm: float) -> Composer:
-    composer = Composer(
-        lm_width,
-        num_queries=cfg.num_queries,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        embedding_norm=embedding_norm,
-    )
+def load_composer(path: str | Path, model, cfg) -> Composer:
+    """φ of the composer section (`cfg`) for `model`, loaded from `path`; a fresh one when there is no file (a
+    method whose teacher reads no latents still owns a composer, unused)."""
+    composer = CP.build_composer(cfg, model)
     if path and Path(path).exists():
-        composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        CP.load_weights(composer, path)
     return composer
 
 
@@ -189,9 +185,11 @@ class Distiller:
             self.teacher, self.tokenizer, max_tokens=self.params.composer.max_experience_tokens
         )
         self.composer = composer.train().requires_grad_(self.method.composer.trainable)
+        if composer.encoder_lora is not None:  # fixed here: the encoder's states are cached (encoder_lora.py)
+            composer.encoder_lora.requires_grad_(False)
         self.ema_lm = B.ema_copy(self.student) if self.method.teacher.weights == "ema" else None
         self.anchor_composer = copy.deepcopy(composer).eval().requires_grad_(False)  # φ0, fixed
-        self._anchor_cache: dict[str, torch.Tensor] = {}  # experience text -> φ0's (K, D) latents
+        self._anchor_cache: dict[tuple[str, str], torch.Tensor] = {}  # (query, experience) -> φ0's (K, D) latents
         self.embedding_norm = mean_embedding_norm(self.student)
         self.sharding = self._shard()  # before the optimizer: it must hold the sharded parameters
         self.opt_theta = torch.optim.AdamW(
@@ -355,18 +353,32 @@ class Distiller:
             [len(i) for i in ids], self.cfg.micro_batch, chunk_group(self.cfg.samples_per_task, self.cfg.share_prompt)
         )
 
-    def anchor_latents(self, experiences: list[list[str]]) -> list[torch.Tensor]:
-        """c_φ0 per task, from φ0's latents cached per experience text (φ0 never changes in a run)."""
-        missing = list(dict.fromkeys(t for texts in experiences for t in texts if t not in self._anchor_cache))
+    def queries_of(self, tasks: list[Task]) -> list[str] | None:
+        """What φ reads in front of each task's experiences: its instruction for a query-conditioned composer,
+        else None (composer.py)."""
+        return [t.instruction for t in tasks] if self.composer.reads_query else None
+
+    def anchor_latents(self, experiences: list[list[str]], queries: list[str] | None = None) -> list[torch.Tensor]:
+        """c_φ0 per task, from φ0's latents cached per experience (and query: `queries_of`; φ0 never changes in a
+        run)."""
+        units = [(q, t) for q, texts in zip(queries or [""] * len(experiences), experiences) for t in texts]
+        missing = list(dict.fromkeys(u for u in units if u not in self._anchor_cache))
         if missing:
             with torch.no_grad():
-                fresh = compose_latents(self.anchor_composer, self.encoder, [[t] for t in missing])
+                fresh = compose_latents(
+                    self.anchor_composer,
+                    self.encoder,
+                    [[t] for _, t in missing],
+                    None if queries is None else [q for q, _ in missing],
+                )
             self._anchor_cache.update(zip(missing, fresh))
         width = self.composer.proj_out.out_features
-        return [
-            torch.cat([self._anchor_cache[t] for t in texts]) if texts else torch.zeros((0, width))
-            for texts in experiences
-        ]
+        out, start = [], 0
+        for texts in experiences:
+            rows = [self._anchor_cache[u] for u in units[start : start + len(texts)]]
+            out.append(torch.cat(rows) if rows else torch.zeros((0, width)))
+            start += len(texts)
+        return out
 
     def clear_anchor_cache(self) -> None:
         """φ0's latents are of the teacher base's encodings: dropped when a refresh replaces the base."""

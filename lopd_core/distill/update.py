@@ -296,7 +296,7 @@ def composer_anchor_backward(d: Distiller, context: TeacherContext, beta: float)
     # low memory: the same forward again (φ unchanged, deterministic), now with a graph
     composed = context.composed if context.composed is not None else d.composer(*context.encoded)
     flat = composed[order].reshape(-1, width)
-    anchor_u = d.anchor_latents([[t] for t in context.texts])  # φ0's (K, D) per distinct text
+    anchor_u = d.anchor_latents([[t] for t in context.texts], context.queries)  # φ0's (K, D) per distinct row
     anchor_target = torch.stack(anchor_u)[order].reshape(-1, width).to(flat.device)
     anchor = anchor_share * L.anchor_loss(flat, anchor_target)
     zero = torch.zeros((), device=flat.device)

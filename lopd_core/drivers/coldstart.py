@@ -11,7 +11,7 @@ from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.distill.coldstart import train_coldstart
 from lopd_core.distill.coldstart_data import pretraining_retriever, pretraining_successes
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer import Composer, build_composer, load_weights
 from lopd_core.errors import StateError
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy
@@ -19,27 +19,19 @@ from lopd_core.outputs import atomic_write
 
 
 def new_composer(params: Params, model) -> Composer:
-    c = params.composer
-    return Composer(
-        model.config.hidden_size,
-        num_queries=c.num_queries,
-        hidden_size=c.hidden_size,
-        num_layers=c.num_layers,
-        num_heads=c.num_heads,
-        embedding_norm=mean_embedding_norm(model),
-    )
+    """A fresh φ of the composer section's shape for `model`."""
+    return build_composer(params.composer, model)
 
 
-def load_phi(params: Params, model, path: str | Path) -> Composer:
+def load_phi(params: Params, model, path: str | Path, *, refit: bool = False) -> Composer:
     """The composer saved at `path` (`lopd coldstart`, `lopd fit`), built to the `composer` section for `model`; a
-    file that is no such composer is one line naming it, not a traceback."""
+    file that is no such composer is one line naming it, not a traceback. `refit`: the start of `lopd fit`, which
+    may read another way than it was fitted (composer.load_weights)."""
     import pickle
-
-    import torch
 
     composer = new_composer(params, model)
     try:
-        composer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        load_weights(composer, path, refit=refit)
     except (RuntimeError, ValueError, EOFError, IsADirectoryError, pickle.UnpicklingError) as exc:
         # (torch's unpickling message suggests loading untrusted files unsafely: never repeated here)
         unpickled = isinstance(exc, pickle.UnpicklingError) or not str(exc).strip()

@@ -20,7 +20,6 @@ from lopd_core.config import Params
 from lopd_core.distill import baselines as B
 from lopd_core.distill import margin as MG
 from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
-from lopd_core.distill.composer import mean_embedding_norm
 from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
 from lopd_core.distill.trainer import Distiller, check_top_k, export, load_composer, run_distill
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank, seed_bank  # noqa: F401  (re-exported)
@@ -122,7 +121,7 @@ def run_lopd(
         fix = "lopd fit" if params.coldstart.fit_steps else "lopd coldstart"
         raise FileNotFoundError(f"no composer at {start}: run `{fix}` first (the composer distillation starts from)")
     # a method whose teacher reads no latents still owns a composer (unused): φ when there is one, else fresh
-    composer = load_composer(start, model.config.hidden_size, params.composer, mean_embedding_norm(model))
+    composer = load_composer(start, model, params.composer)
     seed_sampled = seed_rollouts(params) if initial_rollouts is None else initial_rollouts
     priced = M.resolve_method(params.lopd, params.baselines).composer.margin is None  # `lopd.margin: auto`
     pricing_rows = seed_successes(params) if priced and spec.needs_composer else []  # (the input bank's seeds)

@@ -37,7 +37,7 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
     file_target(cs.fit_out)  # a folder or device named as the output is refused before minutes of fitting
     torch.manual_seed(params.seed)
     model, tokenizer = load_policy(params.model)
-    composer = load_phi(params, model, start)
+    composer = load_phi(params, model, start, refit=True)
     targets = seed_targets(read_trajectories(seed_path))
     summary = {"start": str(start), "out": cs.fit_out, "seed_targets": len(targets), "online_rollouts": 0}
     others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
@@ -70,7 +70,14 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
             label="fit",
             log=log,
         )
-        summary.update(fitted=True, first=run.rows[0], last=run.rows[-1], skipped_updates=run.skipped_updates)
+        seconds = sum(r["step_seconds"] for r in run.rows) / len(run.rows)
+        summary.update(
+            fitted=True,
+            first=run.rows[0],
+            last=run.rows[-1],
+            skipped_updates=run.skipped_updates,
+            seconds_per_step=round(seconds, 4),
+        )
     with atomic_write(Path(cs.fit_out)) as f:
         torch.save(composer.state_dict(), f)
     return summary

@@ -139,6 +139,16 @@ class ComposerConfig(Section):
     max_experience_tokens: int = setting(
         256, help="an experience is cut to this many tokens before encoding", check=positive()
     )
+    # Two of the official composer's choices, measured as options (docs/composer.md).
+    query_conditioned: bool = setting(
+        False, help="encode each experience with the current task's instruction in front of it (the official code's)"
+    )
+    encoder_lora_rank: int = setting(
+        0,
+        help="rank of a LoRA of the base that φ's encoder reads with, fitted with φ, fixed during distillation "
+        "(the official code's: 8); 0: the frozen base's states",
+        check=non_negative(),
+    )
 
 
 @dataclass(frozen=True)
