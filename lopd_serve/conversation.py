@@ -90,8 +90,15 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
         tools,
         [message_key("system", system, None), message_key("user", messages[i].text(), None)],
     )
+    _add_rest(parsed, messages, i + 1, declared)
+    return parsed
+
+
+def _add_rest(parsed: Parsed, messages: list[Message], first: int, declared: set[str]) -> None:
+    """The messages after the first user message, checked in order (roles alternate; a tool message follows an
+    assistant one; a call names a declared tool) and added to `parsed` with their keys."""
     previous = "user"
-    for n, m in enumerate(messages[i + 1 :], start=i + 1):
+    for n, m in enumerate(messages[first:], start=first):
         call = None
         if m.role in ("system", "developer"):
             raise ApiError(400, f"messages[{n}]: a system message only comes first", "invalid_messages")
@@ -124,7 +131,6 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
         parsed.keys.append(message_key(m.role, m.text(), call))
     if previous != "user":
         raise ApiError(400, "messages: the last message must be a user or tool message", "invalid_messages")
-    return parsed
 
 
 def followup_ids(chat, role: str, text: str) -> list[int]:
