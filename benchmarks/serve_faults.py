@@ -12,6 +12,8 @@
     every recorded turn must name the version its response named; a trajectory never mixes versions (a session
     continued across the swap starts a new trajectory, origin `model_changed`).
 
+(c) a full disk mid-load on a real small filesystem, then space freed: benchmarks/serve_disk_full.py.
+
 Seeded (tasks, prompts and every request's sampling seed); what a run cannot fix is where the kill and the swap
 land in the load, so the counts move between runs while the targets (0 lost, 0 failed, 0 mislabeled) do not.
 

@@ -61,11 +61,11 @@ from dataclasses import replace
 import lopd_core  # noqa: F401
 from lopd_core.config import load_params
 from lopd_core.distill import losses as L
-from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.distill.models import make_student_and_teacher
 from lopd_core.distill.step import chunk_group, micro_batches
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.trainer import Distiller
+from lopd_core.drivers.coldstart import new_composer
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
@@ -140,15 +140,7 @@ def distiller(model, tokenizer, mode: str, experiences, samples: int, params) ->
     """A Distiller of `params` (its lopd.low_memory decides the order) on the fixed experiences."""
     params = copy.deepcopy(params)
     params.lopd = replace(params.lopd, student_mode=mode, samples_per_task=samples, steps=1)
-    c = params.composer
-    composer = Composer(
-        model.config.hidden_size,
-        num_queries=c.num_queries,
-        hidden_size=c.hidden_size,
-        num_layers=c.num_layers,
-        num_heads=c.num_heads,
-        embedding_norm=mean_embedding_norm(model),
-    )
+    composer = new_composer(params, model)
     composer.to(next(model.parameters()).device)
     return Distiller(
         params, model, tokenizer, lambda tasks: experiences[: len(tasks)], composer=composer, log=lambda m: None

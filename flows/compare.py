@@ -23,7 +23,6 @@ reused when `lopd compare` runs again with nothing changed.
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import replace
@@ -34,7 +33,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import stage_flows as S
+from lopd_core.compare.plan import pair_params, report_settings, tune_score, tuned_rates
 from lopd_core.config import ConfigError, Params, load_params
+from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.methods import method_spec
 from tasks.caching import (
@@ -47,8 +48,9 @@ from tasks.caching import (
     stage_key,
 )
 from tasks.stage_params import COMPARE_CODE
-from tasks.stage_tasks import log
 from tasks.tracking import NullTracker, Tracker, eval_metrics, git_commit, make_tracker
+
+AnyTracker = Tracker | NullTracker
 
 
 def preset_params(params_file: str, overrides: list[str]) -> tuple[Params, object, list[str]]:
@@ -75,7 +77,7 @@ def compare_run_task(
     curve_n: int,
     eval_n: int,
     validation_n: int,
-    tracker: Tracker | NullTracker,
+    tracker: AnyTracker,
     parent: str | None,
     run_name: str,
     run_tags: dict,
@@ -106,26 +108,21 @@ def compare_run_task(
     return mark_complete(work, summary)
 
 
-def _pair_params(params: Params, world: str, seed: int) -> Params:
-    p = copy.deepcopy(params)
-    p.seed, p.envs = seed, replace(p.envs, deploy_worlds=[world])
-    return p
-
-
 def _job(
     params: Params,
     method: str,
     pair: tuple[str, int],
     lr: float,
     budget: int,
-    base: str,
-    banks: dict,
-    phi0s: dict,
+    inputs: dict,
     preset,
     validation_n: int,
 ) -> dict:
+    """One run to do: its params, its work folder (keyed by the content of all it reads) and the bank and φ it
+    reads, from the replicate's `inputs` (replicate_inputs)."""
     world, seed = pair
-    p = _pair_params(params, world, seed)
+    base, banks, phi0s = inputs["base"], inputs["banks"], inputs["phi0s"]
+    p = pair_params(params, world, seed)
     p.lopd = replace(p.lopd, lr_student=lr, method=method)
     spec = method_spec(method, p.baselines)
     bank = banks.get(pair) if spec.uses_bank else None
@@ -183,7 +180,7 @@ def _run_name(job: dict) -> tuple[str, dict]:
     )
 
 
-def _run_all(jobs: list[dict], preset, tracker: Tracker | NullTracker, parent: str | None) -> list[dict]:
+def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None) -> list[dict]:
     """Map the task over the jobs not finished yet (each opens its child run before its work); a job finished by
     an earlier `lopd compare` gets a child run of its recorded results, tagged cached. Every job's summary, in
     job order."""
@@ -217,7 +214,7 @@ def _run_all(jobs: list[dict], preset, tracker: Tracker | NullTracker, parent: s
     return [json.loads((Path(j["work"]) / DONE).read_text()) for j in jobs]
 
 
-def _log_results(tracker: Tracker | NullTracker, run: str | None, summary: dict) -> None:
+def _log_results(tracker: AnyTracker, run: str | None, summary: dict) -> None:
     """A compare run's numbers into its child run: the distill CSV as step metrics, the held-out curve stepped by
     rollouts, the final evaluation."""
     tracker.log_step_metrics(run, summary["csv"])
@@ -242,12 +239,6 @@ def _log_results(tracker: Tracker | NullTracker, run: str | None, summary: dict)
     tracker.log_artifact(run, summary["eval"])
 
 
-def _tune_score(summary: dict) -> float:
-    """Validation score of a tuning run: mean reward of greedy and sampled (smoother than success)."""
-    cells = summary["final"]["train"]
-    return (cells["greedy"]["reward_mean"] + cells["sampled"]["reward_mean"]) / 2
-
-
 @flow(name="lopd-compare", log_prints=True, validate_parameters=False, task_runner=ThreadPoolTaskRunner(max_workers=1))
 def compare_flow(
     params_file: str = "params.yaml",
@@ -255,6 +246,7 @@ def compare_flow(
     track: bool = True,
     command: str = "lopd compare",
 ) -> dict:
+    """The module docstring's recipe, one named step each, inside the comparison's MLflow parent run."""
     started = time.perf_counter()
     commit = git_commit()  # the code the runs use: taken now, not when the report is written
     params, preset, merged = preset_params(params_file, overrides or [])
@@ -266,100 +258,93 @@ def compare_flow(
     ) as parent:
         tracker.log_params(parent, params.to_dict())
         base = S.base_flow(params)
-        specs = [method_spec(m, params.baselines) for m in preset.methods]
-        tune = len(preset.lr_grid) > 1
         pairs = preset.pairs(params.envs.deploy_worlds)
         tune_pair = (preset.tune_world or params.envs.deploy_worlds[0], preset.tune_seed)
-        banks, phi0s = {}, {}
-        if any(s.uses_bank for s in specs):
-            for pair in pairs + ([tune_pair] if tune else []):
-                p = _pair_params(params, *pair)
-                bank = S.bank_flow(p, base, None, 0, parent_run=parent, tracker=tracker)
-                banks[pair] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
-                if any(s.needs_composer for s in specs):
-                    phi0 = S.coldstart_flow(p, base, bank, parent_run=parent, tracker=tracker)["phi0"]
-                    # φ read into the replicate's world (DESIGN §3); its text-teacher rollouts are charged below
-                    fitted = S.fit_flow(p, base, bank, phi0, parent_run=parent, tracker=tracker)
-                    phi0s[pair] = fitted["phi"]
-                    banks[pair]["fit_sampled"] = fitted["online_rollouts"]
-
-        tuning, best = [], {}
-        if tune:
-            tune_budget = max(1, int(preset.budget * preset.tune_budget_fraction))
-            jobs = [
-                _job(params, m, tune_pair, lr, tune_budget, base, banks, phi0s, preset, preset.tune_n)
-                for m in preset.methods
-                for lr in preset.lr_grid
-            ]
-            for job, summary in zip(jobs, _run_all(jobs, preset, tracker, parent)):
-                tuning.append({"method": job["method"], "lr": summary["lr"], "score": _tune_score(summary)})
-            for m in preset.methods:
-                scored = [t for t in tuning if t["method"] == m]
-                best[m] = max(scored, key=lambda t: (t["score"], -abs(t["lr"] - 3e-4)))["lr"]
-        lr_of = {
-            m: best.get(m, preset.lr_grid[0] if preset.lr_grid else params.lopd.lr_student) for m in preset.methods
-        }
+        tune_pair = tune_pair if len(preset.lr_grid) > 1 else None
+        replicates = pairs + ([tune_pair] if tune_pair else [])
+        inputs = replicate_inputs(params, preset, base, replicates, parent, tracker)
+        tuning = tune(params, preset, tune_pair, inputs, tracker, parent)
+        lr_of = tuned_rates(tuning, preset.methods, preset.lr_grid, params.lopd.lr_student)
         jobs = [
-            _job(params, m, pair, lr_of[m], preset.budget, base, banks, phi0s, preset, 0)
-            for m in preset.methods
-            for pair in pairs
+            _job(params, m, pair, lr_of[m], preset.budget, inputs, preset, 0) for m in preset.methods for pair in pairs
         ]
         runs = _run_all(jobs, preset, tracker, parent)
-
-        from lopd_core.compare.report import write_compare_report
-
         seconds = time.perf_counter() - started
-        bank_note = (
-            f"{next(iter(banks.values()))['sampled']} sampled rollouts per replicate, charged to the methods "
-            f"that read the bank (its own successes only; the composer's cold start read "
-            f"{params.coldstart.oracle_tasks} oracle episodes of the pretraining worlds)"
-            if banks
-            else "not used"
+        settings = report_settings(
+            params,
+            preset,
+            command=command,
+            pairs=pairs,
+            tune_pair=tune_pair,
+            bank_sampled=next(iter(inputs["banks"].values()))["sampled"] if inputs["banks"] else None,
+            base=base,
+            base_hash=content_hash(base)[:12],
+            overrides=merged,
+            seconds=seconds,
+            commit=commit,
         )
-        if banks and params.bank.refresh_every > 0:
-            bank_note += (
-                f"; grown during each run by the student's successes every {params.bank.refresh_every} "
-                "steps, in the run's own copy (the methods that retrieve the nearest, as in the cycle)"
-            )
-        settings = [
-            ("command", f"`{command}`"),
-            ("preset", params.compare.preset),
-            ("methods", ", ".join(preset.methods)),
-            ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),
-            (
-                "rollout budget",
-                (
-                    f"{preset.budget} sampled trajectories per run "
-                    f"({params.lopd.tasks_per_step} tasks × {params.lopd.samples_per_task} "
-                    f"samples per step)"
-                ),
-            ),
-            ("bank", bank_note),
-            (
-                "learning-rate grid (lopd.lr_student)",
-                ", ".join(f"{x:g}" for x in preset.lr_grid)
-                + (
-                    f"; tuned in {tune_pair[0]} on seed {tune_pair[1]} at {preset.tune_budget_fraction:g} "
-                    f"of the budget, "
-                    f"{preset.tune_n} validation tasks"
-                    if tune
-                    else " (one value: no tuning)"
-                ),
-            ),
-            ("base", f"{base} (content {content_hash(base)[:12]})"),
-            ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
-            ("total wall time", f"{seconds / 60:.1f} min"),
-            ("git commit", commit),
-        ]
-        paths = write_compare_report(
-            runs,
-            params.compare.report_dir,
-            title=f"lopd compare ({params.compare.preset})",
-            settings=settings,
-            tuning=tuning,
-        )
-        for path in paths.values():
-            tracker.log_artifact(parent, path, "compare")
+        paths = report(params, runs, settings, tuning, tracker, parent)
         tracker.log_metrics(parent, {"compare.seconds": seconds})
     log(f"compare: {len(runs)} runs in {seconds / 60:.1f} min -> {paths['md']}")
     return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()}, "seconds": seconds}
+
+
+def replicate_inputs(
+    params: Params, preset, base: str, pairs: list[tuple[str, int]], parent: str | None, tracker: AnyTracker
+) -> dict:
+    """Step 2: per replicate, when any method reads the bank, the bank of the agent's own successes in its world,
+    and when any reads latents, φ0 fitted into that bank: {"base", "banks": {pair: bank summary}, "phi0s": {pair:
+    φ path}}, what every run's job reads."""
+    specs = [method_spec(m, params.baselines) for m in preset.methods]
+    banks, phi0s = {}, {}
+    inputs = {"base": base, "banks": banks, "phi0s": phi0s}
+    if not any(s.uses_bank for s in specs):
+        return inputs
+    for pair in pairs:
+        p = pair_params(params, *pair)
+        bank = S.bank_flow(p, base, None, 0, parent_run=parent, tracker=tracker)
+        banks[pair] = {**bank, "sampled": p.bank.seed_tasks * p.bank.samples_per_task}
+        if any(s.needs_composer for s in specs):
+            phi0 = S.coldstart_flow(p, base, bank, parent_run=parent, tracker=tracker)["phi0"]
+            # φ read into the replicate's world (DESIGN §3); its text-teacher rollouts are charged (_job)
+            fitted = S.fit_flow(p, base, bank, phi0, parent_run=parent, tracker=tracker)
+            phi0s[pair] = fitted["phi"]
+            banks[pair]["fit_sampled"] = fitted["online_rollouts"]
+    return inputs
+
+
+def tune(
+    params: Params, preset, tune_pair: tuple[str, int] | None, inputs: dict, tracker: AnyTracker, parent: str | None
+) -> list[dict]:
+    """Step 3: every method on every rate of the grid, on the tuning replicate's validation tasks at a fraction of
+    the budget; one `{"method", "lr", "score"}` per run (none when the grid has one value)."""
+    if tune_pair is None:
+        return []
+    budget = max(1, int(preset.budget * preset.tune_budget_fraction))
+    jobs = [
+        _job(params, m, tune_pair, lr, budget, inputs, preset, preset.tune_n)
+        for m in preset.methods
+        for lr in preset.lr_grid
+    ]
+    return [
+        {"method": job["method"], "lr": summary["lr"], "score": tune_score(summary)}
+        for job, summary in zip(jobs, _run_all(jobs, preset, tracker, parent))
+    ]
+
+
+def report(
+    params: Params, runs: list[dict], settings: list, tuning: list[dict], tracker: AnyTracker, parent: str | None
+) -> dict:
+    """Step 5: compare.md, compare.png and compare.json, logged as artifacts of the parent run."""
+    from lopd_core.compare.report import write_compare_report
+
+    paths = write_compare_report(
+        runs,
+        params.compare.report_dir,
+        title=f"lopd compare ({params.compare.preset})",
+        settings=settings,
+        tuning=tuning,
+    )
+    for path in paths.values():
+        tracker.log_artifact(parent, path, "compare")
+    return paths

@@ -74,36 +74,3 @@ def decide_promotion(
 
     decision = sequential_decide(play, gate_rule(params), looks=looks(params), seed=params.seed)
     return decision, extra
-
-
-def gate_record(decision: GateDecision, resolvable: tuple[float, int]) -> dict:
-    """What champion.json, history.json and the report keep of the decision: the point estimates under their
-    old names (`champion`, `student`), the paired gain, interval and n, the guards, the reason."""
-    record = {
-        "champion": decision.champion,
-        "student": decision.student,
-        "test": decision.test,
-        "reason": decision.reason,
-        "looks": decision.looks,
-        "resolvable_before": resolvable[0],
-        "n_before": resolvable[1],
-        "guards": [
-            {
-                "name": g.name,
-                "failed": g.failed,
-                "interval": None if g.interval is None else dataclasses.asdict(g.interval),
-            }
-            for g in decision.guards
-        ],
-    }
-    if decision.interval is not None:
-        iv = decision.interval
-        record.update(gain=iv.gain, low=iv.low, high=iv.high, n=iv.n, level=iv.level, resampling=iv.resampling)
-    return record
-
-
-def gate_metrics(gate: dict) -> dict[str, float]:
-    """The MLflow metrics of the decision on the cycle's parent run."""
-    out = {"gate.champion": gate["champion"], "gate.student": gate["student"], "gate.looks": gate["looks"]}
-    out.update({f"gate.{k}": gate[k] for k in ("gain", "low", "high", "n") if k in gate})
-    return out

@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import flow
 
 from lopd_core.config import Params
+from lopd_core.drivers.progress import log
 from tasks import stage_tasks as T
 from tasks.caching import KEY_FILE, content_hash, is_complete, key_payload, plugin_fingerprint, stage_key
 from tasks.stage_params import STAGES, reads_plugins, stage_sections, without_paths
@@ -77,7 +78,7 @@ def run_cached(
     state = runner(stage=stage, key=key, work=str(work), params=params, return_state=True, **kwargs)
     summary = state.result()
     cached = state.name == "Cached"
-    T.log(f"{stage}: {'reused cached result' if cached else 'done'} ({work})")
+    log(f"{stage}: {'reused cached result' if cached else 'done'} ({work})")
     return summary, cached
 
 
@@ -178,6 +179,24 @@ def coldstart_flow(
     return {**summary, "cached": cached}
 
 
+def run_over_bank(task, params: Params, stage: str, teacher: str, bank: dict, **composer: str) -> tuple[dict, bool]:
+    """A cached stage in which the frozen `teacher` reads the bank through a composer (fit: `start`, teacher:
+    `phi`): keyed by the teacher's weights, the bank's rows and the composer file."""
+    inputs, ids = model_input(teacher, "teacher")
+    inputs.update(bank=Path(bank["bank_dir"]), **composer)
+    return run_cached(
+        task,
+        params,
+        stage,
+        inputs,
+        ids,
+        teacher=teacher,
+        bank_dir=bank["bank_dir"],
+        index_dir=bank["index_dir"],
+        **composer,
+    )
+
+
 @flow(name="lopd-fit", **FLOW)
 def fit_flow(
     params: Params,
@@ -194,19 +213,7 @@ def fit_flow(
     cycle whose bank changed fits again."""
     tags = _tags("fit", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
     with tracker.run("fit", parent=parent_run, tags=tags) as run:
-        inputs, ids = model_input(teacher, "teacher")
-        inputs.update(bank=Path(bank["bank_dir"]), start=start)
-        summary, cached = run_cached(
-            T.fit_task,
-            params,
-            "fit",
-            inputs,
-            ids,
-            teacher=teacher,
-            bank_dir=bank["bank_dir"],
-            index_dir=bank["index_dir"],
-            start=start,
-        )
+        summary, cached = run_over_bank(T.fit_task, params, "fit", teacher, bank, start=start)
         tracker.set_tags(run, {"lopd.cached": cached, "lopd.fit.fitted": summary["fitted"]})
         metrics = {"fit.targets": summary["targets"], "fit.online_rollouts": summary["online_rollouts"]}
         for when in ("first", "last"):
@@ -232,19 +239,7 @@ def teacher_flow(
     """The teacher in play of a cycle: the ceiling its distillation trains toward (base, text, latents of φ)."""
     tags = _tags("teacher", cycle, {"lopd.bank.dvc_md5": bank.get("dvc_md5")})
     with tracker.run("teacher", parent=parent_run, tags=tags) as run:
-        inputs, ids = model_input(teacher, "teacher")
-        inputs.update(bank=Path(bank["bank_dir"]), phi=phi)
-        summary, cached = run_cached(
-            T.teacher_task,
-            params,
-            "teacher",
-            inputs,
-            ids,
-            teacher=teacher,
-            bank_dir=bank["bank_dir"],
-            index_dir=bank["index_dir"],
-            phi=phi,
-        )
+        summary, cached = run_over_bank(T.teacher_task, params, "teacher", teacher, bank, phi=phi)
         tracker.set_tags(run, {"lopd.cached": cached})
         tracker.log_metrics(run, teacher_metrics(summary["results"]))
         tracker.log_artifact(run, summary["teacher_in_play"], "eval/teacher")

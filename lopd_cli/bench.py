@@ -31,6 +31,26 @@ def register(bench: Benchmark) -> Benchmark:
     return bench
 
 
+def add_scoring_args(p: argparse.ArgumentParser, *, categories: str, predictions: str) -> None:
+    """`score`'s options shared by the benchmarks judged per category (BFCL, ACEBench): which categories, the
+    predictions file, scoring only the cases it has, a verdict per case."""
+    p.add_argument("--category", action="append", required=True, help=f"repeatable: {categories}")
+    p.add_argument("--predictions", required=True, help=predictions)
+    p.add_argument("--partial", action="store_true", help="score only the test cases the file has a record for")
+    p.add_argument("--details", default=None, help="also write one JSON line per test case (verdict, error) here")
+
+
+def add_policy_run_args(
+    p: argparse.ArgumentParser, *, categories: str, default: str, limit: str, predictions_out: str, layout: str
+) -> None:
+    """`run`'s options shared by the benchmarks judged per category: which categories (`default`: the `bench`
+    setting), the policy, how many cases, where its answers go (`layout`: one file per what)."""
+    p.add_argument("--category", action="append", default=None, help=f"repeatable (default: {default}): {categories}")
+    p.add_argument("--model", default=None, help="policy directory or hub id (default: model.name_or_path / base_dir)")
+    p.add_argument("--limit", type=int, default=None, help=limit)
+    p.add_argument("--predictions-out", default=predictions_out, help=f"folder for the model's answers, {layout}")
+
+
 def _load_all() -> None:
     """Import the benchmark modules that exist (each registers itself)."""
     import importlib

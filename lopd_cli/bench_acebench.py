@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from lopd_cli.bench import Benchmark, register
+from lopd_cli.bench import Benchmark, add_policy_run_args, add_scoring_args, register
+from lopd_core.drivers.progress import log
 
 _HELP_CATEGORIES = "normal, special, or one category such as normal_atom_bool (agent is not supported)"
 
@@ -34,30 +35,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_score_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--category", action="append", required=True, help=f"repeatable: {_HELP_CATEGORIES}")
-    p.add_argument(
-        "--predictions",
-        required=True,
-        help="JSONL: id + calls | text; ids as en/<id> and zh/<id>, or plain with one --language",
+    add_scoring_args(
+        p,
+        categories=_HELP_CATEGORIES,
+        predictions="JSONL: id + calls | text; ids as en/<id> and zh/<id>, or plain with one --language",
     )
-    p.add_argument("--partial", action="store_true", help="score only the test cases the file has a record for")
-    p.add_argument("--details", default=None, help="also write one JSON line per test case (verdict, error) here")
     _common(p)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--category",
-        action="append",
-        default=None,
-        help=f"repeatable (default: bench.acebench_categories): {_HELP_CATEGORIES}",
-    )
-    p.add_argument("--model", default=None, help="policy directory or hub id (default: model.name_or_path / base_dir)")
-    p.add_argument("--limit", type=int, default=None, help="first N test cases (conversations) per category")
-    p.add_argument(
-        "--predictions-out",
-        default="metrics/acebench_predictions",
-        help="folder for the model's answers, one <language>/<category>.jsonl each",
+    add_policy_run_args(
+        p,
+        categories=_HELP_CATEGORIES,
+        default="bench.acebench_categories",
+        limit="first N test cases (conversations) per category",
+        predictions_out="metrics/acebench_predictions",
+        layout="one <language>/<category>.jsonl each",
     )
     _common(p)
 
@@ -140,15 +133,11 @@ def run(params, args) -> int:
         bench,
         categories=args.category,
         languages=args.language,
-        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+        log=log,
     )
     for name, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{name}.jsonl", rows)
-    print(
-        f"[{time.strftime('%H:%M:%S')}] acebench run done in {time.perf_counter() - started:.0f}s; answers in "
-        f"{args.predictions_out}/",
-        flush=True,
-    )
+    log(f"acebench run done in {time.perf_counter() - started:.0f}s; answers in {args.predictions_out}/")
     return _write(params, args, scores)
 
 

@@ -16,10 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-from lopd_cli.bench import Benchmark, register
+from lopd_cli.bench import Benchmark, add_policy_run_args, add_scoring_args, register
+from lopd_core.drivers.progress import log
+from lopd_core.names import BFCL_CATEGORIES
 
-# The categories (duplicated from lopd_core.bench.bfcl.data to keep `lopd --help` free of imports).
-_HELP_CATEGORIES = "simple, multiple, parallel, parallel_multiple, irrelevance, live_*, multi_turn_*"
+# The categories, the live and multi-turn families abbreviated (lopd_core/names.py imports nothing: `lopd --help`
+# stays free of the benchmark's loaders).
+_FAMILIES = ("live_", "multi_turn_")
+_HELP_CATEGORIES = ", ".join([c for c in BFCL_CATEGORIES if not c.startswith(_FAMILIES)] + [f"{f}*" for f in _FAMILIES])
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -30,26 +34,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_score_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--category", action="append", required=True, help=f"repeatable: {_HELP_CATEGORIES}")
-    p.add_argument("--predictions", required=True, help="JSONL: id + calls | text | turns")
-    p.add_argument("--partial", action="store_true", help="score only the test cases the file has a record for")
-    p.add_argument("--details", default=None, help="also write one JSON line per test case (verdict, error) here")
+    add_scoring_args(p, categories=_HELP_CATEGORIES, predictions="JSONL: id + calls | text | turns")
     _common(p)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--category",
-        action="append",
-        default=None,
-        help=f"repeatable (default: bench.bfcl_categories): {_HELP_CATEGORIES}",
-    )
-    p.add_argument("--model", default=None, help="policy directory or hub id (default: model.name_or_path / base_dir)")
-    p.add_argument("--limit", type=int, default=None, help="first N test cases per category (default: bench.limit)")
-    p.add_argument(
-        "--predictions-out",
-        default="metrics/bfcl_predictions",
-        help="folder for the model's answers, one <category>.jsonl each",
+    add_policy_run_args(
+        p,
+        categories=_HELP_CATEGORIES,
+        default="bench.bfcl_categories",
+        limit="first N test cases per category (default: bench.limit)",
+        predictions_out="metrics/bfcl_predictions",
+        layout="one <category>.jsonl each",
     )
     _common(p)
 
@@ -110,15 +106,11 @@ def run(params, args) -> int:
         tokenizer,
         bench,
         categories=categories,
-        log=lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True),
+        log=log,
     )
     for category, rows in records.items():
         write_jsonl(Path(args.predictions_out) / f"{category}.jsonl", rows)
-    print(
-        f"[{time.strftime('%H:%M:%S')}] bfcl run done in {time.perf_counter() - started:.0f}s; answers in "
-        f"{args.predictions_out}/",
-        flush=True,
-    )
+    log(f"bfcl run done in {time.perf_counter() - started:.0f}s; answers in {args.predictions_out}/")
     return _write(params, args, scores, {})
 
 

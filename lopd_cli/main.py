@@ -33,20 +33,17 @@ from lopd_cli.pipeline import add_pipeline_parsers
 from lopd_cli.sandbox import add_sandbox_parser
 from lopd_core.config import DEFAULT_PARAMS, ConfigError, Params, load_params, settings_listing
 from lopd_core.distributed import is_main
+from lopd_core.drivers.progress import log
 from lopd_core.errors import StateError
 from lopd_core.locks import FolderLocked
 from lopd_serve.cli import add_serve_parsers
 
 
-def _log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 def cmd_base(params: Params, args) -> int:
     from lopd_core.drivers.base import run_base
 
-    report = run_base(params, args.out or params.model.base_dir, log=_log)
-    _log(
+    report = run_base(params, args.out or params.model.base_dir, log=log)
+    log(
         f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
         f"({report.epochs_done} epochs), final loss {report.final_loss}"
     )
@@ -56,7 +53,7 @@ def cmd_base(params: Params, args) -> int:
 def cmd_bank(params: Params, args) -> int:
     from lopd_core.drivers.bank import run_bank
 
-    summary = run_bank(params, log=_log)
+    summary = run_bank(params, log=log)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
@@ -64,9 +61,9 @@ def cmd_bank(params: Params, args) -> int:
 def cmd_coldstart(params: Params, args) -> int:
     from lopd_core.drivers.coldstart import run_coldstart
 
-    summary = run_coldstart(params, log=_log)
+    summary = run_coldstart(params, log=log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
-        _log(
+        log(
             f"cold start done: nll {summary['first']['nll']:.3f} -> {summary['last']['nll']:.3f}, "
             f"kl {summary['first']['kl']:.3f} -> {summary['last']['kl']:.3f}; φ0 at {summary['out']}"
         )
@@ -76,23 +73,23 @@ def cmd_coldstart(params: Params, args) -> int:
 def cmd_fit(params: Params, args) -> int:
     from lopd_core.drivers.fit import run_fit
 
-    summary = run_fit(params, start=args.start, log=_log)
+    summary = run_fit(params, start=args.start, log=log)
     if summary["fitted"]:
-        _log(
+        log(
             f"fit done on {summary['targets']} deployment-world trajectories: kl {summary['first']['kl']:.3f} -> "
             f"{summary['last']['kl']:.3f} ({summary['seconds_per_step']:.2f} s a step); φ at {summary['out']}"
         )
     else:
-        _log(f"fit: φ unchanged from {summary['start']}, written to {summary['out']}")
+        log(f"fit: φ unchanged from {summary['start']}, written to {summary['out']}")
     return 0
 
 
 def cmd_distill(params: Params, args) -> int:
     from lopd_core.drivers.distill import run_lopd
 
-    summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=_log)
+    summary = run_lopd(params, resume=not args.fresh, stop_after=args.stop_after, log=log)
     if is_main():  # under `accelerate launch`, rank 0 reports for all
-        _log(
+        log(
             f"distill done: {summary['steps']} steps, {summary['rollouts']} rollouts, β {summary['beta']:.3f}"
             f"{' (beta_unbounded: kept growing)' if summary.get('beta_unbounded') else ''}, margin m "
             f"{'unpriced' if summary['margin'] is None else format(summary['margin'], '.4g')}, "
@@ -134,15 +131,15 @@ def cmd_evaluate(params: Params, args) -> int:
         path = args.out or params.eval.out
     else:
         path = args.out or params.eval.out
-        results = run_evaluate(params, path, log=_log)
+        results = run_evaluate(params, path, log=log)
     if args.teacher_in_play:  # the same policy as the frozen teacher, beside its own figures in the same file
         from lopd_core.distill.teacher_play import merge_teacher
         from lopd_core.drivers.teacher import run_teacher_in_play
         from lopd_core.evaluation import write_metrics
 
-        results = merge_teacher(results, run_teacher_in_play(params, log=_log))
+        results = merge_teacher(results, run_teacher_in_play(params, log=log))
         write_metrics(results, path)
-    _log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
+    log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(summary_table(results))  # the whole file is at `path`; here, one line per environment, split and mode
     if args.teacher_in_play:
         from lopd_core.distill.teacher_play import teacher_lines
@@ -183,26 +180,27 @@ def settings_epilog(command: str) -> str:
 RESOLVES_ENVS = ("base", "bank", "coldstart", "fit", "distill", "evaluate", "cycle", "compare")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_common(p: argparse.ArgumentParser) -> None:
+    """--params and --set, which every command takes."""
+    p.add_argument(
+        "--params",
+        default=None,
+        help="the run's configuration (default: params.yaml; only the default may be missing, meaning every default)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
+        "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting",
+    )
 
-    def add_common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--params",
-            default=None,
-            help="the run's configuration (default: params.yaml; only the "
-            "default may be missing, meaning every default)",
-        )
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="SECTION.KEY=VALUE",
-            help="override one setting of params.yaml (repeatable; the value is read as YAML), e.g. "
-            "--set rollout.temperature=0.7; `python -m lopd_core.config --list` lists every setting",
-        )
+
+def stage_adder(sub):
+    """`stage(name, help, func)`: adds the command of a pipeline stage, whose --help lists what it writes and the
+    settings it reads (lopd_cli/pipeline.py and lopd_cli/compare.py add theirs with it too)."""
 
     def stage(name: str, help_text: str, func):
         description = f"{help_text[0].upper()}{help_text[1:]}." + (
@@ -219,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, resolve_envs=name in RESOLVES_ENVS)
         return p
 
+    return stage
+
+
+def add_stage_parsers(stage) -> None:
+    """The stages by hand: base, bank, coldstart, fit, distill, evaluate."""
     stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
         "--out", default=None, help="output directory (default: model.base_dir)"
     )
@@ -254,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also play the policy as the frozen teacher on eval.teacher_splits: alone, reading its bank rows "
         "(bank.dir) as text and as the composer's latents (coldstart.fit_out) -> teacher_in_play in the file",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stage = stage_adder(sub)
+    add_stage_parsers(stage)
     add_pipeline_parsers(stage)
     sub.choices["cycle"].add_argument(
         "--source",

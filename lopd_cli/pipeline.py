@@ -14,14 +14,11 @@ import time
 from pathlib import Path
 
 from lopd_core.config import Params
+from lopd_core.drivers.progress import log
 
 # The first run of a temporary Prefect server creates its database, which can outlast the default start-up
 # timeout on a busy 2-core machine (DESIGN §6).
 PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-
-
-def _log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def mlflow_ui_hint(params: Params) -> str:
@@ -40,14 +37,15 @@ def cmd_cycle(params: Params, args) -> int:
         require_labeled(params.lopd.traces)  # no labeled trace: one line before Prefect, MLflow or a base start
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    from flows.cycle import cycle_flow, summarize
+    from flows.cycle import cycle_flow
+    from lopd_core.drivers.cycle_summary import summarize
 
     if not args.no_mlflow:
         from tasks.tracking import probe_tracking
 
         probe_tracking(params.tracking)  # an unusable store is one line now, not minutes of retries later
     started = time.perf_counter()
-    _log(f"lopd cycle: {args.cycles} cycle(s); state and cached work in {params.cycle.dir}/")
+    log(f"lopd cycle: {args.cycles} cycle(s); state and cached work in {params.cycle.dir}/")
     from flows.reaper import start_reaper
 
     with start_reaper():  # a killed cycle leaves no temporary Prefect server behind
@@ -88,7 +86,7 @@ def cmd_export(params: Params, args) -> int:
                 "mean delta": round(float(frame["delta"].mean()), 6),
             }
         )
-    run_export(params, model, args.out, student_eval=args.eval, base_eval=args.base_eval, lineage=lineage, log=_log)
+    run_export(params, model, args.out, student_eval=args.eval, base_eval=args.base_eval, lineage=lineage, log=log)
     return 0
 
 
@@ -116,7 +114,7 @@ def cmd_report(params: Params, args) -> int:
         runs = [{"label": "distill", "csv": args.csv, "margin": trained_margin}]
         evals = [{"label": "base", "path": args.base_eval}, {"label": "student", "path": args.eval}]
         title = "LOPD run"
-    run_report(runs, evals, args.out, title=title, log=_log)
+    run_report(runs, evals, args.out, title=title, log=log)
     return 0
 
 

@@ -1,11 +1,12 @@
-"""The names a configuration may use, as plain data: BFCL categories, ACEBench categories and groups.
+"""The names a configuration may use, as plain data: BFCL categories, ACEBench categories and groups, the
+built-in environments and the entry-point group of plugin environments.
 
-Why a module of its own: `lopd_core.config` validates these names at load time, and it must stay a leaf —
-importing the trainer or the benchmark loaders to learn a list of strings would make every command that reads
-params.yaml load most of the library, and would let the lower layers (model/, envs/) reach the trainer through
-the configuration. The method names are not here: lopd/methods.py imports nothing, so the config reads its
-table directly. The benchmarks' category names are defined here and the benchmark modules
-(bench/bfcl/data.py, bench/acebench/data.py), which load data files, import them: one list each.
+Why a module of its own: the settings (lopd_core/settings/run.py, settings/envs.py) validate these names at load
+time, and the configuration must stay near the bottom of the layers — importing the benchmark loaders or the
+environment registry to learn a list of strings would make every command that reads params.yaml load most of
+the library. The modules that use the names import them from here: bench/bfcl/data.py, bench/acebench/data.py
+and envs/registry.py, one list each. The method names are not here: lopd_core/methods.py defines them and
+imports nothing of the package, so the settings read its table directly.
 
 Imports nothing.
 """
@@ -49,7 +50,7 @@ ACEBENCH_GROUPS = {
 }
 ACEBENCH_CATEGORIES = ACEBENCH_GROUPS["normal"] + ACEBENCH_GROUPS["special"]
 
-# lopd_core/envs/registry.py: the built-in environments (the ones with pretraining worlds and an oracle) and the
-# entry-point group third-party packages register theirs under.
+# The built-in environments, the ones with pretraining worlds and an oracle (lopd_core/envs/registry.py resolves
+# them), and the entry-point group third-party packages register theirs under.
 BUILTIN_ENVS = ("toolworld", "codegen")
 ENV_ENTRY_POINT_GROUP = "lopd.envs"

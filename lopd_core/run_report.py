@@ -252,6 +252,40 @@ th{background:#f3f3f3}figure{margin:10px 0}img{max-width:100%}figcaption{font-si
 .note{color:#666;font-size:.85em}"""
 
 
+def _training_section(data, out: Path) -> str:
+    """The training runs' last steps and curves (their PNGs, and δ̄ beside the margin as a CSV) in `out`."""
+    if not data:
+        return '<p class="note">No training curves yet (no distill CSV found).</p>'
+    final = _table(
+        ["run", "steps", "rollouts", "reward", "success", "final β", "mean δ̄", "margin m"], _final_rows(data)
+    )
+    figures = [
+        (plot_reward_success(data, out / "reward_success.png"), "reward and success against rollouts"),
+        (plot_delta_margin(data, out / "delta_margin.png"), "δ̄ against the margin line m"),
+        (plot_beta(data, out / "beta.png"), "β trajectory"),
+        (plot_kl_entropy(data, out / "kl_entropy.png"), "KL terms and entropies"),
+    ]
+    margin_rows = [
+        pd.DataFrame(
+            {
+                "run": run.label,
+                "step": frame["step"],
+                "rollouts": frame["rollouts"],
+                "delta": frame["delta"],
+                "margin": margins(run, frame),
+            }
+        )
+        for run, frame in data
+    ]
+    pd.concat(margin_rows).to_csv(out / "delta_margin.csv", index=False)
+    return (
+        "<h2>Training runs (last step)</h2>"
+        + final
+        + "<h2>Training curves</h2>"
+        + "".join(_img(p, alt) for p, alt in figures)
+    )
+
+
 def write_report(
     runs: list[TrainingRun],
     evals: list[EvalColumn],
@@ -274,35 +308,7 @@ def write_report(
     sections = [f"<h1>{html.escape(title)}</h1>"]
     if summary:
         sections.append("<h2>Summary</h2>" + _table(["what", "value"], [list(r) for r in summary]))
-    if data:
-        sections.append(
-            "<h2>Training runs (last step)</h2>"
-            + _table(
-                ["run", "steps", "rollouts", "reward", "success", "final β", "mean δ̄", "margin m"], _final_rows(data)
-            )
-        )
-        figures = [
-            (plot_reward_success(data, out / "reward_success.png"), "reward and success against rollouts"),
-            (plot_delta_margin(data, out / "delta_margin.png"), "δ̄ against the margin line m"),
-            (plot_beta(data, out / "beta.png"), "β trajectory"),
-            (plot_kl_entropy(data, out / "kl_entropy.png"), "KL terms and entropies"),
-        ]
-        sections.append("<h2>Training curves</h2>" + "".join(_img(p, alt) for p, alt in figures))
-        margin_rows = [
-            pd.DataFrame(
-                {
-                    "run": run.label,
-                    "step": frame["step"],
-                    "rollouts": frame["rollouts"],
-                    "delta": frame["delta"],
-                    "margin": margins(run, frame),
-                }
-            )
-            for run, frame in data
-        ]
-        pd.concat(margin_rows).to_csv(out / "delta_margin.csv", index=False)
-    else:
-        sections.append('<p class="note">No training curves yet (no distill CSV found).</p>')
+    sections.append(_training_section(data, out))
     evals = [c for c in evals if c.results]
     if evals:
         header, rows = eval_table(evals)

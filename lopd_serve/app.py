@@ -6,6 +6,9 @@ in front (middleware.py). This file builds the state, mounts the routers and map
 Every limit is a 4xx in OpenAI's error shape. Extensions beside OpenAI's fields (as vLLM adds its own): a
 response carries `lopd: {session, trajectory_id, model_version}`, and a session is named by the `X-Session-Id`
 header or `user`.
+
+A server started on a store goes on with the conversations it holds: its session table and feedback targets are
+rebuilt from the store's records (resume.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from lopd_serve.engine_process import EngineProcess
 from lopd_serve.middleware import LOOPBACK_HOSTS, BodyLimit, HostAllowList
 from lopd_serve.models import ModelHolder
 from lopd_serve.protocol import ApiError, error_response
+from lopd_serve.resume import resume_sessions
 from lopd_serve.sessions import Recorded, SessionTable
 
 log = logging.getLogger("lopd.serve")
@@ -50,6 +54,10 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     app.state.cfg, app.state.batcher, app.state.holder, app.state.store = cfg, batcher, holder, store
     app.state.sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     app.state.recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest
+    # a restarted server goes on with the conversations its store holds (resume.py)
+    resumed = resume_sessions(store.dir, app.state.sessions, app.state.recorded)
+    if resumed:
+        log.warning("resumed %d sessions from %s", resumed, store.dir)
     app.state.api_key, app.state.reload_key = key, cfg.reload_key()
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes, timeout_s=cfg.body_timeout_s)
     if key is None:  # a keyless server trusts whoever reaches it: only through a loopback name
@@ -58,6 +66,12 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     for module in (health, chat, completions, feedback, admin):
         app.include_router(module.router)
     return app
+
+
+def _where(error: dict) -> str:
+    """A validation error's field as a path (`messages.2.name`), the union branch pydantic tried left out."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    return ".".join(p for p in loc if p not in ("str", "int", "float", "bool") and "[" not in p)
 
 
 def _add_error_handlers(app) -> None:
@@ -76,7 +90,16 @@ def _add_error_handlers(app) -> None:
             return error_response(
                 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", "invalid_json"
             )
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        unknown = [_where(e) for e in errors if e.get("type") == "extra_forbidden"]
+        if unknown:  # a field the server would ignore is named, never dropped (protocol.Strict)
+            return error_response(
+                400,
+                f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: lopd serve does not "
+                "implement it, and ignoring it would serve something else than asked",
+                "unsupported_field",
+                param=unknown[0],
+            )
+        where = _where(first)
         code = (first.get("ctx") or {}).get("code", "invalid_request")
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", code, param=where or None)
 

@@ -159,7 +159,12 @@ async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
     req, plan, loaded, session = turn.req, turn.plan, turn.loaded, turn.session
     declared = {t["function"]["name"] for t in turn.parsed.tools}
     message, finish, reply_key = reply(
-        loaded.chat, out.token_ids, stopped=out.stopped, declared=declared, tool_choice=req.tool_choice
+        loaded.chat,
+        out.token_ids,
+        stopped=out.stopped,
+        declared=declared,
+        tool_choice=req.tool_choice,
+        parallel=req.parallel_tool_calls is not False,
     )
     segment = plan.segment
     prompt_length = len(segment) if plan.turn == 0 else 0
@@ -258,6 +263,18 @@ class _Chunks:
         )
         return chunk.event()
 
+    def usage_event(self, usage) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.loaded.name,
+            system_fingerprint=self.loaded.version,
+            choices=[],
+            lopd=self.lopd,
+            usage=usage,
+        )
+        return chunk.event()
+
 
 async def _stream(turn: Turn, decoder, store, recorded, request: Request):
     """Server-sent events of one turn: the role, each token's text as it is sampled (unless held, see the
@@ -318,8 +335,9 @@ async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pend
     chunks.lopd = body.lopd
     choice = body.choices[0]
     message = choice.message
-    if message.tool_calls:
-        yield chunks.event({"tool_calls": [{"index": 0, **message.tool_calls[0].model_dump()}]})
+    if message.tool_calls:  # every call of the turn, each with its index (OpenAI's parallel calls)
+        calls = [{"index": k, **call.model_dump()} for k, call in enumerate(message.tool_calls)]
+        yield chunks.event({"tool_calls": calls, "content": message.content or None})
     else:
         content = message.content or ""
         # what was streamed is a prefix of the message's text; anything else cannot be taken back
@@ -328,6 +346,8 @@ async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pend
             logprobs = None if not turn.req.logprobs else {"content": pending} if live else choice.logprobs
             yield chunks.event({"content": rest}, logprobs=logprobs)
     yield chunks.event({}, choice.finish_reason)
+    if turn.req.stream_options is not None and turn.req.stream_options.include_usage:
+        yield chunks.usage_event(body.usage)  # OpenAI's last chunk: the usage, no choices
     yield "data: [DONE]\n\n"
 
 

@@ -77,6 +77,8 @@ def play(
                 model=model,
                 messages=messages,
                 tools=tools or openai.omit,
+                # an environment takes one call per turn: a turn with several calls comes back with its first
+                parallel_tool_calls=False if tools else openai.omit,
                 temperature=temperature,
                 max_tokens=max_tokens,
                 seed=seed + turns,

@@ -48,8 +48,8 @@ async def feedback(fb: Feedback, sessions: Sessions, store: Store, recorded: Rec
     if recorded.get(trajectory_id) != fb.session:  # a label must land on a conversation of that session
         raise ApiError(
             404,
-            f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} served by this process "
-            f"(among its latest {recorded.cap})",
+            f"trajectory {trajectory_id!r}: not a conversation of session {fb.session!r} in this server's "
+            f"store (among its latest {recorded.cap})",
             "unknown_trajectory",
             param="trajectory_id",
         )

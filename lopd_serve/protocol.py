@@ -1,10 +1,12 @@
 """The OpenAI chat-completions and completions protocols as pydantic models, and their error shape.
 
-Only what `lopd serve` honours is accepted: a field it would have to ignore silently (`n` > 1, `stop`, a
-non-text `response_format`) is refused by a validator of the request model, a 400 naming it. The limits that
-depend on the server's settings (max_tokens, top-k log-probs) are checked in one place, `to_sampling`, which turns
-a request into what the decoder is asked for. Errors are OpenAI's object
-`{"error": {"message", "type", "code", "param"}}` (responses.ErrorResponse) with a 4xx status.
+Only what `lopd serve` honours is accepted: a field it does not know is refused (400 `unsupported_field`), and
+one it would have to ignore silently (`n` > 1, `stop`, a non-text `response_format`, penalties) is refused by a
+validator of the request model, a 400 `unsupported` naming it; values are strictly typed (the `Strict` base) and
+an explicit null is the field left out. The limits that depend on the server's settings (max_tokens, top-k
+log-probs) are checked in one place, `to_sampling`, which turns a request into what the decoder is asked for.
+Errors are OpenAI's object `{"error": {"message", "type", "code", "param"}}` (responses.ErrorResponse) with a 4xx
+status.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from lopd_serve.responses import ErrorInfo, ErrorResponse
@@ -98,29 +109,54 @@ def effective_temperature(value: float) -> float:
     return 0.0 if value < MIN_TEMPERATURE else value
 
 
-class FunctionCall(BaseModel):
+def _without_nulls(data: Any, model: type[BaseModel]) -> Any:
+    """An explicit null is the field left out (OpenAI's optional fields are nullable, and clients send them)."""
+    if isinstance(data, dict):
+        optional = {name for name, f in model.model_fields.items() if not f.is_required()}
+        return {k: v for k, v in data.items() if v is not None or k not in optional}
+    return data
+
+
+class Strict(BaseModel):
+    """A request object as strict as `/v1/feedback`: a field the server does not know is refused (400 naming it,
+    `unsupported_field`), never ignored, and a value of the wrong JSON type is refused rather than coerced
+    (`"1"` is not a number, `1` is not `true`): what a client meant must be what the server does and records."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FunctionCall(Strict):
     name: str
     arguments: str  # a JSON object, as a string (OpenAI's form)
 
 
-class ToolCall(BaseModel):
-    id: str | None = None
+class ToolCall(Strict):
+    id: str  # required in a request's history, as OpenAI's: a tool message names the call it answers by it
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class TextPart(BaseModel):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class Message(Strict):
+    """One message of a chat request. Which fields a role may carry is checked where the conversation is parsed
+    (conversation.parse_messages), with the message's index in the error. `name`, `refusal`, `audio` and
+    `function_call` are OpenAI's, accepted only empty (null): the chat layer does not render them, and a message
+    the model never saw as sent must not be recorded as if it had. `annotations` is a response field the openai
+    package includes when a client sends a reply back as it came (`message.model_dump()`)."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    refusal: str | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    annotations: list[Any] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -128,15 +164,27 @@ class Message(BaseModel):
         return self.content or ""
 
 
-class FunctionDef(BaseModel):
-    name: str = Field(min_length=1, max_length=128)
+# OpenAI's tool names (the API refuses others): they are written into the model's context and the trace
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionDef(Strict):
+    name: str = Field(pattern=TOOL_NAME)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None  # OpenAI's structured outputs for calls: only off (null or false) is served
 
     _storable = field_validator("parameters")(storable_json)
 
+    @field_validator("strict")
+    @classmethod
+    def _not_strict(cls, value):
+        if value:
+            raise ValueError("strict function calling (constrained arguments) is not supported; leave it out")
+        return value
 
-class Tool(BaseModel):
+
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 
@@ -152,10 +200,15 @@ class SamplingRequest:
     top_logprobs: int  # top-k log-probs per sampled token (0: none)
 
 
-class SamplingFields(BaseModel):
-    """The fields chat and completions requests share, and the one place their limits are checked."""
+class StreamOptions(Strict):
+    include_usage: bool = False  # a last chunk with the usage and no choices, before [DONE] (OpenAI's)
 
-    model_config = ConfigDict(extra="ignore")
+
+class SamplingFields(Strict):
+    """The fields chat and completions requests share, and the one place their limits are checked. Fields that
+    would change what the model samples in a way the server does not implement are accepted only at their no-op
+    value, so a client that sends its library's defaults is served and one that asks for more is told."""
+
     _utf8 = model_validator(mode="before")(utf8_text)
     _temperature = field_validator("temperature")(effective_temperature)
     model: str = ""
@@ -164,17 +217,23 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
-    n: int = 1
+    n: int | None = None
     stop: str | list[str] | None = None
     # vLLM's extensions, so one client speaks to both: tokens as "token_id:N", and the ids themselves
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return _without_nulls(data, cls)
+
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
             raise unsupported("only 1 choice per request is supported")
         return n
 
@@ -184,6 +243,13 @@ class SamplingFields(BaseModel):
         if stop:
             raise unsupported("stop sequences are not supported (a turn ends at the model's end token)")
         return stop
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, options, info: ValidationInfo):
+        if options is not None and not info.data.get("stream"):
+            raise unsupported("stream_options needs stream: true")
+        return options
 
     def asked_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -219,12 +285,23 @@ class SamplingFields(BaseModel):
         return SamplingRequest(self.temperature, self.top_p, max_tokens, seed % 2**63, self.sampled_top_logprobs())
 
 
+SAMPLER_LOGPROBS = "(the recorded log-probs are the sampler's)"
+
+
 class ChatRequest(SamplingFields):
+    """OpenAI's chat request as served (the shared fields in SamplingFields)."""
+
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none"] | None = None
+    parallel_tool_calls: bool | None = None  # None/true: a turn may hold several calls; false: the first only
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    store: bool | None = None
+    modalities: list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
 
@@ -234,6 +311,41 @@ class ChatRequest(SamplingFields):
         if response_format and response_format.get("type") not in (None, "text"):
             raise unsupported("only text is supported")
         return response_format
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value not in (None, 0):
+            raise unsupported(f"sampling penalties are not supported {SAMPLER_LOGPROBS}")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise unsupported(f"logit bias is not supported {SAMPLER_LOGPROBS}")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _stored(cls, value):
+        if value is False:
+            raise unsupported("this server records every conversation (it learns from them): leave store out")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value):
+        if value not in (None, ["text"]):
+            raise unsupported("only text is supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise unsupported("top_logprobs needs logprobs: true")
+        return value
 
     def asked_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -257,6 +369,8 @@ class CompletionRequest(SamplingFields):
     prompt_logprobs: int | None = Field(default=None, ge=0)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    # vLLM's: the end-of-turn token is always the last of the returned ids when sampled, so only true is served
+    include_stop_str_in_output: bool | None = None
 
     @field_validator("stream")
     @classmethod
@@ -264,6 +378,13 @@ class CompletionRequest(SamplingFields):
         if stream:
             raise unsupported("not supported on /v1/completions (chat completions stream)")
         return stream
+
+    @field_validator("include_stop_str_in_output")
+    @classmethod
+    def _stop_included(cls, value):
+        if value is False:
+            raise unsupported("the end-of-turn token is always returned when sampled (leave it out)")
+        return value
 
     def asked_logprobs(self) -> dict[str, int | None]:
         return {"logprobs": self.logprobs, "prompt_logprobs": self.prompt_logprobs}

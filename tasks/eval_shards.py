@@ -17,8 +17,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from lopd_core.config import Params
+from lopd_core.drivers.progress import log
 from lopd_core.evaluation import EvalShard, evaluate_shard
-from tasks.stage_tasks import log
 
 _POLICIES: dict[str, tuple] = {}
 _LOCK = threading.Lock()

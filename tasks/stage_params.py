@@ -100,6 +100,7 @@ _COMPOSER_CODE = (
     "lopd_core/distill/coldstart.py",
     "lopd_core/distill/coldstart_data.py",
     "lopd_core/distill/composer.py",
+    "lopd_core/distill/encoder_lora.py",
     "lopd_core/distill/losses.py",
     "lopd_core/distill/pg_losses.py",
     "lopd_core/distill/models.py",

@@ -15,18 +15,13 @@ Each task is one call of its stage's driver (lopd_core/drivers/, lopd_core/drive
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 from prefect import task
 
 from lopd_core.config import Params
+from lopd_core.drivers.progress import log
 from tasks.caching import by_stage_key, mark_complete
-
-
-def log(message: str) -> None:
-    """Progress lines: printed (the flows log prints, so they also reach Prefect's run logs)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def with_paths(params: Params, **changes: str) -> Params:

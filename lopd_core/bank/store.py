@@ -145,72 +145,22 @@ def trajectories_to_rows(
 
     rows, errors = [], []
     for label, traj in kept.iterrows():
-        try:
-            task = Task.from_json(traj["task"])
-        except (TypeError, ValueError, KeyError) as exc:
-            errors.append(
-                {
-                    "index": label,
-                    "column": "task",
-                    "check": "Task JSON parses",
-                    "failure_case": f"{type(exc).__name__}: {exc}",
-                }
-            )
+        parsed = _experience_of(label, traj)
+        if isinstance(parsed, dict):
+            errors.append(parsed)
             continue
-        try:
-            episode = json.loads(traj["episode"])
-            if not isinstance(episode, list) or not all(isinstance(t, dict) for t in episode):
-                raise ValueError("not a JSON list of per-turn objects")
-            text = experience_text(task, episode)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            errors.append(
-                {
-                    "index": label,
-                    "column": "episode",
-                    "check": "episode JSON formats as an experience",
-                    "failure_case": f"{type(exc).__name__}: {exc}",
-                }
-            )
-            continue
+        task, text = parsed
         if task.task_id != traj["task_id"]:
-            errors.append(
-                {
-                    "index": label,
-                    "column": "task",
-                    "check": "task JSON has the row's task_id",
-                    "failure_case": task.task_id,
-                }
-            )
-        prefix = task.instruction + "\n"
-        chain = text[len(prefix) :] if text.startswith(prefix) else ""
+            errors.append(_failure(label, "task", "task JSON has the row's task_id", task.task_id))
         rows.append(
-            {
-                "row_id": row_key(str(traj["task_id"]), chain),
-                "task_id": traj["task_id"],
-                "env": traj["env"],
-                "split": traj["split"],
-                "template": traj["template"],
-                "world": traj["world"],
-                "task_text": task.instruction,
-                "chain": chain,
-                "experience_text": text,
-                "reward": reward.loc[label],
-                "policy_version": policy_version,
-                "cycle": cycle,
-                "created_at": stamp,
-                "_label": label,
-            }
+            _candidate_row(traj, task, text, reward.loc[label], policy_version, cycle, stamp) | {"_label": label}
         )
     labels = [r.pop("_label") for r in rows]
     if not rows:
         if errors:
             raise BankValidationError(failure_frame(errors), what=_REJECTED)
         return empty_bank_frame(), below
-    frame = pd.DataFrame(rows, columns=list(BANK_COLUMNS), index=pd.Index(labels, dtype=object))
-    frame["reward"] = frame["reward"].astype(float)
-    frame["created_at"] = pd.Series(list(frame["created_at"]), index=frame.index, dtype=CREATED_AT_DTYPE)
-    if pd.api.types.is_integer(cycle):
-        frame["cycle"] = frame["cycle"].astype("int64")
+    frame = _candidate_frame(rows, labels, cycle)
     failures = [failure_frame(errors)] if errors else []
     try:
         # Duplicates are not failures: check the schema on the first occurrence of each row_id only.
@@ -220,6 +170,58 @@ def trajectories_to_rows(
     if failures:
         raise BankValidationError(sort_failures(pd.concat(failures, ignore_index=True)), what=_REJECTED)
     return frame, below
+
+
+def _failure(label, column: str, check: str, case) -> dict:
+    """One failure case of a trajectory row, in the validation report's shape."""
+    return {"index": label, "column": column, "check": check, "failure_case": case}
+
+
+def _experience_of(label, traj) -> tuple[Task, str] | dict:
+    """A trajectory row's task and experience text, or the failure case that says why it has none."""
+    try:
+        task = Task.from_json(traj["task"])
+    except (TypeError, ValueError, KeyError) as exc:
+        return _failure(label, "task", "Task JSON parses", f"{type(exc).__name__}: {exc}")
+    try:
+        episode = json.loads(traj["episode"])
+        if not isinstance(episode, list) or not all(isinstance(t, dict) for t in episode):
+            raise ValueError("not a JSON list of per-turn objects")
+        return task, experience_text(task, episode)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        return _failure(label, "episode", "episode JSON formats as an experience", f"{type(exc).__name__}: {exc}")
+
+
+def _candidate_row(traj, task: Task, text: str, reward, policy_version: str, cycle: int, stamp) -> dict:
+    """The bank row a trajectory becomes: its experience text, and the chain that keys it (the text after the
+    instruction)."""
+    prefix = task.instruction + "\n"
+    chain = text[len(prefix) :] if text.startswith(prefix) else ""
+    return {
+        "row_id": row_key(str(traj["task_id"]), chain),
+        "task_id": traj["task_id"],
+        "env": traj["env"],
+        "split": traj["split"],
+        "template": traj["template"],
+        "world": traj["world"],
+        "task_text": task.instruction,
+        "chain": chain,
+        "experience_text": text,
+        "reward": reward,
+        "policy_version": policy_version,
+        "cycle": cycle,
+        "created_at": stamp,
+    }
+
+
+def _candidate_frame(rows: list[dict], labels: list, cycle: int) -> pd.DataFrame:
+    """The candidate rows as a bank frame, indexed by the input rows' labels, in the bank's dtypes."""
+    frame = pd.DataFrame(rows, columns=list(BANK_COLUMNS), index=pd.Index(labels, dtype=object))
+    frame["reward"] = frame["reward"].astype(float)
+    frame["created_at"] = pd.Series(list(frame["created_at"]), index=frame.index, dtype=CREATED_AT_DTYPE)
+    if pd.api.types.is_integer(cycle):
+        frame["cycle"] = frame["cycle"].astype("int64")
+    return frame
 
 
 class BankStore:

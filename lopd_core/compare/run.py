@@ -129,14 +129,8 @@ def run_method(
     that many train-split tasks only."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    p = copy.deepcopy(params)
-    steps, spent = plan_steps(p, method, budget, bank_rollouts)
-    p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
-    # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
-    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
-    if bank_dir:
-        p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
-
+    steps, spent = plan_steps(params, method, budget, bank_rollouts)
+    p = run_params(params, method, out, steps, phi0=phi0, bank_dir=bank_dir, index_dir=index_dir)
     marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
     probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)
     if 0 not in probe.points:  # the starting policy: the student before its first step
@@ -150,19 +144,49 @@ def run_method(
     eval_s += probe.seconds
 
     started = time.perf_counter()
-    if validation_n:  # a tuning run: validation tasks of the train split, never the evaluate stage's test splits
-        student, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=trained["student"]))
-        results = evaluate(student, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
-        del student
-        write_metrics(results, out / "eval.json")
-    else:
-        final = final_eval_params(p, eval_n)
-        final.model = dataclasses.replace(p.model, name_or_path=trained["student"])
-        results = run_evaluate(final, out / "eval.json", log=log)
+    results = final_evaluation(p, trained["student"], out / "eval.json", eval_n, validation_n, log)
     eval_s += time.perf_counter() - started
+    timing = {"train_seconds": round(train_s, 2), "eval_seconds": round(eval_s, 2)}
+    summary = run_summary(p, budget, steps, spent, trained, results, probe.curve(), timing)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_params(
+    params: Params, method: str, out: Path, steps: int, *, phi0: str | None, bank_dir: str | None, index_dir: str | None
+) -> Params:
+    """The distill stage's params for one run: the method, its steps, its own folder, φ0 and the seed bank."""
+    p = copy.deepcopy(params)
+    p.lopd = dataclasses.replace(p.lopd, method=method, steps=steps, out_dir=str(out), csv=str(out / "distill.csv"))
+    # no φ0: a method whose teacher reads no latents gets a fresh (unused) composer
+    p.coldstart = dataclasses.replace(p.coldstart, out=phi0 or "", fit_out=phi0 or "")
+    if bank_dir:
+        p.bank = dataclasses.replace(p.bank, dir=bank_dir, index_dir=index_dir or p.bank.index_dir)
+    return p
+
+
+def final_evaluation(p: Params, student: str, path: Path, eval_n: int, validation_n: int, log=print) -> dict:
+    """The exported student's evaluation, written to `path`: the cycle's (final_eval_params), or for a tuning run
+    (`validation_n` > 0) validation tasks of the train split, never the evaluate stage's test splits."""
+    if validation_n:
+        model, tokenizer = load_policy(dataclasses.replace(p.model, name_or_path=student))
+        results = evaluate(model, tokenizer, _with_eval(p, ["train"], validation_n), log=log)
+        del model
+        write_metrics(results, path)
+        return results
+    final = final_eval_params(p, eval_n)
+    final.model = dataclasses.replace(p.model, name_or_path=student)
+    return run_evaluate(final, path, log=log)
+
+
+def run_summary(
+    p: Params, budget: int, steps: int, spent: int, trained: dict, results: dict, curve: list[dict], timing: dict
+) -> dict:
+    """The numbers of one run, as summary.json keeps them and the report reads them."""
+    out = Path(p.lopd.out_dir)
     envs = [e for e in p.envs.mix if e in results]
-    summary = {
-        "method": method,
+    return {
+        "method": p.lopd.method,
         "world": p.envs.deploy_worlds[0],
         "seed": p.seed,
         "lr": p.lopd.lr_student,
@@ -170,8 +194,7 @@ def run_method(
         "steps": steps,
         "bank_rollouts": spent,
         "rollouts": trained["rollouts"],
-        "train_seconds": round(train_s, 2),
-        "eval_seconds": round(eval_s, 2),
+        **timing,
         "final_beta": trained["beta"],
         "margin": trained["margin"],
         "csv": str(out / "distill.csv"),
@@ -184,13 +207,11 @@ def run_method(
             "refreshes": trained["bank_refreshes"],
             "dir": trained["bank_dir"],
         },
-        "curve": probe.curve(),
+        "curve": curve,
         # the mix's environments pooled (one environment: its own cells); per environment under by_env
         "final": _final(pool_envs(results, envs)),
         "by_env": {env: _final(results[env]) for env in envs},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def pool_envs(results: dict, envs) -> dict:

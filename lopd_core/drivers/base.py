@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lopd_core.config import Params
-from lopd_core.model.warmstart import BaseBuildReport, build_base
+from lopd_core.model.base_build import BaseBuildReport, build_base
 
 
 def run_base(params: Params, out: str | Path, log=print) -> BaseBuildReport:

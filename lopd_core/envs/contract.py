@@ -173,64 +173,82 @@ def check_env_contract(
     count = 0
     for task in tasks:
         count += 1
-        # Task JSON round trip
         if Task.from_json(task.to_json()) != task or Task.from_json(task.to_json()).to_json() != task.to_json():
             _fail(task, "Task JSON round trip is not exact")
         if task.max_turns < 1:
             _fail(task, "max_turns < 1")
-        # reset
-        env = env_factory()
-        first = env.reset(task)
-        if not isinstance(first, FirstObservation):
-            _fail(task, "reset() must return FirstObservation")
-        if not (isinstance(first.system, str) and first.system.strip()):
-            _fail(task, "empty system text")
-        if not (isinstance(first.user, str) and first.user.strip()) or first.user != task.instruction:
-            _fail(task, "user text must be the non-empty task instruction")
-        if not isinstance(first.tools, tuple) or not all(
-            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
-            for t in first.tools
-        ):
-            _fail(task, "tools must be a tuple of JSON schemas, each with a name (and parameters)")
-        try:
-            env.reset(task)
-        except RuntimeError:
-            pass
-        else:
-            _fail(task, "second reset() must raise RuntimeError")
-        # malformed actions are error observations, never exceptions
-        for probe in MALFORMED_PROBES:
-            env, (r,) = _play(env_factory, task, [probe])
-            if not r.observation.strip():
-                _fail(task, f"malformed action {probe!r} gave an empty observation")
-            if r.done and r.info.get("stop_reason") != "turn_limit":
-                _fail(task, f"malformed action {probe!r} ended the episode")
-            if not r.done and r.info.get("error") is None:
-                _fail(task, f"malformed action {probe!r} reported no error")
-        # turn limit
-        probes = [MALFORMED_PROBES[i % len(MALFORMED_PROBES)] for i in range(task.max_turns)]
-        env, results = _play(env_factory, task, probes)
-        if len(results) != task.max_turns or not results[-1].done:
-            _fail(task, f"turn limit {task.max_turns} did not end the episode")
-        if results[-1].info["stop_reason"] != "turn_limit":
-            _fail(task, "episode ended by the turn limit must have stop_reason 'turn_limit'")
-        try:
-            env.step("done")
-        except RuntimeError:
-            pass
-        else:
-            _fail(task, "step() after done must raise RuntimeError")
-        _check_episode(task, env, probes, results)
-        # determinism + episode record on a scripted (or default) action sequence
-        actions = list(scripted(task)) if scripted else [MALFORMED_PROBES[0], "done"]
-        env_a, res_a = _play(env_factory, task, actions)
-        _, res_b = _play(env_factory, task, actions)
-        if [(r.observation, r.reward, r.done, r.info) for r in res_a] != [
-            (r.observation, r.reward, r.done, r.info) for r in res_b
-        ]:
-            _fail(task, "same task + same actions gave different results (non-deterministic)")
-        if not res_a[-1].done:
-            _fail(task, "scripted actions did not finish the episode")
-        _check_episode(task, env_a, actions, res_a)
+        first = _check_reset(env_factory, task)
+        _check_malformed(env_factory, task)
+        _check_turn_limit(env_factory, task)
+        env_a = _check_determinism(env_factory, task, scripted)
         _check_tools(env_factory, task, first, getattr(env_a, "tool_examples", None))
     return count
+
+
+def _check_reset(env_factory, task: Task) -> FirstObservation:
+    """reset() gives a system text, the task's instruction and tool schemas, once: a second reset raises."""
+    env = env_factory()
+    first = env.reset(task)
+    if not isinstance(first, FirstObservation):
+        _fail(task, "reset() must return FirstObservation")
+    if not (isinstance(first.system, str) and first.system.strip()):
+        _fail(task, "empty system text")
+    if not (isinstance(first.user, str) and first.user.strip()) or first.user != task.instruction:
+        _fail(task, "user text must be the non-empty task instruction")
+    if not isinstance(first.tools, tuple) or not all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
+        for t in first.tools
+    ):
+        _fail(task, "tools must be a tuple of JSON schemas, each with a name (and parameters)")
+    try:
+        env.reset(task)
+    except RuntimeError:
+        pass
+    else:
+        _fail(task, "second reset() must raise RuntimeError")
+    return first
+
+
+def _check_malformed(env_factory, task: Task) -> None:
+    """Malformed actions are error observations, never exceptions, and never end the episode early."""
+    for probe in MALFORMED_PROBES:
+        _, (r,) = _play(env_factory, task, [probe])
+        if not r.observation.strip():
+            _fail(task, f"malformed action {probe!r} gave an empty observation")
+        if r.done and r.info.get("stop_reason") != "turn_limit":
+            _fail(task, f"malformed action {probe!r} ended the episode")
+        if not r.done and r.info.get("error") is None:
+            _fail(task, f"malformed action {probe!r} reported no error")
+
+
+def _check_turn_limit(env_factory, task: Task) -> None:
+    """max_turns actions end the episode with stop_reason 'turn_limit'; a step after the end raises."""
+    probes = [MALFORMED_PROBES[i % len(MALFORMED_PROBES)] for i in range(task.max_turns)]
+    env, results = _play(env_factory, task, probes)
+    if len(results) != task.max_turns or not results[-1].done:
+        _fail(task, f"turn limit {task.max_turns} did not end the episode")
+    if results[-1].info["stop_reason"] != "turn_limit":
+        _fail(task, "episode ended by the turn limit must have stop_reason 'turn_limit'")
+    try:
+        env.step("done")
+    except RuntimeError:
+        pass
+    else:
+        _fail(task, "step() after done must raise RuntimeError")
+    _check_episode(task, env, probes, results)
+
+
+def _check_determinism(env_factory, task: Task, scripted) -> object:
+    """The same task and actions give the same results, and the episode record, on a scripted (or default)
+    action sequence; returns the first of the two environments played."""
+    actions = list(scripted(task)) if scripted else [MALFORMED_PROBES[0], "done"]
+    env_a, res_a = _play(env_factory, task, actions)
+    _, res_b = _play(env_factory, task, actions)
+    if [(r.observation, r.reward, r.done, r.info) for r in res_a] != [
+        (r.observation, r.reward, r.done, r.info) for r in res_b
+    ]:
+        _fail(task, "same task + same actions gave different results (non-deterministic)")
+    if not res_a[-1].done:
+        _fail(task, "scripted actions did not finish the episode")
+    _check_episode(task, env_a, actions, res_a)
+    return env_a

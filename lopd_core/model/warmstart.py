@@ -1,5 +1,5 @@
-"""`lopd base`: build the embedded base policy — tokenizer, tiny Qwen3, supervised warm start — and save it as a
-standard Hugging Face directory.
+"""The warm start of the embedded base: batches, loss, optimizers, schedule and the training loop
+(lopd_core/model/base_build.py builds the base around it).
 
 The warm start is next-token cross-entropy on the demonstrations' action tokens only (the forced system, user
 and observation tokens are context, not targets), averaged over action tokens in the batch. Batches are packed
@@ -15,70 +15,15 @@ slower machine then gets fewer steps and a weaker base.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
 
-from lopd_core.config import Params
-from lopd_core.envs.mix import mix_counts, pretraining_mix
-from lopd_core.envs.toolworld.worlds import WorldSplit
-from lopd_core.model.chat import ChatCodec, TrajectoryIds
-from lopd_core.model.codegen_demos import build_codegen_demos
-from lopd_core.model.demos import build_demos, encode_demo
-from lopd_core.model.drills import build_drills, encode_drill
-from lopd_core.model.loading import pin_threads, tiny_qwen3
+from lopd_core.model.chat import TrajectoryIds
 from lopd_core.model.muon import StackedMuon
-from lopd_core.model.tokenizer import train_tokenizer
-from lopd_core.outputs import check_folder, publish_folder
-
-# Left in every built base: a later `lopd base` may replace a folder holding it, and no other non-empty folder.
-BASE_MARKER = ".lopd-base"
-# What a base folder holds (the last two: the cycle's stage summary and cache key).
-BASE_FILES = {
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "build_report.json",
-    "_stage.json",
-    "_key.json",
-}
-
-
-def _earlier_base(folder: Path, names: set[str]) -> bool:
-    """A base built before the marker existed: nothing but a base's files, among them a build report that names
-    the warm start (a plain Hugging Face folder of the user's has the same file names, never this report)."""
-    if not names <= BASE_FILES or "build_report.json" not in names:
-        return False
-    try:
-        return "demos" in json.loads((folder / "build_report.json").read_text())
-    except (OSError, ValueError):
-        return False
-
-
-@dataclass
-class BaseBuildReport:
-    demos: int
-    drills: int  # drills and first-action cuts mixed in (drills.py)
-    demo_tokens: int
-    action_tokens: int
-    parameters: int
-    steps: int
-    epochs_done: float
-    final_loss: float
-    seconds_demos: float
-    seconds_train: float
-    seconds_total: float
-    out_dir: str
 
 
 def pack_batches(seqs: list[TrajectoryIds], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -256,117 +201,57 @@ def train_step(
     return loss.detach()
 
 
-def build_base(params: Params, out_dir: str | Path, log=print) -> BaseBuildReport:
-    """Build the embedded base into `out_dir`, swapped in whole once saved (lopd_core/outputs.py): a missing or
-    empty folder or an earlier base is replaced; any other folder is refused before the minutes of training."""
-    check_folder(out_dir, BASE_MARKER, "a base", _earlier_base)
-    t0 = time.perf_counter()
-    ws, tiny = params.model.warmstart, params.model.tiny
-    pin_threads(params.model)  # the same base whatever the machine's cores (model.threads)
-    torch.manual_seed(params.seed)
-    rng = random.Random(params.seed)
-    # Demonstrations per env in the proportions of the mix's pretraining part: a plugin environment has no oracle
-    # or pretraining worlds, so its share goes to the built-ins rather than being dropped.
-    counts = mix_counts(pretraining_mix(params.envs.mix), ws.demos)
-    demos = build_demos(
-        n=counts.get("toolworld", 0),
-        experience_fraction=ws.experience_fraction,
-        max_experiences=ws.max_experiences,
-        convention_noise=ws.convention_noise,
-        slip=ws.slip,
-        seed=params.seed,
-        worlds=WorldSplit.from_config(params.envs).pretrain,
-    )
-    if counts.get("codegen"):  # appended: the toolworld part (and its first-action cuts) stay as they were
-        demos += build_codegen_demos(
-            n=counts["codegen"],
-            experience_fraction=ws.experience_fraction,
-            max_experiences=ws.max_experiences,
-            noise=ws.convention_noise,
-            slip=ws.slip,
-            seed=params.seed + 1,
-        )
-    tokenizer = train_tokenizer((d.text() for d in demos), tiny.vocab_size)
-    codec = ChatCodec(tokenizer)
-    seqs = [encode_demo(d, codec) for d in demos]
-    seqs = [s for s in seqs if len(s) <= tiny.max_positions]
-    # Drills and first-action cuts are mixed in: pack_batches groups them by length, so their short batches
-    # interleave with the demonstrations' all through training (run first as a block, they were forgotten).
-    drills = [encode_drill(d, codec) for d in build_drills((d.text() for d in demos), ws.drills, params.seed)]
-    drills += [first_action(s) for s in seqs[: ws.drills]]
-    t_demos = time.perf_counter() - t0
-    demo_tokens = sum(len(s) for s in seqs)
-    action_tokens = sum(sum(s.action_mask) for s in seqs)
-    log(
-        f"base: {len(seqs)} demonstrations, {demo_tokens} tokens ({action_tokens} supervised), "
-        f"vocab {len(tokenizer)}, built in {t_demos:.1f}s"
-    )
+def lr_factor(step: int, planned: int, warmup_steps: int) -> float:
+    """The schedule's factor on each group's peak rate: linear warm-up, cosine down to 5 %."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, planned - warmup_steps)
+    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    model = tiny_qwen3(tiny, tokenizer)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_demos = len(seqs)
-    seqs = seqs + drills
+
+def replan(step: int, elapsed: float, since_mark: float, planned_at_most: int, time_budget_s: float) -> int:
+    """The steps the time budget still affords, re-estimated from the last 10 steps' pace (the machine may be
+    busy): a cosine cut off half-way would end at a high learning rate."""
+    pace = since_mark / 10
+    affordable = step + int(max(0.0, time_budget_s - elapsed) / max(pace, 1e-6))
+    return max(step + 1, min(planned_at_most, affordable))
+
+
+@dataclass(frozen=True)
+class WarmStartRun:
+    steps: int
+    epochs_done: float
+    final_loss: float  # an exponential mean of the last steps' losses
+    seconds: float
+
+
+def train_warm_start(
+    model, seqs: list[TrajectoryIds], pad_id: int, tokenizer, ws, rng: random.Random, log=print
+) -> WarmStartRun:
+    """The warm start of `model` on `seqs` under the `model.warmstart` settings `ws` (module docstring)."""
     batches = pack_batches(seqs, ws.batch_tokens, rng)
     total_steps = ws.max_steps or max(1, int(len(batches) * ws.epochs))
     optimizers = make_optimizers(model, ws)
     is_value = value_tokens(tokenizer) if ws.copy_weight != 1.0 else None
-
-    def lr_at(step: int, planned: int) -> float:
-        """The schedule's factor on each group's peak rate: linear warm-up, cosine down to 5 %."""
-        if step < ws.warmup_steps:
-            return (step + 1) / ws.warmup_steps
-        progress = (step - ws.warmup_steps) / max(1, planned - ws.warmup_steps)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
     model.train()
-    t_train = time.perf_counter()
+    started = time.perf_counter()
     step, loss_ema, planned, last_mark = 0, float("nan"), total_steps, 0.0
     while step < planned:
         if step and step % len(batches) == 0:
             rng.shuffle(batches)
         batch = [seqs[i] for i in batches[step % len(batches)]]
-        loss = train_step(model, optimizers, batch, codec.pad_id, ws, lr_at(step, planned), is_value)
+        factor = lr_factor(step, planned, ws.warmup_steps)
+        loss = train_step(model, optimizers, batch, pad_id, ws, factor, is_value)
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
         step += 1
-        elapsed = time.perf_counter() - t_train
+        elapsed = time.perf_counter() - started
         if step % 10 == 0 and not ws.max_steps:
-            # Fit the schedule to the time budget, re-estimated from the last 10 steps (the machine may be
-            # busy): a cosine cut off half-way would end at a high learning rate.
-            recent = (elapsed - last_mark) / 10
+            planned = replan(step, elapsed, elapsed - last_mark, total_steps, ws.time_budget_s)
             last_mark = elapsed
-            affordable = step + int(max(0.0, ws.time_budget_s - elapsed) / max(recent, 1e-6))
-            planned = max(step + 1, min(total_steps, affordable))
         if step % 25 == 0 or step == planned:
-            lr = ws.lr * lr_at(step, planned)
+            lr = ws.lr * lr_factor(step, planned, ws.warmup_steps)
             log(f"base: step {step}/{planned} loss {loss_ema:.3f} lr {lr:.2e} ({elapsed:.0f}s)")
         if elapsed > ws.time_budget_s * 1.1 and not ws.max_steps:
             log(f"base: time budget {ws.time_budget_s:.0f}s overrun at step {step}/{planned}; stopping")
             break
-    seconds_train = time.perf_counter() - t_train
-
-    model.eval()
-    model.generation_config = GenerationConfig(
-        eos_token_id=codec.im_end_id, pad_token_id=codec.pad_id, do_sample=False, max_new_tokens=64
-    )
-    report = BaseBuildReport(
-        demos=n_demos,
-        drills=len(drills),
-        demo_tokens=demo_tokens,
-        action_tokens=action_tokens,
-        parameters=n_params,
-        steps=step,
-        epochs_done=round(step / len(batches), 3),
-        final_loss=round(loss_ema, 4),
-        seconds_demos=round(t_demos, 1),
-        seconds_train=round(seconds_train, 1),
-        seconds_total=round(time.perf_counter() - t0, 1),
-        out_dir=str(out_dir),
-    )
-
-    def fill(staging: Path) -> None:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "build_report.json").write_text(json.dumps(asdict(report), indent=2))
-
-    publish_folder(out_dir, BASE_MARKER, "a base", fill, _earlier_base)
-    return report
+    return WarmStartRun(step, round(step / len(batches), 3), round(loss_ema, 4), time.perf_counter() - started)

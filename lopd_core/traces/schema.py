@@ -97,36 +97,47 @@ def trace_world(instruction: str, tools_json: str) -> str:
 
 
 def episode_records(messages: list[dict]) -> list[dict]:
-    """The environment-style episode record of a served conversation (one dict per assistant turn: the tool
-    call and the observation the client sent back, or the final answer), the form experience texts are built from
-    (lopd_core/experience.py). A call whose arguments are not a JSON object keeps them as the raw string."""
+    """The environment-style episode record of a served conversation, the form experience texts are built from
+    (lopd_core/experience.py): per assistant turn its final answer (`action`), or per call it made (several in one
+    turn: OpenAI's parallel calls) the call and the observation the client sent back for it, found by its
+    `tool_call_id` among the tool messages before the next assistant turn (else by position; none: cut off). A
+    call whose arguments are not a JSON object keeps them as the raw string."""
     records: list[dict] = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
         calls = m.get("tool_calls") or []
         if not calls:
-            records.append({"action": m.get("content") or ""})
+            records.append({"action": _text(m.get("content"))})
             continue
-        fn = calls[0].get("function", {})
-        try:
-            arguments = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            arguments = fn.get("arguments")
-        reply = None  # the tool message the client sent back before the next assistant turn (none: cut off)
+        answers = []  # the tool messages the client sent back before the next assistant turn
         for later in messages[i + 1 :]:
             if later.get("role") == "assistant":
                 break
             if later.get("role") == "tool":
-                reply = later
-                break
-        records.append(
-            {
-                "call": {"name": fn.get("name", ""), "arguments": arguments},
-                "observation": (reply or {}).get("content") or "",
-            }
-        )
+                answers.append(later)
+        by_id = {a.get("tool_call_id"): a for a in answers if a.get("tool_call_id")}
+        for k, call in enumerate(calls):
+            fn = call.get("function", {})
+            try:
+                arguments = json.loads(fn.get("arguments") or "{}")
+            except ValueError:
+                arguments = fn.get("arguments")
+            reply = by_id.get(call.get("id")) or (answers[k] if k < len(answers) else None)
+            records.append(
+                {
+                    "call": {"name": fn.get("name", ""), "arguments": arguments},
+                    "observation": _text((reply or {}).get("content")),
+                }
+            )
     return records
+
+
+def _text(content) -> str:
+    """A message's content as text: a string, or OpenAI's list of text parts joined."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
 
 
 def _task_json(row, world: str) -> str:
@@ -134,8 +145,8 @@ def _task_json(row, world: str) -> str:
     the spec, the world its instruction (or tool set) declares. A trace has no environment to replay it in; the Task
     keeps the rollout table's `task` column whole and is what retrieval reads."""
     messages = json.loads(row["messages"])
-    user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-    system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
+    user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    system = next((_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")), "")
     task = Task(
         task_id=row["trajectory_id"],
         env=SERVE_ENV,
@@ -155,7 +166,7 @@ def _task_json(row, world: str) -> str:
 
 
 def _instruction(messages_json: str) -> str:
-    return next((m.get("content") or "" for m in json.loads(messages_json) if m.get("role") == "user"), "")
+    return next((_text(m.get("content")) for m in json.loads(messages_json) if m.get("role") == "user"), "")
 
 
 def forced_replies(messages_json: str, num_turns: int) -> int:
@@ -167,7 +178,8 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
     """Traces as rows of the rollout table (same columns, same schema): what a reader of rollout trajectories
     (the bank, distillation) loads. `labeled_only` drops conversations no feedback reached; with False they come
     with reward 0.0 and success False. A trace with a reply the model did not sample is no success (module
-    docstring); its label's reward stays."""
+    docstring), nor one whose first user message is blank (an experience is found by its task's text, and the
+    bank refuses a row without one); its label's reward stays."""
     traces = validate_traces(traces)
     if labeled_only:
         traces = traces[traces["labeled"]]
@@ -185,7 +197,9 @@ def traces_as_trajectories(traces: pd.DataFrame, *, labeled_only: bool = True) -
             "sample_logprobs": [float(v) for v in r["sample_logprobs"]],
             "prompt_length": int(r["prompt_length"]),
             "reward": float(r["reward"]) if r["labeled"] else 0.0,
-            "success": bool(r["success"]) and forced_replies(r["messages"], int(r["num_turns"])) <= 0,
+            "success": bool(r["success"])
+            and forced_replies(r["messages"], int(r["num_turns"])) <= 0
+            and bool(_instruction(r["messages"]).strip()),
             "stop_reason": STOP_REASONS[r["finish_reason"]],
             "num_turns": int(r["num_turns"]),
             "episode": json.dumps(episode_records(json.loads(r["messages"]))),

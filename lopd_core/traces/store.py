@@ -240,64 +240,13 @@ def read_records(store_dir: str | Path) -> Iterator[dict]:
 
 
 def _assemble(records: Iterator[dict]) -> list[dict]:
+    """One row per trajectory from the store's records in order: its turns concatenated, its latest feedback."""
     rows: dict[str, dict] = {}
     for rec in records:
         if rec["kind"] == "turn":
-            tid = rec["trajectory_id"]
-            row = rows.get(tid)
-            if row is None:
-                if rec["turn"] != 0:
-                    raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} without its turn 0; {REPAIR_HINT}")
-                row = rows[tid] = {
-                    "trajectory_id": tid,
-                    "session": rec["session"],
-                    "parent": rec.get("parent") or "",
-                    "origin": rec["origin"],
-                    "model_version": rec["model_version"],
-                    "tokenizer": str(rec.get("tokenizer") or ""),
-                    "tools": json.dumps(rec.get("tools") or []),
-                    "token_ids": [],
-                    "action_mask": [],
-                    "sample_logprobs": [],
-                    "prompt_length": int(rec["prompt_length"]),
-                    "num_turns": 0,
-                    "finish_reason": "",
-                    "labeled": False,
-                    "reward": math.nan,
-                    "success": False,
-                    "checks": "null",
-                    "messages": [],
-                    "started": float(rec["time"]),
-                    "ended": float(rec["time"]),
-                    "judged_turns": 0,
-                }
-            elif rec["turn"] != row["num_turns"]:
-                raise TraceStoreError(
-                    f"trajectory {tid}: turn {rec['turn']} follows turn {row['num_turns'] - 1}; {REPAIR_HINT}"
-                )
-            row["token_ids"] += rec["token_ids"]
-            row["action_mask"] += rec["action_mask"]
-            row["sample_logprobs"] += [float(v) for v in rec["sample_logprobs"]]
-            row["messages"] += rec["messages"]
-            row["num_turns"] += 1
-            row["finish_reason"] = rec["finish_reason"]
-            row["ended"] = float(rec["time"])
+            _add_turn(rows, rec)
         elif rec["kind"] == "feedback":
-            row = rows.get(rec["trajectory_id"])
-            if row is None:  # its turns are in segments moved away (after a snapshot): nothing to label here
-                warnings.warn(
-                    f"feedback for trajectory {rec['trajectory_id']} whose turns are not in this store: skipped",
-                    stacklevel=2,
-                )
-                continue
-            row.update(
-                labeled=True,
-                reward=float(rec["reward"]),
-                success=bool(rec["success"]),
-                checks=json.dumps(rec.get("checks")),
-                # the turns it judged: recorded with it, else (an older record) the turns written before it
-                judged_turns=int(rec.get("turns", row["num_turns"])),
-            )  # the latest feedback wins
+            _add_feedback(rows, rec)
         else:
             raise TraceStoreError(f"unknown record kind {rec['kind']!r}")
     for row in rows.values():
@@ -305,6 +254,72 @@ def _assemble(records: Iterator[dict]) -> list[dict]:
         if row.pop("judged_turns") < row["num_turns"]:  # a turn came after its label: nobody judged it
             row.update(labeled=False, reward=math.nan, success=False, checks="null")
     return list(rows.values())
+
+
+def _new_row(rec: dict) -> dict:
+    """A trajectory's row as its turn 0 starts it: unlabeled, nothing yet appended."""
+    return {
+        "trajectory_id": rec["trajectory_id"],
+        "session": rec["session"],
+        "parent": rec.get("parent") or "",
+        "origin": rec["origin"],
+        "model_version": rec["model_version"],
+        "tokenizer": str(rec.get("tokenizer") or ""),
+        "tools": json.dumps(rec.get("tools") or []),
+        "token_ids": [],
+        "action_mask": [],
+        "sample_logprobs": [],
+        "prompt_length": int(rec["prompt_length"]),
+        "num_turns": 0,
+        "finish_reason": "",
+        "labeled": False,
+        "reward": math.nan,
+        "success": False,
+        "checks": "null",
+        "messages": [],
+        "started": float(rec["time"]),
+        "ended": float(rec["time"]),
+        "judged_turns": 0,
+    }
+
+
+def _add_turn(rows: dict[str, dict], rec: dict) -> None:
+    """Append a turn record to its trajectory's row; turns must come in order from 0."""
+    tid = rec["trajectory_id"]
+    row = rows.get(tid)
+    if row is None:
+        if rec["turn"] != 0:
+            raise TraceStoreError(f"trajectory {tid}: turn {rec['turn']} without its turn 0; {REPAIR_HINT}")
+        row = rows[tid] = _new_row(rec)
+    elif rec["turn"] != row["num_turns"]:
+        raise TraceStoreError(
+            f"trajectory {tid}: turn {rec['turn']} follows turn {row['num_turns'] - 1}; {REPAIR_HINT}"
+        )
+    row["token_ids"] += rec["token_ids"]
+    row["action_mask"] += rec["action_mask"]
+    row["sample_logprobs"] += [float(v) for v in rec["sample_logprobs"]]
+    row["messages"] += rec["messages"]
+    row["num_turns"] += 1
+    row["finish_reason"] = rec["finish_reason"]
+    row["ended"] = float(rec["time"])
+
+
+def _add_feedback(rows: dict[str, dict], rec: dict) -> None:
+    """Label a trajectory's row with a feedback record (the latest wins)."""
+    row = rows.get(rec["trajectory_id"])
+    if row is None:  # its turns are in segments moved away (after a snapshot): nothing to label here
+        warnings.warn(
+            f"feedback for trajectory {rec['trajectory_id']} whose turns are not in this store: skipped", stacklevel=3
+        )
+        return
+    row.update(
+        labeled=True,
+        reward=float(rec["reward"]),
+        success=bool(rec["success"]),
+        checks=json.dumps(rec.get("checks")),
+        # the turns it judged: recorded with it, else (an older record) the turns written before it
+        judged_turns=int(rec.get("turns", row["num_turns"])),
+    )
 
 
 def read_traces(store_dir: str | Path) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import hashlib, sys
 from pathlib import Path
 import lopd_core
 from lopd_core.config import load_params
-from lopd_core.model.warmstart import build_base
+from lopd_core.model.base_build import build_base
 out, threads = Path(sys.argv[1]), sys.argv[2]
 (out.parent / "p.yaml").write_text("seed: 0\\n")
 params = load_params(out.parent / "p.yaml", ["model.warmstart.demos=300", "model.warmstart.drills=100",

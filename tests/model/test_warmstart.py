@@ -176,7 +176,7 @@ def test_max_steps_runs_exactly_that_many_steps_whatever_the_time_budget(tmp_pat
     """`model.warmstart.max_steps` is how recipes are compared on a busy machine: the time budget (here far too
     small for even one step) no longer cuts the run short."""
     from lopd_core.config import load_params
-    from lopd_core.model.warmstart import build_base
+    from lopd_core.model.base_build import build_base
 
     (tmp_path / "p.yaml").write_text("seed: 0\n")
     params = load_params(

@@ -188,7 +188,7 @@ def test_report_out_root_is_refused(tmp_path, capsys):
 
 
 def test_base_refuses_a_users_folder_before_training(tmp_path):
-    from lopd_core.model.warmstart import build_base
+    from lopd_core.model.base_build import build_base
 
     folder = _user_folder(tmp_path / "mine")
     with pytest.raises(OutputPathError, match="a base"):
@@ -207,7 +207,7 @@ def test_base_does_not_replace_a_users_hugging_face_folder(tmp_path, student_dir
     """Same file names as a base, but no build report: the user's own model, refused."""
     import shutil
 
-    from lopd_core.model.warmstart import build_base
+    from lopd_core.model.base_build import build_base
 
     mine = tmp_path / "my-finetuned-model"
     shutil.copytree(student_dir, mine)

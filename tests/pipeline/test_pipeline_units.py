@@ -109,7 +109,7 @@ def test_path_params_do_not_enter_stage_keys():
 
 # ---- the promotion gate -------------------------------------------------------------------------------------
 def test_gate_averages_held_out_splits_and_needs_a_strict_gain():
-    from flows.cycle import gate_score
+    from lopd_core.drivers.cycle_record import gate_score
 
     params = load_params("params.yaml", ["cycle.gate_metric=success_rate"])
     champion, student = eval_json(0.10, 0.3), eval_json(0.10, 0.4)
@@ -333,8 +333,8 @@ def test_cycle_summary_shows_every_environment_of_the_mix(tmp_path):
     """A plugin environment's success is in the summary, on the splits it has; one env keeps the plain lines."""
     import json
 
-    from flows.cycle import summarize
     from lopd_core.config import EnvsConfig, Params
+    from lopd_core.drivers.cycle_summary import summarize
 
     def cell(rate):
         return {"success_rate": rate, "reward_mean": rate, "n": 4, "ci95": [0.0, 1.0]}

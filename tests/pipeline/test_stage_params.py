@@ -7,6 +7,7 @@ import ast
 import copy
 import dataclasses
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -46,18 +47,33 @@ def test_dvc_yaml_lists_what_the_table_says_each_stage_reads():
         assert code == dvc_code_deps(name), f"dvc.yaml stage {name}: code deps should be {dvc_code_deps(name)}"
 
 
+def _driver_table() -> dict[str, tuple[str, str]]:
+    """lopd_core/drivers/__init__.py's table, read from its docstring: stage -> (driver module, function)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "lopd_core" / "drivers" / "__init__.py").read_text()))
+    rows = (re.match(r"    (\w+)\s+drivers/(\w+)\.py\s+(\w+)\s", line) for line in doc.splitlines())
+    return {m[1]: (f"lopd_core.drivers.{m[2]}", m[3]) for m in rows if m}
+
+
 # The module that holds each stage's driver: what the stage runs is it and what it imports.
-DRIVERS = {
-    "base": "lopd_core.drivers.base",
-    "bank": "lopd_core.drivers.bank",
-    "coldstart": "lopd_core.drivers.coldstart",
-    "fit": "lopd_core.drivers.fit",
-    "teacher": "lopd_core.drivers.teacher",
-    "distill": "lopd_core.drivers.distill",
-    "evaluate": "lopd_core.drivers.evaluate",
-    "export": "lopd_core.drivers.export",
-    "report": "lopd_core.drivers.report",
-}
+DRIVERS = {stage: module for stage, (module, _) in _driver_table().items()}
+
+
+def test_the_drivers_table_is_true():
+    """The map in lopd_core/drivers/__init__.py names every stage that runs code, the driver module each one's
+    `code` starts from and a function that module defines; every module of the folder is named there."""
+    assert set(DRIVERS) == {stage for stage, reads in STAGES.items() if reads.code}
+    for stage, (module, function) in _driver_table().items():
+        path = _module_file(module)
+        assert STAGES[stage].code[0] == path.relative_to(ROOT).as_posix(), stage
+        defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert function in defined, f"{module} defines no {function}"
+    doc = (ROOT / "lopd_core" / "drivers" / "__init__.py").read_text()
+    unnamed = [
+        p.name
+        for p in (ROOT / "lopd_core" / "drivers").glob("*.py")
+        if p.stem != "__init__" and f"drivers/{p.name}" not in doc
+    ]
+    assert not unnamed, f"lopd_core/drivers/__init__.py does not say what {unnamed} are"
 
 
 def _module_file(module: str) -> Path | None:
@@ -283,7 +299,7 @@ def test_distill_flow_hashes_the_teacher_and_passes_it_on(monkeypatch, tmp_path)
 
 
 def test_refresh_teacher_picks_the_cycles_teacher():
-    from flows.cycle import Champion, teacher_for
+    from lopd_core.drivers.cycle_record import Champion, teacher_for
 
     refresh, keep = Params(), Params()
     keep.cycle = replace(keep.cycle, refresh_teacher=False)

@@ -22,7 +22,7 @@ def test_render_matches_the_engine_layout(tiny_tokenizer):
             {"role": "system", "content": "tools: lookup(key)"},
             {"role": "user", "content": "find a"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "content": "7"},
+            {"role": "tool", "tool_call_id": "c", "content": "7"},
         ],
         tools=TOOLS,
     )
@@ -59,7 +59,8 @@ def test_an_echoed_tool_call_matches_the_reply_it_came_from(tiny_tokenizer):
         ],
     }
     req = ChatRequest(
-        messages=[{"role": "user", "content": "q"}, echoed, {"role": "tool", "content": "7"}], tools=TOOLS
+        messages=[{"role": "user", "content": "q"}, echoed, {"role": "tool", "tool_call_id": "mine", "content": "7"}],
+        tools=TOOLS,
     )
     assert parse_messages(req, max_messages=10).keys[2] == key
 

@@ -175,19 +175,7 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
     proc = None
     started = time.perf_counter()
     try:
-        Path(workdir, "job.json").write_text(json.dumps(job))
-        if is_root:  # the child reads the job as root, then works in the directory as the unprivileged uid
-            os.chown(workdir, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-u", str(CHILD_SCRIPT), workdir],
-            cwd=workdir,
-            env=_scrubbed_env(workdir),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        proc = _spawn(workdir, job, is_root)
         io = supervise(
             proc,
             deadline=started + limits.timeout_s,
@@ -196,14 +184,7 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
         )
         if io.stop is not None:
             _kill_group(proc.pid)
-        # Wait without reaping: while the leader is a zombie its pid, hence the group id, cannot be reused, so
-        # killing the group afterwards cannot hit an unrelated process.
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        _kill_group(proc.pid)
-        _, wait_status, usage = os.wait4(proc.pid, 0)
-        returncode = proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        _wait_group_gone(proc.pid)
-        used_cpu_s = usage.ru_utime + usage.ru_stime
+        returncode, used_cpu_s = _reap(proc)
         duration = time.perf_counter() - started
         report = read_report(Path(workdir, "report.jsonl"), n_calls=len(job.get("inputs", ())))
         status, stop_reason = _verdict(returncode, io.stop, report, limits.as_child_limits()["cpu_s"], used_cpu_s)
@@ -222,15 +203,50 @@ def run_job(job: dict, limits: SandboxLimits = SandboxLimits(), *, audit_hook: b
             workdir=workdir,
         )
     finally:
-        if proc is not None and proc.returncode is None:
-            _kill_group(proc.pid)
-            proc.kill()
-            proc.wait()
-        if proc is not None:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-        _remove_tree(workdir)
+        _clean_up(proc, workdir)
+
+
+def _spawn(workdir: str, job: dict, is_root: bool) -> subprocess.Popen:
+    """The child in its own session, isolated interpreter and scrubbed environment, reading the job from
+    `workdir`."""
+    Path(workdir, "job.json").write_text(json.dumps(job))
+    if is_root:  # the child reads the job as root, then works in the directory as the unprivileged uid
+        os.chown(workdir, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-u", str(CHILD_SCRIPT), workdir],
+        cwd=workdir,
+        env=_scrubbed_env(workdir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def _reap(proc: subprocess.Popen) -> tuple[int, float]:
+    """Wait for the child, kill whatever its group left, and return its exit code and CPU seconds."""
+    # Wait without reaping: while the leader is a zombie its pid, hence the group id, cannot be reused, so
+    # killing the group afterwards cannot hit an unrelated process.
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    _kill_group(proc.pid)
+    _, wait_status, usage = os.wait4(proc.pid, 0)
+    returncode = proc.returncode = os.waitstatus_to_exitcode(wait_status)
+    _wait_group_gone(proc.pid)
+    return returncode, usage.ru_utime + usage.ru_stime
+
+
+def _clean_up(proc: subprocess.Popen | None, workdir: str) -> None:
+    """Whatever happened: no child left running, its pipes closed, its directory gone."""
+    if proc is not None and proc.returncode is None:
+        _kill_group(proc.pid)
+        proc.kill()
+        proc.wait()
+    if proc is not None:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    _remove_tree(workdir)
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:

@@ -232,6 +232,28 @@ def parse_action(text: str) -> tuple[str, Any, Any]:
     return ("call", name, arguments)
 
 
+def parse_calls(text: str) -> tuple[str, list[tuple[str, dict]]] | None:
+    """Every call of one assistant message that may hold several (a chat API's parallel tool calls; an
+    environment takes one per turn, `parse_action`): the text outside the calls, stripped, and the calls in order
+    as (name, arguments). No call: (text, []). None when a call is malformed (unclosed, bad JSON, a stray closing
+    tag): the message is then text, as `parse_action` reports an error."""
+    content, calls, at = [], [], 0
+    while (start := text.find(CALL_OPEN, at)) >= 0:
+        end = text.find(CALL_CLOSE, start)
+        if end < 0:
+            return None
+        kind, name, arguments = parse_action(text[start : end + len(CALL_CLOSE)])
+        if kind != "call":
+            return None
+        content.append(text[at:start])
+        calls.append((name, arguments))
+        at = end + len(CALL_CLOSE)
+    content.append(text[at:])
+    if any(CALL_CLOSE in piece for piece in content):
+        return None
+    return (" ".join(p.strip() for p in content if p.strip()) if calls else text), calls
+
+
 def _id_last(value):
     """The same JSON value with every object's `id` moved after its other fields."""
     if isinstance(value, dict):

@@ -122,6 +122,12 @@ class ChatCodec:
     def observation_ids(self, observation: str) -> list[int]:
         return self.encode(observation_text(observation))
 
+    def tool_results_ids(self, observations: list[str]) -> list[int]:
+        """Forced ids after a turn of several tool calls: one tool turn per result, in order, then the next
+        assistant header (one result: `observation_ids`)."""
+        turns = "".join(f"{IM_START}tool\n{o}{IM_END}\n" for o in observations)
+        return self.encode(f"\n{turns}{IM_START}assistant\n")
+
 
 class ChatFormat(Protocol):
     """What the rollout engine, the trainer and the teacher need of a chat format (all of it in token ids)."""
@@ -143,6 +149,10 @@ class ChatFormat(Protocol):
 
     def observation_ids(self, observation: str) -> list[int]:
         """Forced ids after an action's closing token: the tool turn, then the next assistant header."""
+
+    def tool_results_ids(self, observations: list[str]) -> list[int]:
+        """Forced ids after a turn of several tool calls (a served conversation's parallel calls): every result's
+        tool turn, then the next assistant header."""
 
     def decode_action(self, ids: list[int]) -> str:
         """The environment's text for the policy's ids of one turn."""

@@ -25,8 +25,10 @@ the embedded format; the tokenizer gets those tokens from `add_experience_tokens
 there (lopd_core/distill/teacher.py). Construction checks on a probe that the splice of an experience block into
 a plain conversation is exactly the conversation rendered with it.
 
-Not supported: templates that rewrite earlier turns (Qwen3 drops past `<think>` blocks), several tool calls in
-one turn, a tool-call end token other than the turn's end (Llama 3.1's `<|eom_id|>`).
+Several tool calls in one turn (a served conversation's parallel calls) render as the template writes them, where
+it writes tool-call tags (Hermes, Qwen); environments take one call per turn. Not supported: templates that
+rewrite earlier turns (Qwen3 drops past `<think>` blocks), several calls in a bare-JSON syntax (Llama 3), a
+tool-call end token other than the turn's end (Llama 3.1's `<|eom_id|>`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from lopd_core.envs.toolworld.tools import parse_action
+from lopd_core.envs.toolworld.tools import parse_calls
 from lopd_core.model.chat.codec import EXP_END, EXP_START, TOOL_CALL, TOOL_CALL_END, TrajectoryIds, experience_block
 
 PROBE_SYSTEM = "tools: probe_tool(probe_arg)"
@@ -252,10 +254,15 @@ class TemplateChat:
     def action_ids(self, action_text: str) -> list[int]:
         """Ids of a demonstration action in the model's syntax, closed with the end token (warm start and
         tests, not rollouts): what the template renders for that assistant message."""
-        kind, name, arguments = parse_action(action_text) if self.renders_tool_calls else ("answer", None, None)
-        message = (
-            tool_call_message(name, arguments) if kind == "call" else {"role": "assistant", "content": action_text}
-        )
+        parsed = parse_calls(action_text) if self.renders_tool_calls else None
+        message = {"role": "assistant", "content": action_text}
+        if parsed and parsed[1]:  # one call or several (a served turn of parallel calls), as the template writes them
+            content, calls = parsed
+            message = {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls],
+            }
         ids = self._render(self._probe_messages() + [message])
         if ids[: len(self._probe_prompt)] != self._probe_prompt:
             raise ValueError("the action's first token merges with the generation prompt")
@@ -264,6 +271,13 @@ class TemplateChat:
     def observation_ids(self, observation: str) -> list[int]:
         conversation = self._probe_messages() + [self._probe_assistant, {"role": "tool", "content": observation}]
         ids = self._render(conversation, generation=True)
+        return ids[self._end_after(ids, len(self._probe_prompt)) + 1 :]
+
+    def tool_results_ids(self, observations: list[str]) -> list[int]:
+        """The template's rendering of consecutive tool messages after a turn of calls (templates that group
+        them, as Qwen's does into one turn, group them here too), then the next assistant header."""
+        tools = [{"role": "tool", "content": o} for o in observations]
+        ids = self._render(self._probe_messages() + [self._probe_assistant, *tools], generation=True)
         return ids[self._end_after(ids, len(self._probe_prompt)) + 1 :]
 
     def decode_action(self, ids: list[int]) -> str:
