@@ -1,15 +1,22 @@
 """`lopd serve` against the in-process batched engine: generated tokens/s and request latency at 1, 4 and 16
 concurrent clients, in one run, on one model.
 
-The server is `lopd serve` in a process of its own; each client is a thread here sending chat completions (each
-its own session, the same first turn, its own seed) over HTTP with the official openai package; the server
-batches what arrives within its window. The engine side runs
+The server is `lopd serve` in a process of its own (its decoder in another, `serve.engine: process`, or on a
+thread of the server with `--engine thread`); each client is a thread here sending chat completions (each its own
+session, the same first turn, its own seed) over HTTP with the official openai package. The engine side runs
 `generate_turn` directly on batches of the same size and the same contexts: the ratio server/engine is what
-HTTP, JSON, sessions, trace writes (fsync per request) and the batching window cost, and server c16/c1 is what
-batching buys. A tiny random model (or --model DIR) on CPU by default: the ratios, not the absolute figures, are
-what carries over.
+HTTP, JSON, sessions, trace writes (fsync per request) and the scheduling cost, and server c16/c1 is what
+batching buys. Server and engine alternate `--repeats` rounds per level (at least `--min-rounds` requests per
+client each), and the median round is reported with every round's ratio: on a shared machine a load that comes
+and goes then falls on both sides. Per level it also says where the server's time went: the decoder's busy share
+of the wall time, its CPU while busy (below 1 when it waited for the interpreter lock or a core) and the CPU of
+the server and of the clients.
+A tiny random model (or --model DIR) on CPU by default: the ratios, not the absolute figures, are what carries
+over. One torch thread per process, as every figure of the project is taken (the decoder, the server and the
+clients then each have a core's worth of work on a 2-core machine):
 
-    PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] [--max-tokens 32]
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] \
+        [--max-tokens 32] [--engine process|thread] [--repeats 3] [--min-rounds 16]
 """
 
 from __future__ import annotations
@@ -75,19 +82,80 @@ def clients(client, messages: list[dict], level: int, per_client: int, max_token
     return latencies, tokens, time.perf_counter() - started
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far, all its threads (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_round(client, health, server_pid, loaded, messages, context, level, per_client, args) -> dict:
+    """`level` clients through the server, then the same work on the engine in this process: the figures of one
+    round, the server's first."""
+    import httpx
+    import torch
+
+    from lopd_core.rollout.engine import Sampling, generate_turn
+
+    before = httpx.get(health).json()["engine"]
+    server_cpu, client_cpu = process_cpu_s(server_pid), time.process_time()
+    latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
+    after = httpx.get(health).json()["engine"]
+    server_cpu, client_cpu = process_cpu_s(server_pid) - server_cpu, time.process_time() - client_cpu
+    engine_tokens, t0, cpu0 = 0, time.perf_counter(), time.process_time()
+    for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
+        turns = generate_turn(
+            loaded.model,
+            [context] * level,
+            sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
+            stop_id=loaded.chat.im_end_id,
+            pad_id=loaded.chat.pad_id,
+            generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
+        )
+        engine_tokens += sum(len(ids) for ids, _ in turns)
+    engine_s, engine_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    busy = after["busy_s"] - before["busy_s"]
+    return {
+        "requests": len(latencies),
+        "server_tokens_per_s": round(sum(tokens) / server_s, 1),
+        "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
+        "server_over_engine": round((sum(tokens) / server_s) / (engine_tokens / engine_s), 3),
+        "latency_p50_s": round(statistics.median(latencies), 4),
+        "latency_p95_s": round(percentile(latencies, 0.95), 4),
+        "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1),
+        # where the server's time went: the decoder's share of the wall time, its CPU while busy (below 1: it
+        # waited for the interpreter lock or for a core), the server process's CPU (the engine process's aside)
+        # and the clients' CPU
+        "engine_busy_fraction": round(busy / server_s, 3),
+        # rows in the decoder's batch, on average over its steps (of `level`: a request being answered, sent
+        # again and rendered is not in it)
+        "rows_per_step": round((after["tokens"] - before["tokens"]) / max(after["steps"] - before["steps"], 1), 2),
+        "engine_cpu_over_busy": round((after["cpu_s"] - before["cpu_s"]) / max(busy, 1e-9), 3),
+        # the same for the engine run here: a shared machine gives the two sides different shares of a core
+        "reference_cpu_over_wall": round(engine_cpu / engine_s, 3),
+        "server_cpu_s": round(server_cpu, 2),
+        "client_cpu_s": round(client_cpu, 2),
+        "server_s": round(server_s, 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
-    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", default="1,4,16")
+    parser.add_argument("--min-rounds", type=int, default=16, help="requests per client at the least")
+    parser.add_argument("--repeats", type=int, default=3, help="server/engine rounds per level (median reported)")
+    parser.add_argument("--engine", default="process", choices=["process", "thread"], help="serve.engine")
     args = parser.parse_args()
 
     import httpx
     import openai
     import torch
 
-    from lopd_core.rollout.engine import Sampling, generate_turn
     from lopd_serve.models import load_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
@@ -112,6 +180,8 @@ def main() -> int:
             str(work / "traces"),
             "--poll-s",
             "0",
+            "--set",
+            f"serve.engine={args.engine}",
         ],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
@@ -137,28 +207,14 @@ def main() -> int:
 
     results = {}
     for level in [int(x) for x in args.levels.split(",")]:
-        per_client = max(args.requests // level, 1)
-        latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
-        engine_tokens, t0 = 0, time.perf_counter()
-        for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
-            turns = generate_turn(
-                loaded.model,
-                [context] * level,
-                sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
-                stop_id=loaded.chat.im_end_id,
-                pad_id=loaded.chat.pad_id,
-                generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
-            )
-            engine_tokens += sum(len(ids) for ids, _ in turns)
-        engine_s = time.perf_counter() - t0
+        per_client = max(args.requests // level, args.min_rounds)
+        runs = []
+        for _ in range(args.repeats):  # server and engine alternate: a load that comes and goes hits both
+            runs.append(one_round(client, health, server.pid, loaded, messages, context, level, per_client, args))
+        ratios = sorted(run["server_over_engine"] for run in runs)
         results[level] = {
-            "requests": len(latencies),
-            "server_tokens_per_s": round(sum(tokens) / server_s, 1),
-            "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
-            "server_over_engine": round((sum(tokens) / server_s) / (engine_tokens / engine_s), 3),
-            "latency_p50_s": round(statistics.median(latencies), 4),
-            "latency_p95_s": round(percentile(latencies, 0.95), 4),
-            "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1),
+            **sorted(runs, key=lambda run: run["server_over_engine"])[len(runs) // 2],  # the median run
+            "server_over_engine_runs": ratios,
         }
     stats = httpx.get(health).json()
     os.killpg(server.pid, signal.SIGTERM)
@@ -166,11 +222,13 @@ def main() -> int:
     levels = sorted(results)
     out = {
         "device": "cpu",
+        "engine": args.engine,
         "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens,
-        "server_batches": stats["batches"],
+        "server_decode_steps": stats["batches"],
         "server_requests": stats["batched_requests"],
         "levels": results,
+        f"server_over_engine_c{levels[-1]}": results[levels[-1]]["server_over_engine"],
         f"server_c{levels[-1]}_over_c{levels[0]}": round(
             results[levels[-1]]["server_tokens_per_s"] / results[levels[0]]["server_tokens_per_s"], 2
         ),

@@ -1,30 +1,33 @@
-"""Concurrent requests batched over the rollout engine's decoder, off the event loop.
+"""Concurrent requests decoded together over the model, off the event loop: a continuous batch
+(lopd_core/rollout/continuous.py) in one worker.
 
-Why: one request at a time would leave the batched, KV-cached decoding of the rollout engine
-(lopd_core/rollout/decode.py, `generate_turn`) idle while requests queue. One worker thread takes the first
-waiting request, waits `window_s` for others to join (up to `max_batch`), and decodes them together; the event
-loop only awaits a future, so a long generation never blocks other requests, health checks or feedback.
+Why: one request at a time would leave the batched, KV-cached decoding idle while requests queue, and a fixed
+batch (decode until its last row is done, then take the next) makes a request that arrives meanwhile wait for the
+whole batch while the rows already done wait for their answer. Here a request joins the running batch at the next
+step and leaves it, answered, the step it finishes; the event loop only awaits a future, so a long generation
+never blocks other requests, health checks or feedback. When the worker is idle, the first request waits
+`window_s` for others to join its first step (their prefills are then one forward).
 
-A batch shares what `generate_turn` shares: the model and the sampling settings. Requests are grouped by the
-`LoadedModel` they were rendered for (across a hot swap, the old and the new version are decoded apart) and by
-(temperature, top_p); a group decodes up to its largest `max_tokens`, and each row is cut at its own: the tokens
-kept are exactly what was sampled, with their log-probs. Every row samples from its own CPU stream seeded by the
-request's `seed` (or one drawn from the server's seeded stream), so a seeded request samples the same tokens
-whatever shares its batch (up to float noise in batched logits).
+Rows are grouped by the `LoadedModel` they were rendered for (across a hot swap, the old and the new version are
+decoded apart, each in its own batch, stepped in turn), at most `max_batch` rows per batch (the rest wait their
+turn). Every row samples from its own CPU stream seeded by the request's `seed` (or one drawn from the server's
+seeded stream) with its own temperature and top-p, so a seeded request samples the same tokens whatever shares
+its batch (up to float noise in batched logits).
 
 Each kept token is handed to its request's `on_token` as soon as it is sampled (how a stream sends it), with
 the top-k log-probs of the distribution it was drawn from when the request asked for them. Scoring requests
-(prompt log-probs) run in the same thread, one sequence per forward, so they never race a decode for the device.
+(prompt log-probs) run in the same worker between steps, so they never race a decode for the device.
 
-A request whose client went away (its task cancelled: a stream closed) leaves its batch at the next token, and
-a batch that fails (a context the model cannot read) is decoded again row by row, so only the failing request
-fails: in both cases the other rows go on from the tokens they kept, their seeded streams replayed to the same
-point (`_Row`), so what they sample does not depend on the event.
+A request whose client went away (its task cancelled: a stream closed) leaves its batch before the next step.
+A step that fails (a context the model cannot read) is traced to its request by running each row's sequence
+alone (`probe`): only the request that fails fails, and its batch mates go on from the tokens they kept, their
+streams where they were (the cache is rebuilt from their ids).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import random
 import threading
@@ -34,13 +37,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lopd_core.rollout.decode import generate_turn
+from lopd_core.rollout.continuous import ContinuousBatch, Request, probe
 from lopd_core.rollout.scoring import SequenceScores, score_sequence
-from lopd_core.rollout.trajectory import Sampling
 from lopd_serve.logprobs import finite
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself, never equal to another with the same fields
 class Job:
     loaded: object  # the LoadedModel the context was rendered for
     context: list[int]
@@ -48,21 +50,18 @@ class Job:
     top_p: float
     max_tokens: int
     seed: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    deliver: Callable[[object, Exception | None], None]  # called once, in the worker: (Generated, None) or (None, exc)
     top_logprobs: int = 0
-    on_token: Callable[[int, float, list], None] | None = None  # called in the worker thread per kept token
+    on_token: Callable[[int, float, list], None] | None = None  # called in the worker per kept token
     gone: bool = False  # its request was cancelled (the client went away): it leaves its batch
-    queued: float = field(default_factory=time.perf_counter)
 
 
-@dataclass
+@dataclass(eq=False)
 class ScoreJob:
     loaded: object
     ids: list[int]
     top_k: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    deliver: Callable[[object, Exception | None], None]
 
 
 @dataclass(frozen=True)
@@ -74,204 +73,232 @@ class Generated:
 
 
 class Batcher:
+    """The decoder on a thread of the server's process: the worker below, fed from the event loop. (The engine
+    process, engine_process.py, runs the same worker in a process of its own.)"""
+
     def __init__(self, *, window_s: float, max_batch: int, seed: int = 0):
-        self.window_s = window_s
-        self.max_batch = max_batch
-        self._queue: queue.Queue[Job | ScoreJob | None] = queue.Queue()
-        self._seeds = random.Random(seed)
-        self._seed_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="lopd-serve-batcher", daemon=True)
-        self.batches = 0  # how many decoding batches ran (the benchmark reads it)
-        self.rows = 0
-        self.tokens = 0  # tokens kept for requests (a row that left stops adding to it)
+        self.worker = Worker(window_s=window_s, max_batch=max_batch)
+        self.seeds = SeedStream(seed)
+        self._thread = threading.Thread(target=self.worker.run, name="lopd-serve-batcher", daemon=True)
+
+    # the worker's counters (health and the benchmark read them; the engine process reports its own)
+    batches = property(lambda self: self.worker.batches)
+    rows = property(lambda self: self.worker.rows)
+    tokens = property(lambda self: self.worker.tokens)
+    busy_s = property(lambda self: self.worker.busy_s)
+    cpu_s = property(lambda self: self.worker.cpu_s)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._queue.put(None)
+        self.worker.submit(None)
         self._thread.join(timeout=30)
 
     def draw_seed(self) -> int:
-        with self._seed_lock:
-            return self._seeds.randrange(2**63)
+        return self.seeds.draw()
 
-    async def generate(
-        self,
-        loaded,
-        context: list[int],
-        *,
-        temperature: float,
-        top_p: float,
-        max_tokens: int,
-        seed: int,
-        top_logprobs: int = 0,
-        on_token=None,
-    ) -> Generated:
-        """Decode one turn; `on_token(id, logprob, top)` runs in the worker thread for each kept token."""
-        loop = asyncio.get_running_loop()
-        job = Job(
-            loaded,
-            context,
-            temperature,
-            top_p,
-            max_tokens,
-            seed,
-            loop,
-            loop.create_future(),
-            top_logprobs=top_logprobs,
-            on_token=on_token,
-        )
-        self._queue.put(job)
+    def prepare(self, loaded) -> None:
+        """Nothing to load: the worker decodes with the LoadedModel each job names."""
+
+    async def generate(self, loaded, context: list[int], *, on_token=None, **sampling) -> Generated:
+        """Decode one turn (sampling: temperature, top_p, max_tokens, seed, top_logprobs); `on_token(id,
+        logprob, top)` runs in the worker thread for each kept token."""
+        future, deliver = worker_future()
+        job = Job(loaded, context, deliver=deliver, on_token=on_token, **sampling)
+        self.worker.submit(job)
         try:
-            return await job.future
+            return await future
         except asyncio.CancelledError:
-            job.gone = True  # read by the worker thread at its next token: the row leaves the batch
+            job.gone = True  # read by the worker before its next step: the row leaves the batch
             raise
 
     async def score(self, loaded, ids: list[int], *, top_k: int) -> SequenceScores:
-        loop = asyncio.get_running_loop()
-        job = ScoreJob(loaded, ids, top_k, loop, loop.create_future())
+        future, deliver = worker_future()
+        self.worker.submit(ScoreJob(loaded, ids, top_k, deliver))
+        return await future
+
+
+class SeedStream:
+    """The server's seeded stream of per-request seeds (a request that names none gets the next)."""
+
+    def __init__(self, seed: int):
+        self._seeds = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def draw(self) -> int:
+        with self._lock:
+            return self._seeds.randrange(2**63)
+
+
+def worker_future():
+    """A future of the running loop and a `deliver(result, exc)` that settles it from any thread."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(result, exc) -> None:
+        with contextlib.suppress(RuntimeError):  # a loop already closed has nobody waiting
+            loop.call_soon_threadsafe(_settle, future, result, exc)
+
+    return future, deliver
+
+
+class Worker:
+    """The decoding loop: jobs in (`submit`, from any thread), continuous batches stepped, results handed to
+    each job's `deliver`. Runs on a thread (Batcher) or as the main loop of the engine process."""
+
+    COUNTERS = ("batches", "rows", "tokens", "busy_s", "cpu_s")
+
+    def __init__(self, *, window_s: float, max_batch: int):
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self._queue: queue.Queue[Job | ScoreJob | None] = queue.Queue()
+        self._running: dict[int, tuple[object, ContinuousBatch]] = {}  # id(LoadedModel) -> (it, its batch)
+        self._jobs: dict[int, Job] = {}  # id(Request) -> its job
+        self._waiting: list[Job] = []  # admitted when their model's batch has room
+        self.batches = 0  # decoding steps run, each one forward over the rows present (the benchmark reads it)
+        self.rows = 0  # requests decoded
+        self.tokens = 0  # tokens kept for requests (a row that left stops adding to it)
+        self.busy_s = 0.0  # wall time the worker spent decoding or scoring (the benchmark reads it)
+        self.cpu_s = 0.0  # CPU time of the worker thread meanwhile: busy minus this is time it waited for the GIL
+
+    def submit(self, job: Job | ScoreJob | None) -> None:
+        """Queue a job; None stops the loop (every job still waiting fails)."""
         self._queue.put(job)
-        return await job.future
 
-    # ---- worker thread ---------------------------------------------------------------------------------
-    def _collect(self, first: Job) -> list[Job | ScoreJob]:
-        jobs = [first]
-        deadline = time.perf_counter() + self.window_s
-        while len(jobs) < self.max_batch:
-            left = deadline - time.perf_counter()
-            try:
-                job = self._queue.get(timeout=max(left, 0.0)) if left > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                self._queue.put(None)  # stop after this batch
-                break
-            jobs.append(job)
-        return jobs
+    def models(self) -> list[object]:
+        """The LoadedModels rows are being decoded with (the engine process keeps them loaded)."""
+        return [loaded for loaded, _ in self._running.values()]
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
+            arrived = self._take(wait=not self._running and not self._waiting)
+            if arrived is None:  # stopped (whoever still waited heard so)
                 return
-            jobs = self._collect(first)
-            groups: dict[tuple, list[Job]] = {}
-            for job in jobs:
-                if isinstance(job, ScoreJob):
-                    self._score(job)
-                    continue
-                groups.setdefault((id(job.loaded), job.temperature, job.top_p), []).append(job)
-            for group in groups.values():
-                self._decode(group)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            for job in [*self._waiting, *arrived]:
+                self._admit(job)
+            for key, (loaded, batch) in list(self._running.items()):
+                self._step(loaded, batch)
+                if not batch:
+                    del self._running[key]
+            self.busy_s += time.perf_counter() - wall
+            self.cpu_s += time.thread_time() - cpu
+
+    def _take(self, *, wait: bool) -> list[Job] | None:
+        """What arrived since the last step (scoring run at once); None once stopped. An idle worker waits for a
+        first request, then `window_s` for others to join it."""
+        arrived: list[Job] = []
+        deadline = None
+        while True:
+            try:
+                if wait and not arrived:
+                    job = self._queue.get()
+                    deadline = time.perf_counter() + self.window_s
+                elif deadline is not None and time.perf_counter() < deadline:
+                    job = self._queue.get(timeout=max(deadline - time.perf_counter(), 0.0))
+                else:
+                    job = self._queue.get_nowait()
+            except queue.Empty:
+                return arrived
+            if job is None:
+                self._fail_all(RuntimeError("the server stopped"), arrived=arrived)
+                return None
+            if isinstance(job, ScoreJob):
+                self._score(job)
+            else:
+                arrived.append(job)
+
+    def _fail_all(self, exc: Exception, *, arrived: list[Job]) -> None:
+        jobs = [*arrived, *self._waiting, *self._jobs.values()]
+        self._waiting, self._jobs, self._running = [], {}, {}
+        for job in jobs:
+            _hand(job, None, exc)
+
+    def _admit(self, job: Job) -> None:
+        if job in self._waiting:
+            self._waiting.remove(job)
+        if job.gone:
+            return
+        if id(job.loaded) not in self._running:
+            chat = job.loaded.chat
+            batch = ContinuousBatch(job.loaded.model, stop_id=chat.im_end_id, pad_id=chat.pad_id)
+            self._running[id(job.loaded)] = (job.loaded, batch)
+        batch = self._running[id(job.loaded)][1]
+        if len(batch) >= self.max_batch:
+            self._waiting.append(job)
+            return
+        request = Request(
+            job.context,
+            job.temperature,
+            job.top_p,
+            job.max_tokens,
+            torch.Generator().manual_seed(job.seed),
+            top_logprobs=job.top_logprobs,
+            on_token=self._on_token(job),
+        )
+        self._jobs[id(request)] = job
+        batch.add(request)
+        self.rows += 1
+
+    def _on_token(self, job: Job):
+        def kept(token_id: int, logprob: float, top: list) -> None:
+            self.tokens += 1
+            if job.on_token is not None:
+                job.on_token(token_id, logprob, top)
+
+        return kept
+
+    def _step(self, loaded, batch: ContinuousBatch) -> None:
+        """One step of a model's batch: the rows whose client left go first; a failing step fails only the
+        requests that fail alone."""
+        gone = [r for r in batch.requests() if self._jobs[id(r)].gone]
+        if gone:
+            batch.remove(gone)
+            for request in gone:
+                del self._jobs[id(request)]
+        if not batch:
+            return
+        try:
+            done = batch.step()
+        except Exception as exc:  # noqa: BLE001  handed to the waiting requests, never kills the worker
+            self._isolate(loaded, batch, exc)
+            return
+        self.batches += 1
+        for request in done:
+            self._finish(request, loaded.chat.im_end_id)
+
+    def _isolate(self, loaded, batch: ContinuousBatch, exc: Exception) -> None:
+        """Run each row's sequence alone: the requests that fail alone fail; the others go on from their ids in a
+        rebuilt cache. When none fails alone, the failure is the batch's: every row fails with it."""
+        failed: list[tuple[Request, Exception]] = []
+        for request in batch.requests():
+            try:
+                probe(loaded.model, request)
+            except Exception as alone:  # noqa: BLE001
+                failed.append((request, alone))
+        failed = failed or [(request, exc) for request in batch.requests()]
+        batch.remove([request for request, _ in failed])
+        batch.rebuild()
+        for request, error in failed:
+            _hand(self._jobs.pop(id(request)), None, error)
+
+    def _finish(self, request: Request, end_id: int) -> None:
+        stopped = bool(request.ids) and request.ids[-1] == end_id
+        out = Generated(list(request.ids), [finite(float(v)) for v in request.logprobs], stopped, request.top)
+        _hand(self._jobs.pop(id(request)), out, None)
 
     def _score(self, job: ScoreJob) -> None:
         try:
             out = score_sequence(job.loaded.model, job.ids, top_k=job.top_k)
         except Exception as exc:  # noqa: BLE001  handed to the waiting request, never kills the worker
-            job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
+            _hand(job, None, exc)
             return
-        job.loop.call_soon_threadsafe(_settle, job.future, out, None)
-
-    def _decode(self, group: list[Job]) -> None:
-        """Decode a group until every row is settled. Two events stop the batch early and the rows left go on
-        from where they are (`_Row.context`, their streams replayed): a client that went away (its row leaves,
-        the others do not decode to its max_tokens), and a failure (each row is then decoded alone, so only the
-        request that fails fails, not the innocent ones batched with it)."""
-        self._decode_group([_Row(job, self) for job in group])
-
-    def _decode_group(self, rows: list[_Row]) -> None:
-        end_id = rows[0].job.loaded.chat.im_end_id
-        while rows:
-            rows = [row for row in rows if not row.job.gone]
-            for row in [row for row in rows if row.finished(end_id)]:
-                row.settle(end_id)
-            rows = [row for row in rows if not row.finished(end_id)]
-            if not rows:
-                return
-            try:
-                self._decode_rows(rows)
-            except _Left:
-                continue
-            except Exception as exc:  # noqa: BLE001  handed to the waiting request, never kills the worker
-                if len(rows) == 1:
-                    rows[0].job.loop.call_soon_threadsafe(_settle, rows[0].job.future, None, exc)
-                    return
-                for row in rows:
-                    self._decode_group([row])
-                return
-
-    def _decode_rows(self, rows: list[_Row]) -> None:
-        head = rows[0].job
-        chat = head.loaded.chat
-        sampling = Sampling(
-            temperature=head.temperature,
-            top_p=head.top_p,
-            max_new_tokens=max(row.job.max_tokens - len(row.ids) for row in rows),
-        )
-
-        def on_token(n: int, token_id: int, logprob: float, top: list) -> None:
-            if any(row.job.gone for row in rows):
-                raise _Left  # before this token is kept: the row's stream is replayed up to what it kept
-            rows[n].keep(token_id, logprob, top)
-
-        generate_turn(
-            head.loaded.model,
-            [row.context() for row in rows],
-            sampling=sampling,
-            stop_id=chat.im_end_id,
-            pad_id=chat.pad_id,
-            generator=[row.stream() for row in rows],
-            on_token=on_token,
-            top_logprobs=max(row.job.top_logprobs for row in rows),
-        )
-        self.batches += 1
-        self.rows += len(rows)
+        _hand(job, out, None)
 
 
-class _Left(Exception):
-    """A request of the batch was cancelled (its client went away) while the batch decoded."""
-
-
-class _Row:
-    """One request's turn as decoded so far: what a batch that stops early hands on to the next one."""
-
-    def __init__(self, job: Job, batcher: Batcher):
-        self.job, self.batcher = job, batcher
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[list] = []
-
-    def context(self) -> list[int]:
-        return self.job.context + self.ids
-
-    def stream(self) -> torch.Generator:
-        """The row's sampling stream where it left off: seeded by the request, advanced one draw per kept token
-        (the decoder draws one uniform per sampled token of a row, none when greedy), so a row that goes on in
-        another batch samples what it would have sampled in this one."""
-        generator = torch.Generator().manual_seed(self.job.seed)
-        if self.job.temperature > 0:
-            for _ in self.ids:
-                torch.rand(1, generator=generator, dtype=torch.float64)
-        return generator
-
-    def keep(self, token_id: int, logprob: float, top: list) -> None:
-        if len(self.ids) >= self.job.max_tokens:  # decoded for a batch mate's longer max_tokens: not kept
-            return
-        self.ids.append(token_id)
-        self.logprobs.append(finite(float(logprob)))
-        self.top.append(top[: self.job.top_logprobs])
-        self.batcher.tokens += 1
-        if self.job.on_token is not None:
-            self.job.on_token(token_id, logprob, self.top[-1])
-
-    def finished(self, end_id: int) -> bool:
-        return len(self.ids) >= self.job.max_tokens or bool(self.ids and self.ids[-1] == end_id)
-
-    def settle(self, end_id: int) -> None:
-        out = Generated(list(self.ids), list(self.logprobs), bool(self.ids) and self.ids[-1] == end_id, self.top)
-        self.job.loop.call_soon_threadsafe(_settle, self.job.future, out, None)
+def _hand(job: Job | ScoreJob, result, exc) -> None:
+    job.deliver(result, exc)
 
 
 def _settle(future: asyncio.Future, result, exc) -> None:

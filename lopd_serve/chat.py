@@ -26,18 +26,33 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from fastapi import Depends, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
 from lopd_core.traces import DiskFull
 from lopd_serve.conversation import parse_messages, reply
+from lopd_serve.deps import Config, Decoder, Holder, RecordedTrajectories, Sessions, Store, authorized, ensure_room
 from lopd_serve.logprobs import chat_logprobs
-from lopd_serve.protocol import ApiError, ChatRequest
+from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest
+from lopd_serve.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkChoice,
+    ChunkDelta,
+    ErrorInfo,
+    ErrorResponse,
+    LopdTurn,
+    Usage,
+)
 from lopd_serve.sessions import plan_turn
 
 SESSION_HEADER = "x-session-id"
 MAX_SESSION_NAME = 256  # the bound of `user` and of feedback's `session` (protocol.py)
+
+router = APIRouter(dependencies=[Depends(authorized)])
 
 
 @dataclass
@@ -50,108 +65,97 @@ class Turn:
     plan: object
     loaded: object
     tools_key: str
-    max_tokens: int
-    seed: int
+    sampling: SamplingRequest
 
 
-def _max_tokens(req: ChatRequest, cfg) -> int:
-    refused = req.unsupported()
-    if refused is not None:
-        raise ApiError(400, f"{refused[0]}: {refused[1]}", "unsupported", param=refused[0])
-    if req.top_logprobs is not None and req.top_logprobs > cfg.max_top_logprobs:
+def _session_name(req: ChatRequest, request: Request) -> str | None:
+    name = request.headers.get(SESSION_HEADER) or req.user
+    if name is not None and len(name) > MAX_SESSION_NAME:  # feedback could never name it (its own bound)
         raise ApiError(
             400,
-            f"top_logprobs={req.top_logprobs}: at most {cfg.max_top_logprobs} (serve.max_top_logprobs)",
-            "too_many_logprobs",
-            param="top_logprobs",
+            f"{SESSION_HEADER}: a session name has at most {MAX_SESSION_NAME} characters",
+            "invalid_session",
+            param=SESSION_HEADER,
         )
-    max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
-    if max_tokens > cfg.max_tokens_limit:
-        raise ApiError(
-            400,
-            f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
-            "max_tokens_too_large",
-            param="max_tokens",
-        )
-    return max_tokens
+    return name
 
 
-def add_chat(app, cfg, *, batcher, sessions, holder, store, recorded, authorized, room) -> None:
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(req: ChatRequest, request: Request):
-        max_tokens = _max_tokens(req, cfg)
-        # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
-        # length once tokenized) must not hold the event loop, and with it health checks and every stream
-        parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
-        room()
-        name = request.headers.get(SESSION_HEADER) or req.user
-        if name is not None and len(name) > MAX_SESSION_NAME:  # feedback could never name it (its own bound)
+@router.post("/v1/chat/completions", response_model=ChatCompletion)
+async def chat_completions(
+    req: ChatRequest,
+    request: Request,
+    cfg: Config,
+    decoder: Decoder,
+    sessions: Sessions,
+    holder: Holder,
+    store: Store,
+    recorded: RecordedTrajectories,
+):
+    sampling = req.to_sampling(cfg, decoder.draw_seed)
+    # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
+    # length once tokenized) must not hold the event loop, and with it health checks and every stream
+    parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
+    ensure_room(store)
+    session = sessions.get(_session_name(req, request), client=request.client.host if request.client else "")
+    await session.lock.acquire()  # released when the turn is answered (or its stream ends)
+    streaming = False
+    try:
+        loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
+        tools_key = json.dumps(parsed.tools, sort_keys=True)
+        plan = await asyncio.to_thread(plan_turn, session, parsed, tools_key, loaded.chat, loaded.version)
+        if len(plan.context) + sampling.max_tokens > cfg.max_context:
             raise ApiError(
                 400,
-                f"{SESSION_HEADER}: a session name has at most {MAX_SESSION_NAME} characters",
-                "invalid_session",
-                param=SESSION_HEADER,
+                f"the conversation is {len(plan.context)} tokens; with max_tokens={sampling.max_tokens} "
+                f"it exceeds the context limit of {cfg.max_context} (serve.max_context)",
+                "context_length_exceeded",
+                param="messages",
             )
-        session = sessions.get(name, client=request.client.host if request.client else "")
-        await session.lock.acquire()  # released when the turn is answered (or its stream ends)
-        streaming = False
-        try:
-            loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
-            tools_key = json.dumps(parsed.tools, sort_keys=True)
-            plan = await asyncio.to_thread(plan_turn, session, parsed, tools_key, loaded.chat, loaded.version)
-            if len(plan.context) + max_tokens > cfg.max_context:
-                raise ApiError(
-                    400,
-                    f"the conversation is {len(plan.context)} tokens; with max_tokens={max_tokens} "
-                    f"it exceeds the context limit of {cfg.max_context} (serve.max_context)",
-                    "context_length_exceeded",
-                    param="messages",
-                )
-            seed = req.seed if req.seed is not None else batcher.draw_seed()
-            turn = Turn(req, session, parsed, plan, loaded, tools_key, max_tokens, seed % 2**63)
-            if req.stream:
-                response = StreamingResponse(
-                    _stream(turn, batcher, store, recorded, request), media_type="text/event-stream"
-                )
-                streaming = True  # the stream releases the lock when it ends
-                return response
-            job = asyncio.ensure_future(_generate(turn, batcher))
-            watch = asyncio.ensure_future(_cancel_when_gone(request, job))
-            try:
-                out = await job
-            except asyncio.CancelledError:
-                if not job.cancelled():
-                    raise
-                # nobody hears this answer (nginx's 499): the turn is not recorded, the session does not advance
-                raise ApiError(499, "the client closed the request", "client_closed") from None
-            finally:
-                watch.cancel()
-            return await _record(turn, out, store, recorded)
-        finally:
-            if not streaming:
-                session.lock.release()
+        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling)
+        if req.stream:
+            response = StreamingResponse(
+                _stream(turn, decoder, store, recorded, request), media_type="text/event-stream"
+            )
+            streaming = True  # the stream releases the lock when it ends
+            return response
+        return await _record(turn, await _answer(turn, decoder, request), store, recorded)
+    finally:
+        if not streaming:
+            session.lock.release()
 
 
-def _top_k(req: ChatRequest) -> int:
-    return (req.top_logprobs or 0) if req.logprobs else 0
+async def _answer(turn: Turn, decoder, request: Request):
+    """The decoded turn of a whole (not streamed) answer; 499 when its client went away meanwhile."""
+    job = asyncio.ensure_future(_generate(turn, decoder))
+    watch = asyncio.ensure_future(_cancel_when_gone(request, job))
+    try:
+        return await job
+    except asyncio.CancelledError:
+        if not job.cancelled():
+            raise
+        # nobody hears this answer (nginx's 499): the turn is not recorded, the session does not advance
+        raise ApiError(499, "the client closed the request", "client_closed") from None
+    finally:
+        watch.cancel()
 
 
-async def _generate(turn: Turn, batcher, on_token=None):
-    return await batcher.generate(
+async def _generate(turn: Turn, decoder, on_token=None):
+    s = turn.sampling
+    return await decoder.generate(
         turn.loaded,
         turn.plan.context,
-        temperature=turn.req.temperature,
-        top_p=turn.req.top_p,
-        max_tokens=turn.max_tokens,
-        seed=turn.seed,
-        top_logprobs=_top_k(turn.req),
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_tokens=s.max_tokens,
+        seed=s.seed,
+        top_logprobs=s.top_logprobs,
         on_token=on_token,
     )
 
 
-async def _record(turn: Turn, out, store, recorded) -> dict:
+async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
     """The sampled turn as an OpenAI message, appended to the trace store (on disk before the client hears of
-    it), the session advanced; returns the response body."""
+    it), the session advanced; returns the response."""
     req, plan, loaded, session = turn.req, turn.plan, turn.loaded, turn.session
     declared = {t["function"]["name"] for t in turn.parsed.tools}
     message, finish, reply_key = reply(
@@ -167,12 +171,23 @@ async def _record(turn: Turn, out, store, recorded) -> dict:
     segment.add_action(out.token_ids, out.logprobs)
     if not out.stopped:
         segment.add_forced([loaded.chat.im_end_id])  # closed by the server, as the engine closes a turn
+    await asyncio.to_thread(store.append, _turn_record(turn, segment, message, finish, prompt_length))
+    recorded.add(plan.trajectory_id, session.id, turns=plan.turn + 1)
+    session.advance(
+        plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
+    )
+    return _completion(turn, out, message, finish)
+
+
+def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length: int) -> dict:
+    """The store's `turn` record (lopd_core/traces/schema.py): what the turn added, token for token."""
+    req, plan, loaded = turn.req, turn.plan, turn.loaded
     request_messages = [m.model_dump(exclude_none=True) for m in req.messages]
     record = {
         "kind": "turn",
         "trajectory_id": plan.trajectory_id,
         "turn": plan.turn,
-        "session": session.id,
+        "session": turn.session.id,
         "origin": plan.origin if plan.turn == 0 else "extends",
         "parent": plan.parent,
         "model_version": loaded.version,
@@ -184,51 +199,35 @@ async def _record(turn: Turn, out, store, recorded) -> dict:
         "finish_reason": finish,
         "messages": request_messages[-plan.new_messages :] + [message],
         "sampling": {
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "max_tokens": turn.max_tokens,
-            "seed": turn.seed,
+            "temperature": turn.sampling.temperature,
+            "top_p": turn.sampling.top_p,
+            "max_tokens": turn.sampling.max_tokens,
+            "seed": turn.sampling.seed,
         },
         "time": time.time(),
     }
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
-    await asyncio.to_thread(store.append, record)
-    recorded.add(plan.trajectory_id, session.id, turns=plan.turn + 1)
-    session.advance(
-        plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
-    )
-    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+    return record
+
+
+def _completion(turn: Turn, out, message: dict, finish: str) -> ChatCompletion:
+    req, plan, loaded = turn.req, turn.plan, turn.loaded
+    choice = ChatChoice(message=AssistantMessage.model_validate(message), finish_reason=finish)
     if req.logprobs:
-        choice["logprobs"] = chat_logprobs(
+        choice.logprobs = chat_logprobs(
             loaded.tokenizer, out.token_ids, out.logprobs, out.top, req.return_tokens_as_token_ids
         )
-    body = {
-        "id": "chatcmpl-" + uuid.uuid4().hex,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": loaded.name,
-        "system_fingerprint": loaded.version,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(plan.context),
-            "completion_tokens": len(out.token_ids),
-            "total_tokens": len(plan.context) + len(out.token_ids),
-        },
-        "lopd": {"session": session.id, "trajectory_id": plan.trajectory_id, "model_version": loaded.version},
-    }
+    body = ChatCompletion(
+        model=loaded.name,
+        system_fingerprint=loaded.version,
+        choices=[choice],
+        usage=Usage.of(len(plan.context), len(out.token_ids)),
+        lopd=LopdTurn(session=turn.session.id, trajectory_id=plan.trajectory_id, model_version=loaded.version),
+    )
     if req.return_token_ids:
-        body["prompt_token_ids"], choice["token_ids"] = list(plan.context), list(out.token_ids)
+        body.prompt_token_ids, choice.token_ids = list(plan.context), list(out.token_ids)
     return body
-
-
-def _chunk(head: dict, delta: dict, finish=None, logprobs=None) -> str:
-    event = {
-        **head,
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
-    }
-    return f"data: {json.dumps(event)}\n\n"
 
 
 DISCONNECT_POLL_S = 0.25  # how often a request in decoding looks whether its client is still there
@@ -245,19 +244,45 @@ async def _cancel_when_gone(request: Request, job: asyncio.Future) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-async def _stream(turn: Turn, batcher, store, recorded, request: Request):
+class _Chunks:
+    """The stream's chunks: each one OpenAI's `chat.completion.chunk` with the turn's id and model."""
+
+    def __init__(self, turn: Turn):
+        self.id, self.created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+        self.loaded = turn.loaded
+        self.lopd = LopdTurn(session=turn.session.id, model_version=turn.loaded.version)
+
+    def event(self, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.loaded.name,
+            system_fingerprint=self.loaded.version,
+            choices=[ChunkChoice(delta=ChunkDelta(**delta), finish_reason=finish, logprobs=logprobs)],
+            lopd=self.lopd,
+        )
+        return chunk.event()
+
+    def usage_event(self, usage) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.loaded.name,
+            system_fingerprint=self.loaded.version,
+            choices=[],
+            lopd=self.lopd,
+            usage=usage,
+        )
+        return chunk.event()
+
+
+async def _stream(turn: Turn, decoder, store, recorded, request: Request):
     """Server-sent events of one turn: the role, each token's text as it is sampled (unless held, see the
     module's docstring), then the closing events once the turn is recorded, then [DONE]."""
     req, loaded = turn.req, turn.loaded
     job = watch = None
     try:
-        head = {
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "created": int(time.time()),
-            "model": loaded.name,
-            "system_fingerprint": loaded.version,
-            "lopd": {"session": turn.session.id, "model_version": loaded.version},
-        }
+        chunks = _Chunks(turn)
         live = is_embedded_format(loaded.tokenizer) and not (turn.parsed.tools and req.tool_choice != "none")
         tokens: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -265,9 +290,9 @@ async def _stream(turn: Turn, batcher, store, recorded, request: Request):
         def on_token(token_id: int, logprob: float, top: list) -> None:  # in the decoder's thread
             loop.call_soon_threadsafe(tokens.put_nowait, (token_id, logprob, top))
 
-        job = asyncio.ensure_future(_generate(turn, batcher, on_token))
+        job = asyncio.ensure_future(_generate(turn, decoder, on_token))
         watch = asyncio.ensure_future(_cancel_when_gone(request, job))
-        yield _chunk(head, {"role": "assistant", "content": ""})
+        yield chunks.event({"role": "assistant", "content": ""})
         text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
         pending: list = []  # log-prob entries of tokens not sent yet (a token may add no text of its own)
         while not (job.done() and tokens.empty()):
@@ -283,46 +308,47 @@ async def _stream(turn: Turn, batcher, store, recorded, request: Request):
                     loaded.tokenizer, [token_id], [logprob], [top], req.return_tokens_as_token_ids
                 )["content"]
             if live and piece:
-                yield _chunk(head, {"content": piece}, logprobs={"content": pending} if req.logprobs else None)
+                yield chunks.event({"content": piece}, logprobs={"content": pending} if req.logprobs else None)
                 pending = []
         if job.cancelled():  # the client went away: nothing is recorded, the session does not advance
             return
-        try:
-            body = await _record(turn, job.result(), store, recorded)
-        except DiskFull as exc:  # the turn is not kept: the client hears so instead of a finish reason
-            error = {"error": {"message": str(exc), "type": "server_error", "code": "disk_full", "param": None}}
-            yield f"data: {json.dumps(error)}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        head["lopd"] = body["lopd"]
-        choice = body["choices"][0]
-        message = choice["message"]
-        if message.get("tool_calls"):  # every call of the turn, each with its index (OpenAI's parallel calls)
-            delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]}
-            if message.get("content"):
-                delta["content"] = message["content"]
-            yield _chunk(head, delta)
-        else:
-            content = message["content"]
-            # what was streamed is a prefix of the message's text; anything else cannot be taken back
-            rest = (content[len(text.shown) :] if content.startswith(text.shown) else "") if live else content
-            if rest or (live and pending):  # the tokens not sent yet (the end token's log-prob among them)
-                yield _chunk(
-                    head,
-                    {"content": rest},
-                    logprobs=(None if not req.logprobs else {"content": pending} if live else choice["logprobs"]),
-                )
-        yield _chunk(head, {}, choice["finish_reason"])
-        if req.stream_options is not None and req.stream_options.include_usage:  # OpenAI's last chunk: no choices
-            usage = {**head, "object": "chat.completion.chunk", "choices": [], "usage": body["usage"]}
-            yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
+        async for event in _closing(turn, job.result(), store, recorded, chunks, text, pending, live):
+            yield event
     finally:
         if job is not None and not job.done():  # the client went away: its row leaves the batch (batching.py)
             job.cancel()
         if watch is not None:
             watch.cancel()
         turn.session.lock.release()
+
+
+async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pending: list, live: bool):
+    """The turn recorded, then what was not streamed yet, the finish reason and [DONE]; a turn that could not be
+    recorded (a full disk) is an error event instead: the client hears it was not kept."""
+    try:
+        body = await _record(turn, out, store, recorded)
+    except DiskFull as exc:
+        error = ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code="disk_full"))
+        yield f"data: {json.dumps(error.model_dump())}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    chunks.lopd = body.lopd
+    choice = body.choices[0]
+    message = choice.message
+    if message.tool_calls:  # every call of the turn, each with its index (OpenAI's parallel calls)
+        calls = [{"index": k, **call.model_dump()} for k, call in enumerate(message.tool_calls)]
+        yield chunks.event({"tool_calls": calls, "content": message.content or None})
+    else:
+        content = message.content or ""
+        # what was streamed is a prefix of the message's text; anything else cannot be taken back
+        rest = (content[len(text.shown) :] if content.startswith(text.shown) else "") if live else content
+        if rest or (live and pending):  # the tokens not sent yet (the end token's log-prob among them)
+            logprobs = None if not turn.req.logprobs else {"content": pending} if live else choice.logprobs
+            yield chunks.event({"content": rest}, logprobs=logprobs)
+    yield chunks.event({}, choice.finish_reason)
+    if turn.req.stream_options is not None and turn.req.stream_options.include_usage:
+        yield chunks.usage_event(body.usage)  # OpenAI's last chunk: the usage, no choices
+    yield "data: [DONE]\n\n"
 
 
 class _Text:

@@ -31,6 +31,26 @@ class Episode:
     error: str = ""
 
 
+def _action(message) -> tuple[object | None, str, dict]:
+    """The reply as the environment's action, its tool call (if any) and the assistant message the history
+    keeps (a call as OpenAI's `tool_calls`)."""
+    if not message.tool_calls:
+        return None, message.content or "", {"role": "assistant", "content": message.content or ""}
+    call = message.tool_calls[0]
+    said = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+        ],
+    }
+    return call, call_text(call.function.name, json.loads(call.function.arguments)), said
+
+
 def play(
     client,
     base_url: str,
@@ -70,26 +90,8 @@ def play(
             result = checked_result(task, env.step(""))  # the empty answer closes it, as the engine does
             break
         turns += 1
-        message = response.choices[0].message
-        if message.tool_calls:
-            call = message.tool_calls[0]
-            action = call_text(call.function.name, json.loads(call.function.arguments))
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.function.name, "arguments": call.function.arguments},
-                        }
-                    ],
-                }
-            )
-        else:
-            call, action = None, message.content or ""
-            messages.append({"role": "assistant", "content": action})
+        call, action, said = _action(response.choices[0].message)
+        messages.append(said)
         result = checked_result(task, env.step(action))
         if result.done:
             break

@@ -14,13 +14,15 @@ trajectories; conversations of users go through chat completions.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 
-from fastapi import Depends
+from fastapi import APIRouter, Depends
 
+from lopd_serve.deps import Config, Decoder, Holder, authorized
 from lopd_serve.logprobs import completion_logprobs, prompt_logprobs
 from lopd_serve.protocol import ApiError, CompletionRequest
+from lopd_serve.responses import Completion, CompletionChoice, Usage
+
+router = APIRouter(dependencies=[Depends(authorized)])
 
 
 def _prompt_ids(req: CompletionRequest, loaded) -> list[int]:
@@ -45,51 +47,14 @@ def _prompt_ids(req: CompletionRequest, loaded) -> list[int]:
     return list(prompt)
 
 
-def _check(req: CompletionRequest, cfg, loaded, ids: list[int]) -> int:
-    """Every limit a 4xx naming the field; returns max_tokens."""
-    for name in ("logprobs", "prompt_logprobs"):
-        k = getattr(req, name)
-        if k is not None and k > cfg.max_top_logprobs:
-            raise ApiError(
-                400,
-                f"{name}={k}: at most {cfg.max_top_logprobs} (serve.max_top_logprobs)",
-                "too_many_logprobs",
-                param=name,
-            )
-    if req.n not in (None, 1):
-        raise ApiError(400, "n: only 1 choice per request is supported", "unsupported", param="n")
-    if req.include_stop_str_in_output is False:
-        raise ApiError(
-            400,
-            "include_stop_str_in_output: the end-of-turn token is always returned when sampled (leave it out)",
-            "unsupported",
-            param="include_stop_str_in_output",
-        )
-    if req.stop:
-        raise ApiError(
-            400,
-            "stop: stop strings are not supported (a turn ends at the model's end token)",
-            "unsupported",
-            param="stop",
-        )
-    if req.stream:
-        raise ApiError(
-            400, "stream: not supported on /v1/completions (chat completions stream)", "unsupported", param="stream"
-        )
+def _check_fits(req: CompletionRequest, cfg, loaded, ids: list[int], max_tokens: int) -> None:
+    """What the request model cannot check alone: the stop ids the model has, and the context limit."""
     if req.stop_token_ids and req.stop_token_ids != [loaded.chat.im_end_id]:
         raise ApiError(
             400,
             f"stop_token_ids: only [{loaded.chat.im_end_id}] (the end-of-turn token) is supported",
             "unsupported",
             param="stop_token_ids",
-        )
-    max_tokens = req.max_tokens or cfg.default_max_tokens
-    if max_tokens > cfg.max_tokens_limit:
-        raise ApiError(
-            400,
-            f"max_tokens={max_tokens}: at most {cfg.max_tokens_limit} (serve.max_tokens_limit)",
-            "max_tokens_too_large",
-            param="max_tokens",
         )
     if not ids or len(ids) + max_tokens > cfg.max_context:
         raise ApiError(
@@ -99,61 +64,49 @@ def _check(req: CompletionRequest, cfg, loaded, ids: list[int]) -> int:
             "context_length_exceeded",
             param="prompt",
         )
-    return max_tokens
 
 
-def add_completions(app, cfg, batcher, holder, authorized) -> None:
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(req: CompletionRequest):
-        loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
-        ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
-        max_tokens = _check(req, cfg, loaded, ids)
-        seed = req.seed if req.seed is not None else batcher.draw_seed()
-        out = await batcher.generate(
-            loaded,
-            ids,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            max_tokens=max_tokens,
-            seed=seed % 2**63,
-            top_logprobs=req.logprobs or 0,
-        )
-        scores = None
-        if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
-            scores = await batcher.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
-        tok = loaded.tokenizer
-        text = tok.decode(out.token_ids, skip_special_tokens=req.skip_special_tokens)
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": "stop" if out.stopped else "length",
-            "stop_reason": None,
-        }
-        if req.logprobs is not None:
-            shown, lps, top = list(out.token_ids), list(out.logprobs), list(out.top)
-            if req.echo:  # the prompt's tokens first, scored; its first token has no log-prob
-                k = req.logprobs
-                shown = ids + shown
-                lps = [None] + scores.token_logprobs + lps
-                top = [[]] + [list(zip(i[:k], v[:k])) for i, v in zip(scores.topk_ids, scores.topk_logprobs)] + top
-            choice["logprobs"] = completion_logprobs(tok, shown, lps, top, req.return_tokens_as_token_ids)
-        if req.echo:
-            choice["text"] = tok.decode(ids, skip_special_tokens=req.skip_special_tokens) + text
-        if req.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = prompt_logprobs(tok, ids, scores, req.prompt_logprobs)
-        if req.return_token_ids:
-            choice["prompt_token_ids"], choice["token_ids"] = ids, list(out.token_ids)
-        return {
-            "id": "cmpl-" + uuid.uuid4().hex,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": loaded.name,
-            "system_fingerprint": loaded.version,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(out.token_ids),
-                "total_tokens": len(ids) + len(out.token_ids),
-            },
-        }
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder) -> Completion:
+    sampling = req.to_sampling(cfg, decoder.draw_seed)
+    loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
+    ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
+    _check_fits(req, cfg, loaded, ids, sampling.max_tokens)
+    out = await decoder.generate(
+        loaded,
+        ids,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        seed=sampling.seed,
+        top_logprobs=sampling.top_logprobs,
+    )
+    scores = None
+    if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
+        scores = await decoder.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
+    return Completion(
+        model=loaded.name,
+        system_fingerprint=loaded.version,
+        choices=[_choice(req, loaded.tokenizer, ids, out, scores)],
+        usage=Usage.of(len(ids), len(out.token_ids)),
+    )
+
+
+def _choice(req: CompletionRequest, tok, ids: list[int], out, scores) -> CompletionChoice:
+    text = tok.decode(out.token_ids, skip_special_tokens=req.skip_special_tokens)
+    choice = CompletionChoice(text=text, finish_reason="stop" if out.stopped else "length")
+    if req.logprobs is not None:
+        shown, lps, top = list(out.token_ids), list(out.logprobs), list(out.top)
+        if req.echo:  # the prompt's tokens first, scored; its first token has no log-prob
+            k = req.logprobs
+            shown = ids + shown
+            lps = [None] + scores.token_logprobs + lps
+            top = [[]] + [list(zip(i[:k], v[:k])) for i, v in zip(scores.topk_ids, scores.topk_logprobs)] + top
+        choice.logprobs = completion_logprobs(tok, shown, lps, top, req.return_tokens_as_token_ids)
+    if req.echo:
+        choice.text = tok.decode(ids, skip_special_tokens=req.skip_special_tokens) + text
+    if req.prompt_logprobs is not None:
+        choice.prompt_logprobs = prompt_logprobs(tok, ids, scores, req.prompt_logprobs)
+    if req.return_token_ids:
+        choice.prompt_token_ids, choice.token_ids = ids, list(out.token_ids)
+    return choice

@@ -3,11 +3,14 @@ reads of the run's other sections (the registry from `tracking`, the sampling se
 top.
 
 Why a class beside the section: the served app needs the registry's coordinates and the seed in one value, and
-a test builds one from a few keys (`ServeConfig.from_dict`) with the section's checks and error messages.
+a test builds one from a few keys (`ServeConfig.from_dict`) with the section's checks and error messages. Every
+key is defined once: the serve keys by the section it extends, the others' defaults read from their own sections
+(`_default`), so a default changed there is the server's too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +18,8 @@ from pathlib import Path
 from lopd_core.rollout.sync import default_sync_root
 from lopd_core.settings.checks import ConfigError
 from lopd_core.settings.fields import build
+from lopd_core.settings.params import Params
+from lopd_core.settings.run import TrackingConfig
 from lopd_core.settings.serve import ServeConfig as ServeSection
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -24,12 +29,17 @@ class ServeConfigError(ConfigError):
     pass
 
 
+def _default(section, key: str):
+    """The default a setting has in its own section (params.yaml's), read rather than written again here."""
+    return next(f.default for f in dataclasses.fields(section) if f.name == key)
+
+
 @dataclass(frozen=True)
 class ServeConfig(ServeSection):
-    tracking_uri: str = "sqlite:///mlflow.db"  # tracking.mlflow_uri (MLFLOW_TRACKING_URI overrides it)
-    registered_model: str = "lopd-student"  # tracking.registered_model
-    alias: str = "champion"  # tracking.champion_alias
-    seed: int = 0  # the run's seed: the server's stream of per-request seeds
+    tracking_uri: str = _default(TrackingConfig, "mlflow_uri")  # MLFLOW_TRACKING_URI overrides it
+    registered_model: str = _default(TrackingConfig, "registered_model")
+    alias: str = _default(TrackingConfig, "champion_alias")
+    seed: int = _default(Params, "seed")  # the run's seed: the server's stream of per-request seeds
 
     @staticmethod
     def from_params(params, **overrides) -> ServeConfig:
@@ -61,6 +71,11 @@ class ServeConfig(ServeSection):
             return build(ServeConfig, raw, "serve")
         except ConfigError as exc:
             raise ServeConfigError(str(exc)) from None
+
+    def server_device(self) -> str:
+        """Where the server's own copy of a model goes: with an engine process the weights that decode are the
+        engine's (on serve.device), and the server's copy only renders, checks and smoke-tests: the CPU."""
+        return "cpu" if self.engine == "process" else self.device
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) or None

@@ -162,10 +162,17 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
         tools,
         [message_key("system", system), message_key("user", messages[i].text())],
     )
+    _add_rest(parsed, messages, i + 1, declared)
+    return parsed
+
+
+def _add_rest(parsed: Parsed, messages: list[Message], first: int, declared: set[str]) -> None:
+    """The messages after the first user message, checked in order (roles alternate; a tool message follows an
+    assistant one; a call names a declared tool) and added to `parsed` with their keys."""
     previous = "user"
     awaiting: set[str] = set()  # call ids of the last assistant message no tool message answered yet
     answers_calls = False  # the tool messages in a row answer an assistant message's calls
-    for n, m in enumerate(messages[i + 1 :], start=i + 1):
+    for n, m in enumerate(messages[first:], start=first):
         calls: tuple[Call, ...] = ()
         if awaiting and m.role != "tool":
             raise ApiError(
@@ -208,7 +215,6 @@ def parse_messages(req: ChatRequest, *, max_messages: int) -> Parsed:
         )
     if previous == "assistant":
         raise ApiError(400, "messages: the last message must be a user or tool message", "invalid_messages")
-    return parsed
 
 
 def followup_ids(chat, role: str, text: str) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class LoadedModel:
     version: str  # `<registered model>/<version>` from the registry, `path:<folder>#<stamp of its files>` for a folder
     name: str  # the model name /v1/models reports
     tokenizer_fingerprint: str = ""  # every trace records it (lopd_core/traces/fingerprint.py)
+    folder: str = ""  # where it was loaded from: the engine process loads the same files (engine_process.py)
 
 
 def _device(name: str) -> torch.device:
@@ -109,7 +111,9 @@ def load_checkpoint(
     chat = check_chat_format(tokenizer, str(root))
     model.to(_device(device)).eval()
     version = version or f"path:{root.resolve()}#{stamp}"
-    return LoadedModel(model, tokenizer, chat, version, name or root.name, tokenizer_fingerprint(tokenizer))
+    return LoadedModel(
+        model, tokenizer, chat, version, name or root.name, tokenizer_fingerprint(tokenizer), str(root.resolve())
+    )
 
 
 class Unservable(ValueError):
@@ -186,6 +190,9 @@ class ModelHolder:
         self.device = device
         self.max_context = max_context  # serve.max_context: a candidate's positions must cover it
         self._loading = threading.Lock()  # one load at a time; requests never wait on it
+        # called with a candidate that passed its smoke test, before it is swapped in: the engine process loads
+        # it then, so the first request after the swap does not wait for a load (app.py sets it)
+        self.before_swap: Callable[[LoadedModel], None] | None = None
 
     def reload(self, model_path: str | None = None) -> tuple[str, bool]:
         """Load `model_path`, or the registry's champion when none is given, and swap it in if it is another
@@ -207,6 +214,8 @@ class ModelHolder:
             else:
                 raise ValueError("this server serves a folder: name the model folder to reload from")
             smoke_test(loaded, self.max_context)  # raises Unservable: the current model stays
+            if self.before_swap is not None:
+                self.before_swap(loaded)
             changed = loaded.version != self.current.version
             self.current = loaded  # one assignment: a request sees the old model or the new, never a mix
             return loaded.version, changed

@@ -1,18 +1,34 @@
 """The OpenAI chat-completions and completions protocols as pydantic models, and their error shape.
 
-Only what `lopd serve` honours is accepted: a field it does not know, or one it would have to ignore silently
-(`n` > 1, `stop`, a non-text `response_format`, penalties), is refused with a 400 naming it, and values are
-strictly typed (the `Strict` base). Errors are OpenAI's object
-`{"error": {"message", "type", "code", "param"}}` with a 4xx status.
+Only what `lopd serve` honours is accepted: a field it does not know is refused (400 `unsupported_field`), and
+one it would have to ignore silently (`n` > 1, `stop`, a non-text `response_format`, penalties) is refused by a
+validator of the request model, a 400 `unsupported` naming it; values are strictly typed (the `Strict` base) and
+an explicit null is the field left out. The limits that depend on the server's settings (max_tokens, top-k
+log-probs) are checked in one place, `to_sampling`, which turns a request into what the decoder is asked for.
+Errors are OpenAI's object `{"error": {"message", "type", "code", "param"}}` (responses.ErrorResponse) with a 4xx
+status.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from lopd_serve.responses import ErrorInfo, ErrorResponse
 
 
 class ApiError(Exception):
@@ -29,7 +45,14 @@ class ApiError(Exception):
 def error_response(
     status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": param}}, status_code=status)
+    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, code=code, param=param))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def unsupported(message: str) -> PydanticCustomError:
+    """A validator's refusal of a field the server would have to ignore: a 400 with code `unsupported`, naming
+    the field (app.py's validation handler reads the code from the error's context)."""
+    return PydanticCustomError("unsupported", message, {"code": "unsupported"})
 
 
 MAX_JSON_DEPTH = 32  # nesting of free-form JSON a request hands to the store (tool schemas, feedback checks)
@@ -166,32 +189,113 @@ class Tool(Strict):
     function: FunctionDef
 
 
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What one request asks the decoder for, every limit checked (`to_sampling`)."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int  # the request's, else one drawn from the server's seeded stream; below 2**63
+    top_logprobs: int  # top-k log-probs per sampled token (0: none)
+
+
 class StreamOptions(Strict):
     include_usage: bool = False  # a last chunk with the usage and no choices, before [DONE] (OpenAI's)
 
 
-class ChatRequest(Strict):
-    """OpenAI's chat request as served. Fields that would change what the model samples in a way the server does
-    not implement (penalties, logit bias, stop strings, n > 1, structured output) are accepted only at their
-    no-op value, so a client that sends its library's defaults is served and one that asks for more is told."""
+class SamplingFields(Strict):
+    """The fields chat and completions requests share, and the one place their limits are checked. Fields that
+    would change what the model samples in a way the server does not implement are accepted only at their no-op
+    value, so a client that sends its library's defaults is served and one that asks for more is told."""
 
     _utf8 = model_validator(mode="before")(utf8_text)
     _temperature = field_validator("temperature")(effective_temperature)
     model: str = ""
-    messages: list[Message] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
-    parallel_tool_calls: bool | None = None  # None/true: a turn may hold several calls; false: the first only
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     n: int | None = None
     stop: str | list[str] | None = None
+    # vLLM's extensions, so one client speaks to both: tokens as "token_id:N", and the ids themselves
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return _without_nulls(data, cls)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
+            raise unsupported("only 1 choice per request is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _no_stop(cls, stop):
+        if stop:
+            raise unsupported("stop sequences are not supported (a turn ends at the model's end token)")
+        return stop
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, options, info: ValidationInfo):
+        if options is not None and not info.data.get("stream"):
+            raise unsupported("stream_options needs stream: true")
+        return options
+
+    def asked_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def asked_logprobs(self) -> dict[str, int | None]:
+        """Each log-prob count the request asks for, by field name (each bounded by serve.max_top_logprobs)."""
+        return {}
+
+    def sampled_top_logprobs(self) -> int:
+        return 0
+
+    def to_sampling(self, limits, draw_seed) -> SamplingRequest:
+        """The decoder's request, refused (400 naming the field) past the server's limits: `limits` holds
+        max_top_logprobs, default_max_tokens and max_tokens_limit (the serve section); `draw_seed()` gives a
+        seed to a request that names none."""
+        for name, k in self.asked_logprobs().items():
+            if k is not None and k > limits.max_top_logprobs:
+                raise ApiError(
+                    400,
+                    f"{name}={k}: at most {limits.max_top_logprobs} (serve.max_top_logprobs)",
+                    "too_many_logprobs",
+                    param=name,
+                )
+        max_tokens = self.asked_max_tokens() or limits.default_max_tokens
+        if max_tokens > limits.max_tokens_limit:
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens}: at most {limits.max_tokens_limit} (serve.max_tokens_limit)",
+                "max_tokens_too_large",
+                param="max_tokens",
+            )
+        seed = self.seed if self.seed is not None else draw_seed()
+        return SamplingRequest(self.temperature, self.top_p, max_tokens, seed % 2**63, self.sampled_top_logprobs())
+
+
+SAMPLER_LOGPROBS = "(the recorded log-probs are the sampler's)"
+
+
+class ChatRequest(SamplingFields):
+    """OpenAI's chat request as served (the shared fields in SamplingFields)."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    parallel_tool_calls: bool | None = None  # None/true: a turn may hold several calls; false: the first only
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -200,64 +304,93 @@ class ChatRequest(Strict):
     modalities: list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
-    # vLLM's extensions, so one client speaks to both: tokens as "token_id:N", and the ids themselves
-    return_tokens_as_token_ids: bool = False
-    return_token_ids: bool = False
 
-    _nulls = model_validator(mode="before")(lambda data: _without_nulls(data, ChatRequest))
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, response_format):
+        if response_format and response_format.get("type") not in (None, "text"):
+            raise unsupported("only text is supported")
+        return response_format
 
-    def unsupported(self) -> tuple[str, str] | None:
-        """(field, why) of the first field set to something this server would otherwise ignore, else None."""
-        if self.n not in (None, 1):
-            return "n", "only 1 choice per request is supported"
-        if self.stop:
-            return "stop", "stop sequences are not supported (a turn ends at the model's end token)"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return "response_format", "only text is supported"
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0):
-                return name, "sampling penalties are not supported (the recorded log-probs are the sampler's)"
-        if self.logit_bias:
-            return "logit_bias", "logit bias is not supported (the recorded log-probs are the sampler's)"
-        if self.store is False:
-            return "store", "this server records every conversation (it learns from them): leave store out"
-        if self.modalities not in (None, ["text"]):
-            return "modalities", "only text is supported"
-        if self.top_logprobs is not None and not self.logprobs:
-            return "top_logprobs", "top_logprobs needs logprobs: true"
-        if self.stream_options is not None and not self.stream:
-            return "stream_options", "stream_options needs stream: true"
-        return None
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value not in (None, 0):
+            raise unsupported(f"sampling penalties are not supported {SAMPLER_LOGPROBS}")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise unsupported(f"logit bias is not supported {SAMPLER_LOGPROBS}")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _stored(cls, value):
+        if value is False:
+            raise unsupported("this server records every conversation (it learns from them): leave store out")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value):
+        if value not in (None, ["text"]):
+            raise unsupported("only text is supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise unsupported("top_logprobs needs logprobs: true")
+        return value
+
+    def asked_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def asked_logprobs(self) -> dict[str, int | None]:
+        return {"top_logprobs": self.top_logprobs}
+
+    def sampled_top_logprobs(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0
 
 
-class CompletionRequest(Strict):
+class CompletionRequest(SamplingFields):
     """The completions API as vLLM serves it for token-exact clients: `prompt` may be token ids, `logprobs` k
     returns the sampled tokens' log-probs and top-k, `prompt_logprobs` k scores the prompt, `return_token_ids`
     returns the ids of both. Generation ends at the model's end-of-turn token (`stop_token_ids` may name only it)."""
 
-    _utf8 = model_validator(mode="before")(utf8_text)
-    _temperature = field_validator("temperature")(effective_temperature)
-    _nulls = model_validator(mode="before")(lambda data: _without_nulls(data, CompletionRequest))
-    model: str = ""
     # strict ids: `true` is not token 1 (a client's wrong type must not become a token the model reads)
     prompt: str | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     prompt_logprobs: int | None = Field(default=None, ge=0)
-    return_tokens_as_token_ids: bool = False
-    return_token_ids: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     # vLLM's: the end-of-turn token is always the last of the returned ids when sampled, so only true is served
     include_stop_str_in_output: bool | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    user: str | None = Field(default=None, max_length=256)
+
+    @field_validator("stream")
+    @classmethod
+    def _not_streamed(cls, stream: bool) -> bool:
+        if stream:
+            raise unsupported("not supported on /v1/completions (chat completions stream)")
+        return stream
+
+    @field_validator("include_stop_str_in_output")
+    @classmethod
+    def _stop_included(cls, value):
+        if value is False:
+            raise unsupported("the end-of-turn token is always returned when sampled (leave it out)")
+        return value
+
+    def asked_logprobs(self) -> dict[str, int | None]:
+        return {"logprobs": self.logprobs, "prompt_logprobs": self.prompt_logprobs}
+
+    def sampled_top_logprobs(self) -> int:
+        return self.logprobs or 0
 
 
 class Feedback(BaseModel):

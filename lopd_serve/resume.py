@@ -53,12 +53,13 @@ def _records(store_dir: Path):
                     yield record
 
 
-def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Recorded) -> int:
-    """Fill `sessions` and `recorded` from the store at `store_dir`; returns how many sessions were rebuilt."""
+def _read_trajectories(store_dir: Path) -> tuple[dict[str, _Trajectory], dict[str, str], dict[str, list[str]]]:
+    """The store's trajectories by id, each named session's latest trajectory, and the digests of the replies
+    each named session was given (oldest first, the latest REPLIES_KEPT)."""
     trajectories: dict[str, _Trajectory] = {}
     latest: dict[str, str] = {}  # session -> its latest trajectory
     replies: dict[str, list[str]] = {}  # session -> digests of the replies it was given, oldest first
-    for rec in _records(Path(store_dir)):
+    for rec in _records(store_dir):
         tid = rec["trajectory_id"]
         if rec["kind"] == "feedback":
             traj = trajectories.get(tid)
@@ -90,7 +91,12 @@ def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Rec
                 del given[:-REPLIES_KEPT]
         traj.turns += 1
         traj.last_time = float(rec["time"])
+    return trajectories, latest, replies
 
+
+def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Recorded) -> int:
+    """Fill `sessions` and `recorded` from the store at `store_dir`; returns how many sessions were rebuilt."""
+    trajectories, latest, replies = _read_trajectories(Path(store_dir))
     for tid, traj in sorted(trajectories.items(), key=lambda item: item[1].last_time):
         if not traj.broken:
             recorded.add(tid, traj.session, turns=traj.turns)

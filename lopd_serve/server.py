@@ -25,12 +25,12 @@ def build_app(cfg: ServeConfig):
         registry = (
             None if cfg.model else Registry(cfg.tracking_uri, cfg.registered_model, cfg.alias, cfg.model_cache_dir)
         )
-        loaded = initial_model(cfg.model, registry, cfg.device)
+        loaded = initial_model(cfg.model, registry, cfg.server_device())
         try:  # a context limit past the model's positions would fail (or silently degrade) its longest requests
             check_positions(loaded, cfg.max_context)
         except Unservable as exc:
             raise ServeConfigError(str(exc)) from None
-        holder = ModelHolder(loaded, registry=registry, device=cfg.device, max_context=cfg.max_context)
+        holder = ModelHolder(loaded, registry=registry, device=cfg.server_device(), max_context=cfg.max_context)
     except BaseException:
         store.close()
         raise

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lopd_core.settings.checks import ConfigError, at_least, device_name, non_negative, positive
+from lopd_core.settings.checks import ConfigError, at_least, device_name, non_negative, one_of, positive
 from lopd_core.settings.fields import Section, setting
 
 
@@ -60,6 +60,12 @@ class ServeConfig(Section):
         10.0, help="how long the first request of a batch waits for others to join", check=non_negative()
     )
     max_batch: int = setting(16, help="requests decoded together", check=positive())
+    engine: str = setting(
+        "process",
+        help="where the decoder runs: process (its own, so the HTTP layer's Python never holds up decoding; "
+        "vLLM's layout) or thread (in the server's process: starts faster, shares its interpreter lock)",
+        check=one_of("process", "thread"),
+    )
     max_body_bytes: int = setting(2**20, help="largest request body (413 beyond)", check=positive())
     max_messages: int = setting(64, help="messages in one chat request", check=positive())
     max_tokens_limit: int = setting(512, help="the largest max_tokens a request may ask for", check=positive())

@@ -51,14 +51,14 @@ class LiveServer:
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300  # an engine process imports torch before the server answers
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.root + "/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)
-        raise RuntimeError("the server did not come up within 30 s")
+        raise RuntimeError("the server did not come up within 300 s")
 
     def __exit__(self, *exc):
         self.server.should_exit = True
@@ -71,8 +71,10 @@ def make_server(folder, store_dir, **settings) -> LiveServer:
     from lopd_serve.models import ModelHolder, load_checkpoint
     from lopd_serve.server import open_store
 
-    # the tiny models have 1024 positions; the tests reload from (and a trainer syncs through) temporary folders
-    defaults = {"max_context": 1024, "reload_roots": [tempfile.gettempdir()]}
+    # the tiny models have 1024 positions; the tests reload from (and a trainer syncs through) temporary folders;
+    # they decode on a thread (an engine process takes seconds to start): the engine process has its own tests
+    # (test_batch_faults.py, test_end_to_end.py)
+    defaults = {"max_context": 1024, "reload_roots": [tempfile.gettempdir()], "engine": "thread"}
     cfg = ServeConfig.from_dict({"poll_s": 0.0, "store_dir": str(store_dir), "device": "cpu", **defaults, **settings})
     holder = ModelHolder(load_checkpoint(folder, device="cpu"), device="cpu", max_context=cfg.max_context)
     return LiveServer(create_app(cfg, holder, open_store(cfg)))

@@ -19,6 +19,7 @@ import pytest
 from lopd_core.envs import make_tasks
 from lopd_core.traces import read_traces, traces_as_trajectories
 from tests._servers import free_port, offline_env
+from tests.serve.conftest import make_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,13 @@ def _converse(url: str, session: str, turns: int, failures: list, versions: list
         failures.append(repr(exc))
 
 
-def test_hot_swap_during_requests_fails_none(live, tiny_checkpoints):
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_hot_swap_during_requests_fails_none(tiny_checkpoints, tmp_path, engine):
+    with make_server(tiny_checkpoints[0], tmp_path / "traces", engine=engine) as live:
+        _hot_swap_under_load(live, tiny_checkpoints)
+
+
+def _hot_swap_under_load(live, tiny_checkpoints) -> None:
     failures, versions = [], []
     threads = [threading.Thread(target=_converse, args=(live.url, f"s{i}", 30, failures, versions)) for i in range(4)]
     for t in threads:
@@ -105,7 +112,7 @@ def test_kill_9_mid_load_leaves_a_readable_store(tiny_checkpoints, tmp_path):
     )
     try:
         url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # two interpreters import torch: the server's and its engine's
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:

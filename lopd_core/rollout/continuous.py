@@ -1,0 +1,184 @@
+"""Continuous batching: requests join a running batch at any step and leave it the step they finish (vLLM's
+scheduling, on the pieces of the rollout engine's decoder, decode.py).
+
+Why: `generate_turn` decodes a fixed batch until its last row is done, so a request arriving meanwhile waits for
+the whole batch, and a finished row is answered only when its batch ends. A server whose clients send their next
+request as soon as they are answered then alternates between decoding and waiting for requests. Here every step
+is one forward over the rows present: a row that joins feeds its whole context in that step (its prefill rides
+along the other rows' one-token decode, left-padded in the step's block), a row that finished is dropped before
+the next one.
+
+The cache holds one row per request. A row that joins is added with every earlier slot masked; the masked
+slots (a joiner's history, the decode rows' padding in a prefill block, a departed row's place) are squeezed out
+after any step that added or removed a row (`_compact`, as kept_cache.keep_rows does), so attention never grows
+past the longest row. Each row samples from its own seeded stream with its own temperature and top-p, drawing one
+uniform per sampled token as `generate_turn` does with one generator per row: a request samples what it would
+have sampled alone, up to float noise in batched logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from lopd_core.rollout.decode import _last_logits, _left_padded, _pick_tokens, _top_tokens
+from lopd_core.rollout.trajectory import Sampling
+
+
+@dataclass
+class Request:
+    """One turn to decode: the context ids, its sampling, its own stream, and who hears each token."""
+
+    context: list[int]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    generator: torch.Generator  # advanced one uniform per sampled token (none when greedy)
+    top_logprobs: int = 0
+    on_token: Callable[[int, float, list], None] | None = None  # (token id, log-prob, top-k) per kept token
+    ids: list[int] = field(default_factory=list)  # sampled so far
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+    def finished(self, stop_id: int) -> bool:
+        return len(self.ids) >= self.max_tokens or bool(self.ids and self.ids[-1] == stop_id)
+
+
+class _Row:
+    def __init__(self, request: Request):
+        self.request = request
+        self.pending = list(request.context) + list(request.ids)  # ids the cache does not hold yet
+        self.next_pos = 0  # the position the first pending id takes
+
+
+class ContinuousBatch:
+    """The rows being decoded with one model. `add` a request any time; each `step` feeds every row's pending
+    ids, samples one token per row and returns the requests that finished (dropped from the batch)."""
+
+    def __init__(self, model, *, stop_id: int, pad_id: int):
+        self.model, self.stop_id, self.pad_id = model, stop_id, pad_id
+        self.device = next(model.parameters()).device
+        self.rows: list[_Row] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cache = DynamicCache()
+        self.step_logits = _last_logits(self.model, self.cache)
+        self.attention: torch.Tensor | None = None  # (B, T) 1 where the cache slot holds the row's own token
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def requests(self) -> list[Request]:
+        return [row.request for row in self.rows]
+
+    def add(self, request: Request) -> None:
+        row = _Row(request)
+        if self.attention is not None:  # its history in the cache: every slot masked
+            self.attention = torch.cat([self.attention, self.attention.new_zeros((1, self.attention.shape[1]))])
+            for layer in self.cache.layers:  # keys and values (B, H, T, d) -> (B + 1, H, T, d)
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((1, *layer.keys.shape[1:]))])
+                layer.values = torch.cat([layer.values, layer.values.new_zeros((1, *layer.values.shape[1:]))])
+        self.rows.append(row)
+
+    def remove(self, requests: list[Request]) -> None:
+        gone = {id(r) for r in requests}
+        keep = [n for n, row in enumerate(self.rows) if id(row.request) not in gone]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[n] for n in keep]
+        if not self.rows:
+            self._reset()
+        elif self.attention is not None:
+            self._compact(keep)
+
+    def rebuild(self) -> None:
+        """Drop the cache: every row feeds its whole context and sampled ids again at the next step (after a
+        failed step, whatever it left in the cache)."""
+        self._reset()
+        for row in self.rows:
+            row.pending, row.next_pos = list(row.request.context) + list(row.request.ids), 0
+
+    @torch.no_grad()
+    def step(self) -> list[Request]:
+        """One forward over every row's pending ids, one token sampled per row; returns the finished requests."""
+        joined = any(len(row.pending) != 1 for row in self.rows)
+        block, fresh, positions = self._block(joined)
+        attention = fresh if self.attention is None else torch.cat([self.attention, fresh], dim=1)
+        logits = self.step_logits(input_ids=block, attention_mask=attention, position_ids=positions)  # (B, V)
+        self.attention = attention
+        for row in self.rows:
+            row.next_pos += len(row.pending)
+        self._sample(logits)
+        done = [row.request for row in self.rows if row.request.finished(self.stop_id)]
+        for row in self.rows:
+            row.pending = [row.request.ids[-1]]
+        if done:
+            self.remove(done)
+        elif joined:  # the decode rows' padding in the prefill block
+            self._compact(list(range(len(self.rows))))
+        return done
+
+    def _block(self, joined: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's (B, W) input ids, their mask and positions: each row's pending ids at the block's right
+        end, each row continuing its own count. A step where every row feeds one token (most of them) builds
+        the (B, 1) block directly."""
+        if not joined:
+            block = torch.tensor([row.pending for row in self.rows], dtype=torch.long, device=self.device)
+            positions = torch.tensor([[row.next_pos] for row in self.rows], device=self.device)
+            return block, torch.ones_like(block), positions
+        block, fresh = _left_padded(
+            [torch.tensor(row.pending, dtype=torch.long, device=self.device) for row in self.rows], self.pad_id
+        )
+        start = torch.tensor([row.next_pos for row in self.rows], device=self.device)[:, None]
+        return block, fresh, start + (fresh.cumsum(-1) - 1).clamp(min=0)
+
+    def _sample(self, logits: torch.Tensor) -> None:
+        """Per group of rows sharing (temperature, top_p): one token each from its own stream, kept with its
+        log-prob and, when asked, the top-k of the distribution it was drawn from."""
+        groups: dict[tuple[float, float], list[int]] = {}
+        for n, row in enumerate(self.rows):
+            groups.setdefault((row.request.temperature, row.request.top_p), []).append(n)
+        for (temperature, top_p), members in groups.items():
+            index = torch.tensor(members, device=logits.device)
+            sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=1)
+            generators = [self.rows[n].request.generator for n in members]
+            ids, lps, dist = _pick_tokens(logits[index], sampling, generators)
+            k = max(self.rows[n].request.top_logprobs for n in members)
+            top = _top_tokens(dist, k)
+            for j, (token_id, logprob) in enumerate(zip(ids.tolist(), lps.tolist())):
+                request = self.rows[members[j]].request
+                _keep(request, token_id, logprob, top[j][: request.top_logprobs] if top else [])
+
+    def _compact(self, keep: list[int]) -> None:
+        """Keep rows `keep` (indices into the cache's rows) and only their own slots: each row's slots moved to
+        the right in order, the width cut to the longest row. Keys carry their rotary positions already, so
+        moving a slot changes nothing it computes."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        attention = self.attention[index]  # (B', T)
+        width = max(int(attention.sum(-1).max()), 1)
+        slots = torch.sort(attention, dim=1, stable=True).indices[:, -width:]  # (B', T') columns kept
+        for layer in self.cache.layers:  # (B, H, T, d) -> (B', H, T', d)
+            pick = slots[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys[index].gather(2, pick)
+            layer.values = layer.values[index].gather(2, pick)
+        self.attention = attention.gather(1, slots)
+
+
+def _keep(request: Request, token_id: int, logprob: float, top: list) -> None:
+    request.ids.append(token_id)
+    request.logprobs.append(logprob)
+    request.top.append(top)
+    if request.on_token is not None:
+        request.on_token(token_id, logprob, top)
+
+
+def probe(model, request: Request) -> None:
+    """A forward over the request's whole sequence alone: raises what it raises in a batch (a context the model
+    cannot read), so a failed step can tell the failing request from its batch mates."""
+    ids = torch.tensor([list(request.context) + list(request.ids)], device=next(model.parameters()).device)
+    with torch.no_grad():
+        model(input_ids=ids, logits_to_keep=1)

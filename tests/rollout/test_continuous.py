@@ -1,0 +1,72 @@
+"""Continuous batching (lopd_core/rollout/continuous.py) decodes what `generate_turn` decodes for each request
+alone: requests join a running batch at different steps with different contexts, temperatures and lengths,
+leave it when done, and each one's tokens equal its own `generate_turn` with the same seed (greedy and sampled),
+its log-probs to float noise; the cache never grows past its longest row."""
+
+import pytest
+import torch
+
+from lopd_core.model.chat import ChatCodec
+from lopd_core.rollout.continuous import ContinuousBatch, Request
+from lopd_core.rollout.decode import generate_turn
+from lopd_core.rollout.trajectory import Sampling
+
+TEXTS = ("hello there", "what is the weather in the city today", "count", "find key a in the table please")
+# (temperature, top_p, max_tokens, the step it joins at)
+SETTINGS = [(1.0, 1.0, 9, 0), (0.0, 1.0, 6, 0), (0.7, 0.9, 12, 2), (1.0, 1.0, 5, 4)]
+
+
+def _alone(model, chat, context, temperature, top_p, max_tokens, seed):
+    sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
+    [(ids, lps)] = generate_turn(
+        model,
+        [context],
+        sampling=sampling,
+        stop_id=chat.im_end_id,
+        pad_id=chat.pad_id,
+        generator=[torch.Generator().manual_seed(seed)],
+    )
+    return ids, lps
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_requests_joining_and_leaving_decode_what_they_decode_alone(tiny_model, tiny_tokenizer, seed):
+    chat = ChatCodec(tiny_tokenizer)
+    model = tiny_model.eval()
+    contexts = [chat.start("", text).token_ids for text in TEXTS]
+    batch = ContinuousBatch(model, stop_id=chat.im_end_id, pad_id=chat.pad_id)
+    requests = [
+        Request(c, t, p, n, torch.Generator().manual_seed(seed * 10 + k))
+        for k, (c, (t, p, n, _)) in enumerate(zip(contexts, SETTINGS))
+    ]
+    finished, step = [], 0
+    while len(finished) < len(requests):
+        for request, (_, _, _, joins) in zip(requests, SETTINGS):
+            if joins == step:
+                batch.add(request)
+        if len(batch):
+            finished += batch.step()
+            own = [len(r.context) + len(r.ids) for r in batch.requests()]
+            assert batch.attention is None or batch.attention.shape[1] <= max(own, default=1)
+        step += 1
+    assert len(batch) == 0
+    for k, (request, (t, p, n, _)) in enumerate(zip(requests, SETTINGS)):
+        ids, lps = _alone(model, chat, contexts[k], t, p, n, seed * 10 + k)
+        assert request.ids == ids, k
+        assert request.logprobs == pytest.approx(lps, abs=1e-4)
+
+
+def test_a_rebuilt_batch_goes_on_from_the_ids_it_kept(tiny_model, tiny_tokenizer):
+    chat = ChatCodec(tiny_tokenizer)
+    contexts = [chat.start("", text).token_ids for text in TEXTS[:2]]
+    batch = ContinuousBatch(tiny_model.eval(), stop_id=chat.im_end_id, pad_id=chat.pad_id)
+    requests = [Request(c, 1.0, 1.0, 8, torch.Generator().manual_seed(k)) for k, c in enumerate(contexts)]
+    for request in requests:
+        batch.add(request)
+    for _ in range(3):
+        batch.step()
+    batch.rebuild()  # as after a failed step: the cache from the ids, the streams where they were
+    while len(batch):
+        batch.step()
+    for k, request in enumerate(requests):
+        assert request.ids == _alone(tiny_model, chat, contexts[k], 1.0, 1.0, 8, k)[0]
