@@ -300,7 +300,8 @@ torch.manual_seed(0)
 composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
                     embedding_norm=mean_embedding_norm(model))
 d = trainer.Distiller(p, model, tok, make_retriever(bank, p.bank.retrieval), composer=composer, log=lambda m: None)
-trainer.run_distill(d)
+from lopd_core.distill.loop import run_distill
+run_distill(d)
 """
 
 
