@@ -179,9 +179,10 @@ def optimizer_steps(
     norms before clipping. `loss_phi` None: φ does not learn. A non-finite loss or norm skips that step."""
     models.opt_theta.zero_grad(set_to_none=True)
     models.opt_phi.zero_grad(set_to_none=True)
-    loss_theta.backward()
-    if loss_phi is not None:
-        loss_phi.backward()
+    # a loss with no graph (a batch that read no experience: nothing reached φ) has nothing to back-propagate
+    for loss in (loss_theta, loss_phi):
+        if loss is not None and loss.requires_grad:
+            loss.backward()
     norms = []
     for module in (models.trainable, models.composer):
         params = [p for p in module.parameters() if p.grad is not None]
