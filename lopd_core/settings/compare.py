@@ -125,9 +125,6 @@ def _smoke_preset() -> ComparePreset:
             "composer.num_heads=2",
             "lopd.tasks_per_step=2",
             "lopd.samples_per_task=2",
-            # the simple configuration: the trainer runs the readable update (lopd_core/distill/reference.py)
-            "lopd.micro_batch=0",
-            "lopd.share_prompt=false",
             "rollout.max_new_tokens=24",
             "rollout.max_context=640",
             "eval.with_experience=false",

@@ -108,14 +108,3 @@ def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_to
     assert (fast.state.beta != beta0) == learns, COMPARED[method]
     # the reading term (lopd.text_kl_weight, on by default) is part of what is compared where φ learns
     assert (got["kl_text"] > 0) == learns, got["kl_text"]
-
-
-def test_the_smoke_preset_runs_the_reference_update():
-    """`lopd compare`'s smoke preset is the simple configuration: every method it trains runs reference.py."""
-    from lopd_core.config import Params, load_params
-    from lopd_core.distill.inputs import StepSetup
-
-    params = load_params("params.yaml", Params().compare.presets["smoke"].overrides)
-    for name in M.METHOD_NAMES:
-        spec = M.method_spec(name, params.baselines)
-        assert StepSetup.of(params, spec, 0, splice_room=0, processes=1).runs_reference, name
