@@ -33,27 +33,11 @@ import time
 from pathlib import Path
 
 from serve_faults import ROOT, read_store, serve, stop  # the sibling script (its folder leads sys.path)
+from serving import tiny_checkpoint  # the throughput benchmark's tiny random checkpoint
 
 import lopd_core  # noqa: F401  (offline defaults)
 
 RETRY_S = 0.2  # a client's wait before it sends a request the server refused with 507 again
-
-
-def tiny_checkpoint(folder: Path) -> Path:
-    import torch
-
-    from lopd_core.config import TinyModelConfig
-    from lopd_core.model.demos import build_demos
-    from lopd_core.model.loading import tiny_qwen3
-    from lopd_core.model.tokenizer import train_tokenizer
-
-    demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
-    tokenizer = train_tokenizer((d.text() for d in demos), vocab_size=600)
-    torch.manual_seed(0)
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-    tiny_qwen3(cfg, tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @contextlib.contextmanager
