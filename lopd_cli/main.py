@@ -40,9 +40,14 @@ from lopd_serve.cli import add_serve_parsers
 
 
 def cmd_base(params: Params, args) -> int:
-    from lopd_core.drivers.base import run_base
+    from lopd_core.drivers.base import install_base, run_base
 
-    report = run_base(params, args.out or params.model.base_dir, log=log)
+    out = args.out or params.model.base_dir
+    if args.install:
+        installed = install_base(params, out, log=log)
+        log(f"base ({installed['source']}) in {out}: weights sha256 {installed['weights_sha256']}")
+        return 0
+    report = run_base(params, out, log=log)
     log(
         f"base built in {report.seconds_total:.0f}s: {report.parameters:,} parameters, {report.steps} steps "
         f"({report.epochs_done} epochs), final loss {report.final_loss}"
@@ -222,8 +227,18 @@ def stage_adder(sub):
 
 def add_stage_parsers(stage) -> None:
     """The stages by hand: base, bank, coldstart, fit, distill, evaluate."""
-    stage("base", "build the embedded base policy (tokenizer, tiny Qwen3, warm start)", cmd_base).add_argument(
-        "--out", default=None, help="output directory (default: model.base_dir)"
+    base = stage(
+        "base",
+        "build the embedded base policy (tokenizer, tiny Qwen3, warm start) from the code and say whether it "
+        "matches the shipped base; --install: the shipped base (or a build where the settings differ)",
+        cmd_base,
+    )
+    base.add_argument("--out", default=None, help="output directory (default: model.base_dir)")
+    base.add_argument(
+        "--install",
+        action="store_true",
+        help="install the base model.base_source names: the shipped copy every published figure rests on (the "
+        "default), or a build where model.base_source is build or the build settings differ",
     )
     stage("bank", "roll out the policy on training tasks and keep its successes in the bank", cmd_bank).add_argument(
         "--source",

@@ -116,8 +116,9 @@ _RETRIEVAL = "bank.top_j", "bank.same_world", "bank.ef_search"
 _FIT = tuple(f"coldstart.{k}" for k in ("fit_steps", "fit_batch_size", "fit_lr", "online_rollouts", "fit_out"))
 
 STAGES: dict[str, StageReads] = {
+    # model.base_source: the shipped base (lopd_core/model/embedded_base, part of lopd_core/model's code) or a build
     "base": StageReads(
-        ("seed", "model.tiny", "model.warmstart", "model.threads", *_PRETRAIN_ENVS),
+        ("seed", "model.base_source", "model.tiny", "model.warmstart", "model.threads", *_PRETRAIN_ENVS),
         code=("lopd_core/drivers/base.py", *_PLAY),
     ),
     # `traces`: the served traces at lopd.traces when lopd.bank_source (lopd.trajectories for distill) names them,

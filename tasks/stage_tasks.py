@@ -15,6 +15,7 @@ Each task is one call of its stage's driver (lopd_core/drivers/, lopd_core/drive
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from prefect import task
@@ -46,19 +47,21 @@ CACHED = {"cache_key_fn": by_stage_key, "persist_result": True}
 
 @task(name="base", **CACHED)
 def build_base_task(stage: str, key: str, work: str, params: Params) -> dict:
-    """Build the embedded base policy into `work` (the folder is model.base_dir)."""
-    from lopd_core.drivers.base import run_base
+    """The embedded base policy into `work` (the folder is model.base_dir): the shipped copy where the settings
+    are its own, else built from the code (lopd_core/drivers/base.py)."""
+    from lopd_core.drivers.base import install_base
 
     out = _fresh(work)
-    report = run_base(params, out, log=log)
+    installed = install_base(params, out, log=log)
+    report = json.loads((out / "build_report.json").read_text())
     return mark_complete(
         out,
         {
             "model": str(out),
-            "parameters": report.parameters,
-            "steps": report.steps,
-            "final_loss": report.final_loss,
-            "seconds": report.seconds_total,
+            **installed,
+            "parameters": report["parameters"],
+            "steps": report["steps"],
+            "final_loss": report["final_loss"],
         },
     )
 

@@ -125,6 +125,13 @@ class ModelConfig(Section):
         "causal-LM folder or hub id (offline unless HF_HUB_OFFLINE=0)",
     )
     base_dir: str = setting("data/base", help="where `lopd base` writes the embedded base")
+    base_source: str = setting(
+        "shipped",
+        help="shipped: the embedded base installs the copy versioned with the code (lopd_core/model/embedded_base, "
+        "the base every published figure rests on) where the build settings are its own; build: built from the "
+        "code on this machine (another CPU rounds differently)",
+        check=one_of("shipped", "build"),
+    )
     dtype: str = setting("float32", help="weights' dtype", check=one_of("float32", "bfloat16", "float16"))
     device: str = setting("auto", help="auto | cpu | cuda | cuda:N | mps", check=device_name())
     threads: int = setting(
