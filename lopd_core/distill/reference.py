@@ -1,12 +1,12 @@
 """One LOPD update (DESIGN §3, steps 2-5) read top to bottom: start reading here.
 
-This is the update the trainer runs in the simple configuration — the whole batch at once (lopd.micro_batch 0),
-no prompt shared between a task's samples, one process (`StepSetup.runs_reference`) — and the `smoke` compare
-preset runs it. update.py is the same update with named optimisations (its docstring lists them), run wherever
-the settings ask for one; tests/distill/test_reference_update.py holds the two equal for every method of the
-methods table. Here, none of them: one teacher pass per step that reads it (step 2 without a graph, step 4 again
-with one), latents composed per trajectory, and loss_φ built as ONE tensor and back-propagated. Like update.py,
-a non-finite loss or gradient norm skips that optimizer step (counted in `DistillState.skipped_updates`).
+This is the update the trainer runs in the simple configuration — the whole batch at once (lopd.micro_batch 0), no
+prompt shared between a task's samples, one process (`StepSetup.runs_reference`). update.py is the same update with
+named optimisations (its docstring lists them), run wherever the settings ask for one;
+tests/distill/test_reference_update.py holds the two equal for every method of the methods table. Here, none of
+them: one teacher pass per step that reads it (step 2 without a graph, step 4 again with one), latents composed per
+trajectory, and loss_φ built as ONE tensor and back-propagated. Like update.py, a non-finite loss or gradient norm
+skips that optimizer step (counted in `DistillState.skipped_updates`).
 """
 
 from __future__ import annotations
@@ -40,13 +40,7 @@ def reference_update(
     started = t_update if started is None else started
     spec, loss, device, beta = setup.method, setup.student_loss, models.device, state.beta
     # ---- the rollout batch: ids, masks, advantages A(τ), the normalisers
-    batch = S.rollout_batch(
-        trajs,
-        samples_per_task=setup.samples_per_task,
-        advantage=setup.advantage,
-        group_std_eps=setup.pg_advantage_eps,
-        device=device,
-    )
+    batch = setup.rollout_batch(state, trajs, device)
     ids, n_tokens = batch.token_ids, batch.n_tokens
     sums = S.StepSums.zeros(len(ids), device)  # what the row reads (dashboard.py)
     # ---- 2a. the teacher's context per trajectory: latents c_φ (graph to φ), a text, or nothing
@@ -64,6 +58,7 @@ def reference_update(
         None if scores is None else scores.targets(loss.reads_teacher_logits),
         loss,
         pg_advantage=None if batch.pg_advantage is None else batch.pg_advantage[rows],
+        distill_weight=None if batch.distill_weight is None else batch.distill_weight[rows],
         sample_logprobs=batch.action_sample_logprobs(list(range(len(ids))), device),
     )
     loss_theta = (per_token if signal is None else per_token * signal[rows]).sum() / n_signal
@@ -84,7 +79,7 @@ def reference_update(
         P.price_on_batch(setup, state, batch, sums.gap, log)
     margin = setup.margin(state)
     flat = torch.cat(latents) if latents else torch.zeros((0, models.latent_width), device=device)
-    if trains_phi:
+    if trains_phi and len(flat):  # a batch that retrieved nothing has no latents to anchor (a mean of none: NaN)
         queries = models.queries_of([tasks[i // setup.samples_per_task] for i in range(len(experiences))])
         anchor = L.anchor_loss(flat, torch.cat(models.anchor(experiences, queries)).to(device))
     if trains_phi and setup.text_kl_weight:  # the reading term (reading.py): φ reads the bank as the text does
