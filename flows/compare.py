@@ -33,14 +33,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import stage_flows as S
-from lopd_core.compare.plan import pair_params, report_settings, tune_score, tuned_rates
+from lopd_core.compare.plan import pair_params, report_settings, run_seed, tune_score, tuned_rates
 from lopd_core.config import ConfigError, Params, load_params
 from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.methods import method_spec
+from lopd_core.model.shipped import weights_sha256
 from tasks.caching import (
     DONE,
-    content_hash,
     is_complete,
     key_payload,
     mark_complete,
@@ -77,6 +77,7 @@ def compare_run_task(
     curve_n: int,
     eval_n: int,
     validation_n: int,
+    curve_marks: list[int],
     tracker: AnyTracker,
     parent: str | None,
     run_name: str,
@@ -102,6 +103,7 @@ def compare_run_task(
             curve_n=curve_n,
             eval_n=eval_n,
             validation_n=validation_n,
+            curve_marks=curve_marks,
             log=log,
         )
         _log_results(tracker, run, summary)
@@ -117,11 +119,14 @@ def _job(
     inputs: dict,
     preset,
     validation_n: int,
+    train_seed: int = 0,
 ) -> dict:
     """One run to do: its params, its work folder (keyed by the content of all it reads) and the bank and φ it
-    reads, from the replicate's `inputs` (replicate_inputs)."""
-    world, seed = pair
+    reads, from the replicate's `inputs` (replicate_inputs). Training run `train_seed` of the replicate trains
+    and evaluates under its own seed (plan.run_seed); the bank and φ are the replicate's."""
+    world, replicate_seed = pair
     base, banks, phi0s = inputs["base"], inputs["banks"], inputs["phi0s"]
+    seed = run_seed(replicate_seed, train_seed)
     p = pair_params(params, world, seed)
     p.lopd = replace(p.lopd, lr_student=lr, method=method)
     spec = method_spec(method, p.baselines)
@@ -129,24 +134,13 @@ def _job(
     phi0 = phi0s.get(pair) if spec.needs_composer else None
     if bank and phi0:  # a method that reads the fitted φ pays for the text teacher's rollouts it was fitted on
         bank = {**bank, "sampled": bank["sampled"] + bank.get("fit_sampled", 0)}
-    sections = {
-        "seed": seed,
-        "world": world,
-        "method": method,
-        "lr": lr,
-        "budget": budget,
-        "lopd": S.section(p, "lopd"),
-        "envs": p.envs,
-        "eval": S.section(p, "eval"),
-        "bench": S.section(p, "bench"),
-        "baselines": p.baselines,
-        "rollout": p.rollout,
-        "composer": p.composer,
-        "bank": S.section(p, "bank"),
-        "curve": [preset.curve_points, preset.curve_n, preset.eval_n, validation_n],
-    }
-    plugins = plugin_fingerprint(p.envs)  # the mix's plugin task files and code (tasks/stage_params.py)
-    if plugins:
+    sections = {"seed": seed, "world": world, "method": method, "lr": lr, "budget": budget}
+    sections |= {name: S.section(p, name) for name in ("lopd", "eval", "bench", "bank")}
+    sections |= {"envs": p.envs, "baselines": p.baselines, "rollout": p.rollout, "composer": p.composer}
+    sections["curve"] = [preset.curve_points, preset.curve_n, preset.eval_n, validation_n]
+    if preset.curve_marks:  # (absent otherwise: the keys of runs read at evenly spaced points stay as they were)
+        sections["curve_marks"] = list(preset.curve_marks)
+    if plugins := plugin_fingerprint(p.envs):  # the mix's plugin task files and code (tasks/stage_params.py)
         sections["plugins"] = plugins
     inputs = {"base": base, "bank": bank and str(Path(bank["bank_dir"]) / "experience.parquet"), "phi0": phi0}
     phase = "tune" if validation_n else "final"
@@ -162,6 +156,8 @@ def _job(
         "phi0": phi0,
         "phase": phase,
         "validation_n": validation_n,
+        "replicate": [world, replicate_seed],
+        "train_seed": train_seed,
     }
 
 
@@ -180,7 +176,7 @@ def _run_name(job: dict) -> tuple[str, dict]:
     )
 
 
-def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None) -> list[dict]:
+def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None, on_done=None) -> list[dict]:
     """Map the task over the jobs not finished yet (each opens its child run before its work); a job finished by
     an earlier `lopd compare` gets a child run of its recorded results, tagged cached. Every job's summary, in
     job order."""
@@ -204,6 +200,7 @@ def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None) 
             curve_n=preset.curve_n,
             eval_n=preset.eval_n,
             validation_n=[j["validation_n"] for j in todo],
+            curve_marks=unmapped(list(preset.curve_marks)),
             tracker=unmapped(tracker),
             parent=unmapped(parent),
             run_name=[n for n, _ in names],
@@ -211,7 +208,15 @@ def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None) 
         )
         for future in futures:
             future.result()
-    return [json.loads((Path(j["work"]) / DONE).read_text()) for j in jobs]
+            if on_done is not None:  # the report so far, from every finished run: a stopped comparison has one
+                on_done([_done(j) for j in jobs if is_complete(j["work"])])
+    return [_done(j) for j in jobs]
+
+
+def _done(job: dict) -> dict:
+    """A finished run's summary, with which replicate and training seed it is."""
+    summary = json.loads((Path(job["work"]) / DONE).read_text())
+    return {**summary, "replicate": job["replicate"], "train_seed": job["train_seed"]}
 
 
 def _log_results(tracker: AnyTracker, run: str | None, summary: dict) -> None:
@@ -265,25 +270,36 @@ def compare_flow(
         inputs = replicate_inputs(params, preset, base, replicates, parent, tracker)
         tuning = tune(params, preset, tune_pair, inputs, tracker, parent)
         lr_of = tuned_rates(tuning, preset.methods, preset.lr_grid, params.lopd.lr_student)
+        # replicate by replicate, training seed by seed, every method within a seed: a comparison stopped part way
+        # has every method at the same seeds, and the next `lopd compare` resumes from the finished runs
         jobs = [
-            _job(params, m, pair, lr_of[m], preset.budget, inputs, preset, 0) for m in preset.methods for pair in pairs
+            _job(params, m, pair, lr_of[m], preset.budget, inputs, preset, 0, t)
+            for pair in pairs
+            for t in range(preset.train_seeds)
+            for m in preset.methods
         ]
-        runs = _run_all(jobs, preset, tracker, parent)
+
+        def settings_now() -> list:
+            return report_settings(
+                params,
+                preset,
+                command=command,
+                pairs=pairs,
+                tune_pair=tune_pair,
+                bank_sampled=next(iter(inputs["banks"].values()))["sampled"] if inputs["banks"] else None,
+                base=base,
+                base_hash=weights_sha256(base),
+                overrides=merged,
+                seconds=time.perf_counter() - started,
+                commit=commit,
+            )
+
+        def partial(done: list[dict]) -> None:
+            report(params, done, settings_now(), tuning, NullTracker(), None, planned=len(jobs))
+
+        runs = _run_all(jobs, preset, tracker, parent, on_done=partial)
         seconds = time.perf_counter() - started
-        settings = report_settings(
-            params,
-            preset,
-            command=command,
-            pairs=pairs,
-            tune_pair=tune_pair,
-            bank_sampled=next(iter(inputs["banks"].values()))["sampled"] if inputs["banks"] else None,
-            base=base,
-            base_hash=content_hash(base)[:12],
-            overrides=merged,
-            seconds=seconds,
-            commit=commit,
-        )
-        paths = report(params, runs, settings, tuning, tracker, parent)
+        paths = report(params, runs, settings_now(), tuning, tracker, parent, planned=len(jobs))
         tracker.log_metrics(parent, {"compare.seconds": seconds})
     log(f"compare: {len(runs)} runs in {seconds / 60:.1f} min -> {paths['md']}")
     return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()}, "seconds": seconds}
@@ -333,17 +349,27 @@ def tune(
 
 
 def report(
-    params: Params, runs: list[dict], settings: list, tuning: list[dict], tracker: AnyTracker, parent: str | None
+    params: Params,
+    runs: list[dict],
+    settings: list,
+    tuning: list[dict],
+    tracker: AnyTracker,
+    parent: str | None,
+    planned: int | None = None,
 ) -> dict:
-    """Step 5: compare.md, compare.png and compare.json, logged as artifacts of the parent run."""
+    """Step 5: compare.md, compare.png and compare.json, logged as artifacts of the parent run (also written
+    after each finished run, from the runs finished so far: `planned` says how many there will be)."""
     from lopd_core.compare.report import write_compare_report
 
+    preset = params.compare.presets[params.compare.preset]
     paths = write_compare_report(
         runs,
         params.compare.report_dir,
         title=f"lopd compare ({params.compare.preset})",
-        settings=settings,
+        settings=[*settings, ("runs finished", f"{len(runs)} of {planned or len(runs)}")],
         tuning=tuning,
+        marks=list(preset.curve_marks),
+        curve_n=preset.curve_n,
     )
     for path in paths.values():
         tracker.log_artifact(parent, path, "compare")

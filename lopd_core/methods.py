@@ -41,6 +41,13 @@ Past the teacher's ceiling (a distilled student stops at its teacher), three arm
     CSV's `teacher_refreshes` counts them);
   * `student.kl_mix` — the forward-KL and mixed arms above. The composer's own KL(sg[p_S,old] ‖ p_T,φ) is unchanged.
 
+The reward-led arms (DESIGN §3 "Reward-led arms"): the reward sets the direction, the teacher is a gated or
+annealed per-token term. Each is a row: `lopd_rl_silent` (`lopd_rl` with the distillation term only on groups whose
+rewards are all equal — where GRPO's advantage is 0 and the reward says nothing: HDPO / SRD), `lopd_rlsd` (RLSD: the
+group-relative advantage gives each update's sign, the clipped teacher–student ratio (p_T/p_S)^sign(A) of the
+sampled token its per-token size, `baselines.rlsd_clip`) and `lopd_rl_annealed` (`lopd_rl` whose distillation weight
+is 1 − s_S/s_T, the student's recent success against the teacher's measured at the start: ATOD / RetireOPD).
+
 Text contexts go through the same splice as latents: the embeddings of the text's ids placed in the latent slot
 are exactly the conversation with that text in its first user turn (tests/distill/test_trainer.py checks this).
 
@@ -62,7 +69,8 @@ TeacherContextKind = Literal["latent", "text_experience", "golden", "sibling", "
 TeacherWeights = Literal["frozen_base", "student", "ema"]
 Retrieval = Literal["nearest", "random"]
 Refresh = Literal["never", "gated"]
-StudentLossFamily = Literal["reverse_kl", "grpo", "grpo+kl", "reverse_kl+grpo"]
+StudentLossFamily = Literal["reverse_kl", "grpo", "grpo+kl", "reverse_kl+grpo", "rlsd"]
+DistillGate = Literal["all", "silent", "failed"]
 Role = Literal["reference", "baseline", "ablation", "control"]
 TEACHER_CONTEXTS: tuple[str, ...] = get_args(TeacherContextKind)
 ROLES: tuple[str, ...] = get_args(Role)  # the order the compare report lists its groups in
@@ -99,6 +107,10 @@ class StudentSetup:
     loss: StudentLossFamily = "reverse_kl"
     reference_kl: float = 0.0  # GRPO: weight of the KL to the frozen base (baselines.grpo_kl)
     kl_mix: float = 0.0  # w of (1 − w)·reverse + w·forward KL when lopd.kl_mix is 0 (resolved: the run's w)
+    # reverse_kl+grpo: which trajectories the distillation term reaches — all, those of groups whose rewards are
+    # all equal (GRPO's advantage is 0 there: the reward is silent), or those of groups where every sample failed
+    distill_gate: DistillGate = "all"
+    anneal: bool = False  # reverse_kl+grpo: the distillation term fades as the student nears the teacher (anneal.py)
 
     @property
     def distills(self) -> bool:
@@ -114,6 +126,11 @@ class StudentSetup:
     def adds_policy_gradient(self) -> bool:
         """A distillation loss plus the GRPO term on the same rollouts (`lopd_rl`)."""
         return self.loss == "reverse_kl+grpo"
+
+    @property
+    def weighs_distillation(self) -> bool:
+        """The distillation term carries a per-trajectory weight: a gate on the group's rewards or the anneal."""
+        return self.distill_gate != "all" or self.anneal
 
 
 @dataclass(frozen=True)
@@ -189,6 +206,17 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("lopd_gated_refresh", "ablation", TeacherSetup("latent", refresh="gated"), composer=_LOPD),
         MethodSpec("lopd_forward_kl", "ablation", TeacherSetup("latent"), StudentSetup(kl_mix=1.0), _LOPD),
         MethodSpec("lopd_mixed_kl", "ablation", TeacherSetup("latent"), StudentSetup(kl_mix=0.5), _LOPD),
+        MethodSpec(
+            "lopd_rl_silent",
+            "ablation",
+            TeacherSetup("latent"),
+            StudentSetup("reverse_kl+grpo", distill_gate="silent"),
+            _LOPD,
+        ),
+        MethodSpec("lopd_rlsd", "ablation", TeacherSetup("latent"), StudentSetup("rlsd"), _LOPD),
+        MethodSpec(
+            "lopd_rl_annealed", "ablation", TeacherSetup("latent"), StudentSetup("reverse_kl+grpo", anneal=True), _LOPD
+        ),
     ]
 }
 METHOD_NAMES = tuple(METHODS)  # the order is the order reports list them in

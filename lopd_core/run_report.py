@@ -169,6 +169,25 @@ def plot_kl_entropy(data, path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_reward_signal(data, path: Path) -> Path:
+    """Where the reward is silent: the share of groups whose rewards are all equal (GRPO learns nothing there) and
+    of groups that all failed, and the distillation weight in force (the reward-led arms gate or anneal it)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for run, frame in data:
+        if "flat_groups" not in frame:  # a CSV written before these columns existed
+            continue
+        axes[0].plot(frame["step"], frame["flat_groups"], marker=".", label=f"all rewards equal {run.label}")
+        axes[0].plot(frame["step"], frame["failed_groups"], linestyle="--", label=f"all failed {run.label}")
+        axes[1].plot(frame["step"], frame["distill_weight"], marker=".", label=run.label)
+    axes[0].set(title="groups without a reward signal", xlabel="step", ylabel="share of the step's groups")
+    axes[1].set(title="distillation weight in force", xlabel="step", ylabel="weight")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def plot_eval(columns: list[EvalColumn], path: Path) -> Path:
     """Grouped bars per split, one bar per evaluated policy: greedy success, and greedy mean reward (which
     still separates policies while every success rate is zero)."""
@@ -264,6 +283,7 @@ def _training_section(data, out: Path) -> str:
         (plot_delta_margin(data, out / "delta_margin.png"), "δ̄ against the margin line m"),
         (plot_beta(data, out / "beta.png"), "β trajectory"),
         (plot_kl_entropy(data, out / "kl_entropy.png"), "KL terms and entropies"),
+        (plot_reward_signal(data, out / "reward_signal.png"), "groups without a reward signal"),
     ]
     margin_rows = [
         pd.DataFrame(

@@ -16,6 +16,15 @@ from lopd_core.config import Params
 TIE_BREAK_LR = 3e-4
 
 
+# Training run t of a replicate runs under seed + TRAIN_SEED_STRIDE·t: t = 0 is the replicate's own seed (the runs
+# of a one-seed comparison keep their keys), and the stride keeps every replicate's runs apart.
+TRAIN_SEED_STRIDE = 1000
+
+
+def run_seed(replicate_seed: int, train_seed: int) -> int:
+    return replicate_seed + TRAIN_SEED_STRIDE * train_seed
+
+
 def pair_params(params: Params, world: str, seed: int) -> Params:
     """The params of one replicate: the deployment world it plays and the seed it runs under."""
     p = copy.deepcopy(params)
@@ -89,10 +98,11 @@ def report_settings(
         ("preset", params.compare.preset),
         ("methods", ", ".join(preset.methods)),
         ("replicates (deployment world, seed)", ", ".join(f"({w}, {s})" for w, s in pairs)),
+        ("training seeds per replicate", f"{preset.train_seeds} (run t: the replicate's seed + 1000·t)"),
         ("rollout budget", f"{preset.budget} sampled trajectories per run ({per_step})"),
         ("bank", bank_note(params, bank_sampled)),
         ("learning-rate grid (lopd.lr_student)", grid),
-        ("base", f"{base} (content {base_hash})"),
+        ("base", f"{base}, weights sha256 {base_hash}"),
         ("preset overrides", " ".join(f"`{o}`" for o in overrides) or "none"),
         ("total wall time", f"{seconds / 60:.1f} min"),
         ("git commit", commit),

@@ -191,8 +191,11 @@ def write_compare_report(
     title: str,
     settings: list[tuple[str, str]],
     tuning: list[dict] | None = None,
+    marks: list[int] | None = None,
+    curve_n: int = 0,
 ) -> dict[str, Path]:
-    """`runs`: run_method summaries (final runs only). Writes compare.md, compare.png and compare.json."""
+    """`runs`: run_method summaries (final runs only). Writes compare.md, compare.png and compare.json. `marks`:
+    the rollouts the curves were read at, for the verdicts over training seeds (decide.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     by_method: dict[str, list[dict]] = {}
@@ -205,12 +208,13 @@ def write_compare_report(
     n_eval = runs[0]["final"]["test_id"]["greedy"]["n"] if runs else 0
     envs = sorted({e for r in runs for e in r.get("by_env", {})})
     pooled = f"; the tasks of {', '.join(envs)} pooled" if len(envs) > 1 else ""
-    heading = f"## Held-out success (mean ± std over replicates; n = {n_eval} tasks per split and replicate{pooled})"
+    heading = f"## Held-out success (mean ± std over runs; n = {n_eval} tasks per split and run{pooled})"
     lines += ["", heading, ""]
     lines += _success_table(by_method)
     if len(envs) > 1:
         lines += ["", "## Held-out success per environment (mean ± std over replicates)", ""]
         lines += _env_table(by_method, envs)
+    lines += verdict_section(by_method, marks or [], curve_n)
     lines += ["", "## Rollouts to reach GRPO's final test_id success (curves on the same tasks)", ""]
     lines += _md_table(
         ["method", "greedy", "sampled"],
@@ -238,6 +242,53 @@ def write_compare_report(
     js = out / "compare.json"
     js.write_text(json.dumps({"settings": dict(settings), "runs": runs, "tuning": tuning or []}, indent=2, default=str))
     return {"md": md, "png": png, "json": js}
+
+
+def verdict_section(by_method: dict[str, list[dict]], marks: list[int], curve_n: int) -> list[str]:
+    """Every method against GRPO (and LOPD against the controls), at the end and at each rollout mark, with the
+    interval over training seeds and tasks and its verdict (decide.py), and the goal beyond the paper."""
+    from lopd_core.compare import decide as V
+
+    if "grpo" not in by_method:
+        return []
+    grpo = by_method["grpo"]
+    header = ["method − GRPO", "test_id greedy (final)", "test_id sampled (final)"]
+    header += [f"greedy at {m} rollouts" for m in marks] + ["rollouts to GRPO's final (greedy)"]
+    target = statistics.fmean(r["final"]["test_id"]["greedy"]["success_rate"] for r in grpo)
+    grpo_budget = statistics.fmean(r["rollouts"] for r in grpo)
+    rows, goal = [], []
+    for method, rs in by_method.items():
+        if method == "grpo":
+            continue
+        final = [V.compare_final(rs, grpo, "test_id", mode) for mode in ("greedy", "sampled")]
+        at = [V.compare_at_mark(rs, grpo, m, "greedy", curve_n) for m in marks]
+        reach_at = V.rollouts_to_reach(rs, target, "greedy")
+        reach_text = "not reached" if reach_at is None else f"{reach_at:.0f} ({reach_at / grpo_budget:.0%})"
+        rows.append([method, *[d.text() for d in final], *[d.text() for d in at], reach_text])
+        last = at[-1] if at else final[0]
+        if M.METHODS.get(method) and M.METHODS[method].teacher.reads_latents:
+            goal.append((method, last, reach_at))
+    lines = ["", "## Verdicts over training seeds and tasks (points; 95 % interval, lopd_core/compare/decide.py)", ""]
+    lines += [
+        "Each cell: the mean over (world, training seed) cells of the paired difference, a Student-t interval "
+        "of the mixed model with a random seed effect (worlds as strata), and the verdict.",
+        "",
+    ]
+    lines += _md_table(header, rows)
+    lines += ["", *goal_lines(goal, grpo_budget, target)]
+    return lines
+
+
+def goal_lines(goal: list, grpo_budget: float, target: float) -> list[str]:
+    """The goal beyond the paper: a LOPD-family method ahead of GRPO at the last mark, reaching GRPO's final
+    success with at most half its rollouts."""
+    ahead = [m for m, d, _ in goal if d.verdict == "ahead"]
+    fast = [m for m, _, r in goal if r is not None and r <= grpo_budget / 2]
+    return [
+        f"- Goal beyond the paper (GRPO's final test_id greedy: {100 * target:.1f} %): a LOPD-family method ahead of "
+        f"GRPO at the last mark — {'met by ' + ', '.join(ahead) if ahead else 'not met'}; reaching GRPO's final "
+        f"success with at most half its rollouts — {'met by ' + ', '.join(fast) if fast else 'not met'}."
+    ]
 
 
 def _success_table(by_method: dict[str, list[dict]]) -> list[str]:

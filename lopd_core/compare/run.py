@@ -122,6 +122,7 @@ def run_method(
     curve_n: int = 32,
     eval_n: int = 100,
     validation_n: int = 0,
+    curve_marks: list[int] | None = None,
     log=print,
 ) -> dict:
     """Train `method` from params.model to `budget` through the cycle's distill stage function; returns (and
@@ -131,7 +132,7 @@ def run_method(
     out.mkdir(parents=True, exist_ok=True)
     steps, spent = plan_steps(params, method, budget, bank_rollouts)
     p = run_params(params, method, out, steps, phi0=phi0, bank_dir=bank_dir, index_dir=index_dir)
-    marks = sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
+    marks = curve_steps(p, steps, spent, curve_points, curve_marks)
     probe = CurveProbe(p, marks, curve_n, out / "curve.json", log)
     if 0 not in probe.points:  # the starting policy: the student before its first step
         model, tokenizer = load_policy(p.model)
@@ -150,6 +151,17 @@ def run_method(
     summary = run_summary(p, budget, steps, spent, trained, results, probe.curve(), timing)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def curve_steps(p: Params, steps: int, spent: int, curve_points: int, curve_marks: list[int] | None) -> list[int]:
+    """The steps after which the held-out curve is read: the first step whose rollouts reach each of
+    `curve_marks` (the same rollout counts for every method, whatever its bank cost; a mark the bank's rollouts
+    already passed is the starting point's), plus the last step; without marks, `curve_points` evenly spaced."""
+    if not curve_marks:
+        return sorted({max(1, round(steps * k / curve_points)) for k in range(1, curve_points + 1)})
+    per_step = p.lopd.tasks_per_step * p.lopd.samples_per_task
+    at = {min(steps, -(-(mark - spent) // per_step)) for mark in curve_marks if mark > spent}
+    return sorted(at | {steps})
 
 
 def run_params(

@@ -35,6 +35,9 @@ class RolloutBatch:
     pg_advantage: Tensor | None  # (B,) GRPO's group-relative advantage, when the loss is a policy gradient
     n_tokens: int  # action tokens of the whole batch, every rank's (≥ 1)
     n_scored: int  # trajectories with an action token, every rank's (≥ 1): δ̄'s denominator
+    flat_group: Tensor | None = None  # (B,) bool, CPU: the trajectory's group has all rewards equal (GRPO: no signal)
+    failed_group: Tensor | None = None  # (B,) bool, CPU: every sample of its group failed
+    distill_weight: Tensor | None = None  # (B,) the distillation term's weight (reward-led arms); None: 1 everywhere
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -52,11 +55,38 @@ class RolloutBatch:
         )
 
 
+def group_flags(rewards: Tensor, successes: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+    """Per trajectory, (B,) bool each: its group's rewards are all equal (GRPO's advantage is 0 for every member:
+    the reward is silent), and every sample of its group failed."""
+    flat = torch.zeros(len(groups), dtype=torch.bool)
+    failed = torch.zeros(len(groups), dtype=torch.bool)
+    for g in groups.unique():
+        members = groups == g
+        flat[members] = bool(rewards[members].max() == rewards[members].min())
+        failed[members] = not bool(successes[members].any())
+    return flat, failed
+
+
+def distill_weights(flat: Tensor, failed: Tensor, gate: str, scale: float) -> Tensor:
+    """(B,) float32: the distillation term's weight per trajectory — the gate (`all`, `silent`: groups whose
+    rewards are all equal, `failed`: groups where every sample failed) times the anneal's scale."""
+    mask = {"all": torch.ones_like(flat), "silent": flat, "failed": failed}[gate]
+    return mask.float() * scale
+
+
 def rollout_batch(
-    trajs: list, *, samples_per_task: int, advantage: str, group_std_eps: float | None, device
+    trajs: list,
+    *,
+    samples_per_task: int,
+    advantage: str,
+    group_std_eps: float | None,
+    device,
+    distill_gate: str | None = None,
+    distill_scale: float = 1.0,
 ) -> RolloutBatch:
     """The step's view of `trajs` (samples_per_task consecutive samples per task). `group_std_eps` None: no
-    policy-gradient advantage (the distillation losses need none)."""
+    policy-gradient advantage (the distillation losses need none). `distill_gate` None: the distillation term
+    weighs every trajectory alike; else `distill_weights`' gate, times `distill_scale`."""
     masks = [t.action_mask for t in trajs]
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     successes = torch.tensor([t.success for t in trajs], dtype=torch.bool)
@@ -69,6 +99,8 @@ def rollout_batch(
     pg_adv = (
         None if group_std_eps is None else PG.group_relative_advantages(rewards, groups, eps=group_std_eps).to(device)
     )
+    flat, failed = group_flags(rewards, successes, groups)
+    weight = None if distill_gate is None else distill_weights(flat, failed, distill_gate, distill_scale).to(device)
     return RolloutBatch(
         [t.token_ids for t in trajs],
         masks,
@@ -80,6 +112,9 @@ def rollout_batch(
         pg_adv,
         max(int(n_tokens), 1),
         max(int(n_scored), 1),
+        flat,
+        failed,
+        weight,
     )
 
 

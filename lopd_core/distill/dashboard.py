@@ -46,6 +46,9 @@ class DashboardRow:
     step_seconds: float
     phase: int  # index of the method phase the step trained (methods.method_phases)
     teacher_refreshes: int  # θ̄ ← student refreshes so far (lopd_gated_refresh)
+    flat_groups: float  # share of the step's task groups whose rewards are all equal (GRPO's advantage is 0)
+    failed_groups: float  # share of the groups where every sample failed
+    distill_weight: float  # the distillation term's weight in force (lopd_rl_annealed's fades; else 1)
 
 
 CSV_COLUMNS = [f.name for f in fields(DashboardRow)]
@@ -140,6 +143,8 @@ def step_result(
         "step_seconds": time.perf_counter() - started,
         "phase": setup.phase,
         "teacher_refreshes": state.teacher_refreshes,
+        **group_shares(batch),
+        "distill_weight": state.distill_scale if setup.student_loss.anneal_window else 1.0,
     }
     if not setup.teacher_pass:
         values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
@@ -147,6 +152,14 @@ def step_result(
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).
     return UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
+
+
+def group_shares(batch: S.RolloutBatch) -> dict[str, float]:
+    """Shares of the step's groups (every rank's) that carry no reward signal: all rewards equal, all failed."""
+    flat = D.gather_lists(batch.flat_group.tolist())
+    failed = D.gather_lists(batch.failed_group.tolist())
+    n = max(len(flat), 1)  # per trajectory, so each group weighs by its size: G samples each in a step's batch
+    return {"flat_groups": sum(flat) / n, "failed_groups": sum(failed) / n}
 
 
 def diagnostics_row(

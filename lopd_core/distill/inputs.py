@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from lopd_core.distill.anneal import step_scale
+from lopd_core.distill.batch import RolloutBatch, rollout_batch
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents
 from lopd_core.distill.models import TeacherView
 from lopd_core.distill.state import DistillState
@@ -104,6 +106,20 @@ class StepSetup:
     def pg_advantage_eps(self) -> float | None:
         """The eps of GRPO's group-relative advantage where the loss has a policy-gradient term, else None."""
         return self.group_std_eps if self.student_loss.needs_pg_advantage else None
+
+    def rollout_batch(self, state: DistillState, trajs: list, device) -> RolloutBatch:
+        """The step's batch under this setup: A(τ), GRPO's advantage where the loss has a policy gradient, and
+        the distillation term's weight where a reward-led arm gates it or anneals it (this step's, anneal.py)."""
+        loss = self.student_loss
+        return rollout_batch(
+            trajs,
+            samples_per_task=self.samples_per_task,
+            advantage=self.advantage,
+            group_std_eps=self.pg_advantage_eps,
+            device=device,
+            distill_gate=loss.distill_gate,
+            distill_scale=step_scale(loss.anneal_window, state, trajs),
+        )
 
     @property
     def runs_reference(self) -> bool:

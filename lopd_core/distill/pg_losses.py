@@ -55,3 +55,17 @@ def reference_kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     the reference gets no gradient."""
     d = _f32(ref_logprobs).detach() - _f32(logprobs)
     return torch.exp(d.clamp(max=20.0)) - d - 1.0
+
+
+def rlsd_token_scale(teacher_logprobs: Tensor, student_logprobs: Tensor, advantage: Tensor, *, clip: float) -> Tensor:
+    """RLSD's per-token size of the update, (N,) each -> (N,), detached: (p_T(a)/p_S(a))^sign(A) clipped to
+    [1 − clip, 1 + clip].
+
+    The reward decides the direction (the sign of A, the group-relative advantage); the teacher only says how
+    much of it each token deserves: on a success, tokens the teacher likes more than the student get more credit;
+    on a failure, tokens the teacher likes less get more of the blame. Clipped, so the teacher can never flip a
+    token's sign or make one token dominate; a token of a silent group (A = 0) gets no update at all.
+    """
+    log_ratio = _f32(teacher_logprobs).detach() - _f32(student_logprobs).detach()
+    signed = torch.sign(_f32(advantage).detach()) * log_ratio
+    return torch.exp(signed.clamp(-20.0, 20.0)).clamp(1.0 - clip, 1.0 + clip)

@@ -25,3 +25,8 @@ class DistillState:
     refresh_teacher_score: dict | None = None
     refresh_checks: list[dict] = field(default_factory=list)
     check_episodes: int = 0
+    # lopd_rl_annealed (anneal.py): the latent teacher's measured success (None: not measured), the student's
+    # batch success over the last steps, and the distillation weight of the last step
+    teacher_level: float | None = None
+    recent_success: list[float] = field(default_factory=list)
+    distill_scale: float = 1.0

@@ -44,10 +44,11 @@ from lopd_core.distill.batch import (  # noqa: F401  re-exported: the step's pha
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 
-# topk | full | sampled: distillation toward the teacher; grpo | grpo+kl: a policy gradient (+ Skill-SD's KL)
-StudentLossKind = Literal["topk", "full", "sampled", "grpo", "grpo+kl"]
+# topk | full | sampled: distillation toward the teacher; grpo | grpo+kl | rlsd: a policy gradient (+ Skill-SD's
+# KL; RLSD's teacher-sized advantages)
+StudentLossKind = Literal["topk", "full", "sampled", "grpo", "grpo+kl", "rlsd"]
 STUDENT_LOSSES: tuple[str, ...] = get_args(StudentLossKind)
-POLICY_GRADIENT_LOSSES = ("grpo", "grpo+kl")
+POLICY_GRADIENT_LOSSES = ("grpo", "grpo+kl", "rlsd")
 
 
 # ---- step 2: the teacher ------------------------------------------------------------------------------------
@@ -177,6 +178,11 @@ class StudentLoss:
     skill_kl: float = 0.0  # Skill-SD: weight of the sampled-token reverse KL to its teacher
     rl_weight: float = 0.0  # lopd_rl: weight of the GRPO term added to the distillation loss
     kl_mix: float = 0.0  # w of the top-k loss (1 − w)·KL(p_S ‖ p_T) + w·KL(p_T ‖ p_S); 0: the reverse KL alone
+    rlsd_clip: float = 0.5  # lopd_rlsd: the teacher's per-token scale of the advantage stays in [1 − c, 1 + c]
+    # lopd_rl_silent / _annealed: the batch's `distill_weight` scales the KL term — the gate on the group's rewards
+    # (None: no weight at all) and the anneal's window of recent steps (0: no anneal; anneal.py)
+    distill_gate: str | None = None
+    anneal_window: int = 0
 
     @classmethod
     def resolve(cls, method, lopd, baselines) -> StudentLoss:
@@ -199,6 +205,9 @@ class StudentLoss:
             baselines.skill_kl if setup.adds_sampled_kl else 0.0,
             baselines.rl_weight if setup.adds_policy_gradient else 0.0,
             setup.kl_mix if setup.distills else 0.0,
+            baselines.rlsd_clip,
+            setup.distill_gate if setup.weighs_distillation else None,
+            baselines.anneal_window if setup.anneal else 0,
         )
 
     @property
@@ -223,10 +232,13 @@ def student_token_loss(
     *,
     pg_advantage: Tensor | None = None,
     sample_logprobs: Tensor | None = None,
+    distill_weight: Tensor | None = None,
 ) -> Tensor:
     """Step 3's per-token loss (n,) on a chunk: student_logits (n, V) with grad; targets from the teacher (None
     only for GRPO without a reference KL); pg_advantage (n,) each token's trajectory advantage (GRPO);
-    sample_logprobs (n,) the rollout's sampling log-probs (GRPO's p_old, and the importance weight's p_sample).
+    sample_logprobs (n,) the rollout's sampling log-probs (GRPO's p_old, and the importance weight's p_sample);
+    distill_weight (n,) the distillation term's weight per token (its trajectory's `RolloutBatch.distill_weight`:
+    the reward-led arms' gate or anneal; None: 1).
 
     The importance weight multiplies the sampled-token reverse KL only: the one term whose value depends on the
     sampled token (losses.py). GRPO's own ratio is against the sampling log-probs, so it needs no weight."""
@@ -234,6 +246,8 @@ def student_token_loss(
         distill = student_token_loss(
             student_logits, action_ids, targets, replace(loss, rl_weight=0.0), sample_logprobs=sample_logprobs
         )
+        if distill_weight is not None:  # lopd_rl_silent, lopd_rl_annealed: a gated or fading teacher
+            distill = distill * distill_weight
         s_action = torch.log_softmax(student_logits, -1).gather(-1, action_ids[:, None]).squeeze(-1)  # (n,)
         return distill + loss.rl_weight * PG.clipped_policy_loss(
             s_action, sample_logprobs, pg_advantage, clip=loss.clip
@@ -252,6 +266,9 @@ def student_token_loss(
     )
     if loss.kind == "sampled":
         return weight * L.reverse_kl_sampled(s_action, targets.action_logprobs)
+    if loss.kind == "rlsd":  # the reward's sign, the teacher's clipped ratio as each token's size
+        scale = PG.rlsd_token_scale(targets.action_logprobs, s_action, pg_advantage, clip=loss.rlsd_clip)
+        return PG.clipped_policy_loss(s_action, sample_logprobs, pg_advantage * scale, clip=loss.clip)
     per_token = PG.clipped_policy_loss(s_action, sample_logprobs, pg_advantage, clip=loss.clip)
     if loss.reference_kl > 0 and targets is not None:  # GRPO's KL to the frozen base (baselines.grpo_kl)
         per_token = per_token + loss.reference_kl * PG.reference_kl_k3(s_action, targets.action_logprobs)

@@ -40,6 +40,7 @@ import torch
 from lopd_core import distributed as D
 from lopd_core import methods as M
 from lopd_core.config import Params
+from lopd_core.distill import anneal as AN
 from lopd_core.distill import checkpoints as C
 from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
@@ -176,6 +177,8 @@ class Distiller:
         cfg = self.cfg
         started = time.perf_counter()
         s = self.state.step
+        if self.student_loss.anneal_window and self.state.teacher_level is None:
+            self._measure_teacher()  # lopd_rl_annealed: the level its distillation weight is held against
         with self.sharding.gathered():  # rank-dependent numbers of passes from here on (sharding.py)
             if cfg.trajectories != "rollouts":
                 out = self._trace_step(started)
@@ -272,6 +275,28 @@ class Distiller:
         self.log(
             f"distill: step {self.state.step + 1}: phase {index}: {self.phases[0].name} trains "
             f"{self.method.name} from here (baselines.switch_fraction={self.params.baselines.switch_fraction:g})"
+        )
+
+    def _measure_teacher(self) -> None:
+        """lopd_rl_annealed: the latent teacher plays `baselines.anneal_check_n` train-split tasks once, sampled
+        as the rollouts are (anneal.py); its episodes are counted apart from the training rollouts."""
+        ro = self.params.rollout
+        tasks = deployment_tasks(
+            self.params.envs, "train", self.params.baselines.anneal_check_n, self.params.seed + R.REFRESH_SEED_OFFSET
+        )
+        sampling = Sampling(
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            max_new_tokens=ro.max_new_tokens,
+            max_context=ro.max_context - self.splice_room,
+            max_observation_tokens=ro.max_observation_tokens,
+        )
+        with self.sharding.gathered():
+            self.state.teacher_level = AN.teacher_level(self.models, tasks, sampling, seed=self.params.seed)
+        self.state.check_episodes += len(tasks)
+        self.log(
+            f"distill: the latent teacher's level (anneal): success {self.state.teacher_level:.3f} on "
+            f"{len(tasks)} train tasks"
         )
 
     def _held_out_score(self, lm) -> R.CheckScore:

@@ -68,13 +68,7 @@ def update(
 ) -> UpdateResult:
     """Steps 2-5 on `trajs` (samples_per_task each per task, in task order), in the order of DESIGN §3."""
     t_update = time.perf_counter()
-    batch = S.rollout_batch(
-        trajs,
-        samples_per_task=setup.samples_per_task,
-        advantage=setup.advantage,
-        group_std_eps=setup.pg_advantage_eps,
-        device=models.device,
-    )
+    batch = setup.rollout_batch(state, trajs, models.device)
     sums = S.StepSums.zeros(len(batch), batch.advantage.device)
     with timed(sums, "teacher"):
         context = teacher_context(setup, models, tasks, trajs, batch)  # 2a. latents once per distinct experience
@@ -253,6 +247,7 @@ def student_backward(
         targets,
         loss,
         pg_advantage=None if batch.pg_advantage is None else batch.pg_advantage[rows],
+        distill_weight=None if batch.distill_weight is None else batch.distill_weight[rows],
         sample_logprobs=(batch.action_sample_logprobs(chunk, device) if loss.reads_sample_logprobs else None),
     )
     if context.signal is not None:

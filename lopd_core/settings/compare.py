@@ -22,6 +22,17 @@ class ComparePreset(Section):
         help="the methods compared (lopd.method's names)",
     )
     seeds: list[int] = setting(factory=lambda: [0, 1, 2], help="one replicate per seed")
+    train_seeds: int = setting(
+        1,
+        help="training runs of every method per replicate (its bank and φ shared): run t trains and evaluates "
+        "under the replicate's seed + 1000·t, so the verdicts' intervals cover the spread between training runs",
+        check=positive(),
+    )
+    curve_marks: list[int] = setting(
+        factory=list,
+        help="rollouts at which the held-out curve is read, the same for every method (empty: curve_points "
+        "evenly spaced steps)",
+    )
     worlds: list[str] = setting(
         factory=list,
         check=any_of(*NAMED_WORLDS),
@@ -91,6 +102,36 @@ def _regime_preset() -> ComparePreset:
     )
 
 
+def _decide_preset() -> ComparePreset:
+    """The comparison that decides (DESIGN §3): GRPO against the LOPD family's reward-led arms, S = 5 training
+    seeds per world, curves read at fixed rollout marks, the methods listed in the order they are run."""
+    return ComparePreset(
+        methods=[
+            "grpo",
+            "lopd_rl",
+            "lopd_rl_silent",
+            "lopd_rlsd",
+            "lopd_rl_annealed",
+            "lopd",
+            "text_experience",
+            "lopd_frozen_composer",
+            "lopd_random_retrieval",
+        ],
+        seeds=[0, 1],
+        worlds=["cobalt", "borealis"],
+        train_seeds=5,
+        tune_world="dune",
+        lr_grid=[3e-4],
+        curve_marks=[256, 512, 1024],
+        overrides=[
+            "bank.seed_tasks=64",
+            "bank.samples_per_task=2",
+            "eval.with_experience=false",
+            "eval.splits=[test_id,test_ood]",
+        ],
+    )
+
+
 def _smoke_preset() -> ComparePreset:
     return ComparePreset(
         seeds=[0],
@@ -100,6 +141,7 @@ def _smoke_preset() -> ComparePreset:
         eval_n=4,
         curve_points=2,
         curve_n=4,
+        train_seeds=2,
         overrides=[
             "model.base_dir=data/compare/base_smoke",
             "model.tiny.vocab_size=600",
@@ -137,7 +179,10 @@ PRESET_HELP = {
     "regime": "the paper-regime comparison: LOPD against GRPO, the frozen composer, the text teacher, the ways past "
     "the teacher's ceiling and both controls, at the one learning rate every method preferred in the full "
     "preset's tuning",
-    "smoke": "every method once on a tiny base, through distill/reference.py (tests/pipeline/test_compare.py)",
+    "decide": "the comparison that decides: GRPO, LOPD and the reward-led arms, the text teacher, the frozen composer "
+    "and a control, 5 training seeds in cobalt and in borealis, verdicts over seeds and tasks, curves at 256 / 512 / "
+    "1,024 rollouts; runs in replicate, seed, method order, so a stopped comparison resumes where it stopped",
+    "smoke": "every method on a tiny base, two training seeds (tests/pipeline/test_compare.py)",
 }
 
 
@@ -149,7 +194,12 @@ class CompareConfig(Section):
 
     preset: str = setting("full", help="a key of presets")
     presets: dict[str, ComparePreset] = setting(
-        factory=lambda: {"full": _full_preset(), "regime": _regime_preset(), "smoke": _smoke_preset()},
+        factory=lambda: {
+            "full": _full_preset(),
+            "regime": _regime_preset(),
+            "decide": _decide_preset(),
+            "smoke": _smoke_preset(),
+        },
         help="the sizes of a comparison",
         key_help=PRESET_HELP,
     )

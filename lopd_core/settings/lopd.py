@@ -271,6 +271,21 @@ class BaselinesConfig(Section):
         help="lopd_rl: LOPD's distillation loss + this weight × the GRPO term on the same rollouts",
         check=non_negative(),
     )
+    rlsd_clip: float = setting(
+        0.5,
+        help="lopd_rlsd: each token's advantage is A × (p_T/p_S)^sign(A) of the sampled token, clipped to "
+        "[1 − this, 1 + this]: the reward sets the sign, the teacher only the size",
+        check=in_range(0.0, 1.0),
+    )
+    anneal_check_n: int = setting(
+        32,
+        help="lopd_rl_annealed: train-split tasks the latent teacher plays once at the start (sampled as the "
+        "rollouts) to measure the level the student's success is held against",
+        check=positive(),
+    )
+    anneal_window: int = setting(
+        4, help="lopd_rl_annealed: steps of the student's own batch success averaged into its level", check=positive()
+    )
     switch_fraction: float = setting(
         0.5,
         help="lopd_then_grpo: the share of lopd.steps trained as LOPD before the same student goes on with GRPO",

@@ -65,6 +65,9 @@ def test_every_method_is_a_spec_and_the_controls_say_what_they_are():
         "lopd_gated_refresh",
         "lopd_forward_kl",
         "lopd_mixed_kl",
+        "lopd_rl_silent",
+        "lopd_rlsd",
+        "lopd_rl_annealed",
     }
     p = Params()
     assert M.method_spec("sharpened_teacher", p.baselines).teacher.temperature == 0.5
