@@ -91,13 +91,17 @@ def test_smoke_preset_runs_every_method(tmp_path, tiny_model, tiny_tokenizer, pr
     out = compare_flow(params_file=params_file, overrides=overrides, track=True)
     methods = {r["method"] for r in out["runs"]}
     assert methods == set(METHOD_NAMES)
+    seeds = Params().compare.presets["smoke"].train_seeds  # every method trained under each training seed
+    assert len(out["runs"]) == seeds * len(METHOD_NAMES) and {r["train_seed"] for r in out["runs"]} == set(range(seeds))
     budgets = {r["method"]: r["rollouts"] for r in out["runs"]}
     assert all(b <= 24 for b in budgets.values()) and budgets["grpo"] > budgets["lopd"] - 8
     md = (tmp_path / "reports" / "compare.md").read_text()
     assert "Rollouts to reach GRPO" in md and (tmp_path / "reports" / "compare.png").exists()
+    assert "Verdicts over training seeds and tasks" in md and "weights sha256" in md
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m.db")
     exp = client.get_experiment_by_name(Params().tracking.experiment)
     children = client.search_runs([exp.experiment_id], "tags.`lopd.stage` = 'compare-run'")
-    assert len(children) == len(METHOD_NAMES) and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
+    assert len(children) == seeds * len(METHOD_NAMES)
+    assert len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
