@@ -48,7 +48,7 @@ from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.locks import folder_lock
-from tasks.caching import content_hash
+from lopd_core.model.shipped import base_identity
 from tasks.tracking import NullTracker, Tracker, git_commit, make_tracker
 
 AnyTracker = Tracker | NullTracker
@@ -105,7 +105,7 @@ def run_one_cycle(
         decision, looks = gate_student(params, champion, stages, common)
         gate = gate_record(decision, resolvable)
         done = CycleStages(**stages, gate_looks=looks)
-        run = CycleRun(number, commit, parent, content_hash(base)[:16])
+        run = CycleRun(number, commit, parent, base_identity(base))
         exported = export_student(params, done, cycle_lineage(run, champion, done, gate, decision.promoted), common)
         record = cycle_record(params, run, champion, done, gate, decision.promoted, exported)
         record["report"] = write_cycle_report(params, history + [record], tracker, parent, number)

@@ -56,6 +56,17 @@ def weights_sha256(folder: str | Path) -> str:
     return sha256_of(Path(folder) / WEIGHTS)
 
 
+def base_identity(folder: str | Path) -> str:
+    """What a report names a base by: its weights' sha256, shortened (a folder without one weights file, a
+    sharded checkpoint of the user's, by the hash of its files' content)."""
+    if (Path(folder) / WEIGHTS).is_file():
+        return weights_sha256(folder)[:16]
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + sha256_of(path).encode())
+    return h.hexdigest()[:16]
+
+
 def build_settings(params: Params) -> dict:
     """The values of BUILD_SETTINGS, JSON-normalised (dataclasses as dicts), so two params compare as data."""
     flat = params.to_dict()
