@@ -305,6 +305,31 @@ def compare_flow(
     return {"runs": runs, "tuning": tuning, "report": {k: str(v) for k, v in paths.items()}, "seconds": seconds}
 
 
+def report_from_disk(params_file: str = "params.yaml", overrides: list[str] | None = None, command: str = "") -> dict:
+    """`lopd compare --report-only`: the report of the preset's finished runs found in compare.work_dir, without
+    running, scheduling or keying anything — what a comparison still running (or stopped) has so far. A run
+    counts when it is a final run of one of the preset's methods, in one of its worlds, at its budget."""
+    params, preset, merged = preset_params(params_file, overrides or [])
+    worlds = {w for w, _ in preset.pairs(params.envs.deploy_worlds)}
+    runs = []
+    for done in sorted((Path(params.compare.work_dir) / "runs").glob(f"final-*/{DONE}")):
+        summary = json.loads(done.read_text())
+        if summary["method"] in preset.methods and summary["world"] in worlds and summary["budget"] == preset.budget:
+            runs.append(summary)
+    runs.sort(key=lambda r: (r["seed"], preset.methods.index(r["method"])))  # the order a comparison runs them
+    base = params.model.name_or_path or params.model.base_dir
+    settings = [
+        ("command", f"`{command or 'lopd compare --report-only'}`"),
+        ("preset", params.compare.preset),
+        ("methods", ", ".join(preset.methods)),
+        ("runs found", f"{len(runs)} finished runs in {params.compare.work_dir}/runs (each keyed by its code)"),
+        ("base", f"{base}, weights sha256 {weights_sha256(base) if Path(base).is_dir() else 'n/a'}"),
+        ("preset overrides", " ".join(f"`{o}`" for o in merged) or "none"),
+        ("git commit (of this report)", git_commit()),
+    ]
+    return report(params, runs, settings, [], NullTracker(), None)
+
+
 def replicate_inputs(
     params: Params, preset, base: str, pairs: list[tuple[str, int]], parent: str | None, tracker: AnyTracker
 ) -> dict:

@@ -23,6 +23,14 @@ def cmd_compare(params: Params, args) -> int:
         os.environ.setdefault(key, value)
     from flows.compare import compare_flow
 
+    if args.report_only:  # reads finished runs only: no lock, no flow, no MLflow run
+        from flows.compare import report_from_disk
+
+        paths = report_from_disk(
+            args.params, args.overrides, command=f"lopd compare --report-only {' '.join(args.overrides)}"
+        )
+        print(Path(paths["md"]).read_text())
+        return 0
     if not args.no_mlflow:
         from tasks.tracking import probe_tracking
 
@@ -50,3 +58,9 @@ def add_compare_parser(stage) -> None:
         "compare", "every method (LOPD, baselines, ablations) at one rollout budget -> reports/compare.md", cmd_compare
     )
     p.add_argument("--no-mlflow", action="store_true", help="do not record runs in MLflow")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the preset's runs already finished in compare.work_dir (while a comparison "
+        "runs, or after one stopped), running nothing",
+    )
