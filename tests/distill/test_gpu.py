@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from _float_paths import assert_same_greedy_play
 
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
@@ -21,5 +22,7 @@ def test_greedy_rollout_on_cuda_plays_as_on_the_cpu(tiny_model, tiny_tokenizer):
     greedy = Sampling(temperature=0.0, max_new_tokens=16, max_context=768)
     on_cpu = rollout(tiny_model, codec, requests, sampling=greedy, batch_size=4)
     on_gpu = rollout(copy.deepcopy(tiny_model).cuda(), codec, requests, sampling=greedy, batch_size=4)
-    assert [t.token_ids for t in on_gpu] == [t.token_ids for t in on_cpu]
-    assert [t.reward for t in on_gpu] == [t.reward for t in on_cpu]
+    # Two devices' kernels round differently: the ids must agree where the greedy choice is clear (up to any
+    # top-2 margin within 1e-3 of the CPU's full forward pass), whole trajectories with their rewards and
+    # log-probs to 1e-4 where no near tie is met (tests/_float_paths.py).
+    assert_same_greedy_play(tiny_model, on_gpu, on_cpu)

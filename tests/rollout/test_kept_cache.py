@@ -1,12 +1,17 @@
-"""Keeping each trajectory's KV cache across turns (rollout's `keep_cache`, engine._KeptCache) plays what
-re-prefilling every conversation each turn plays (`keep_cache=False`, the reference): same ids, same action
-masks, sampling log-probs equal to 1e-5, greedy and sampled, with one stream for the batch and one per row,
-with trajectories ending at different turns, at the context limit, and with a latent teacher's input embeddings.
+"""Keeping each trajectory's KV cache across turns (rollout's `keep_cache`, engine._KeptCache) computes what a
+full forward pass computes, and so plays what re-prefilling every conversation each turn plays
+(`keep_cache=False`, the reference): greedy and sampled, with one stream for the batch and one per row, with
+trajectories ending at different turns, at the context limit, and with a latent teacher's input embeddings.
 
 The kept cache computes a later turn's logits in another order than a full prefill (the new tokens against
-cached keys, pad slots inside the sequence), so log-probs differ by float noise: at most about 1e-6 here.
-Equal ids then rest on no sampled or greedy choice sitting within that noise of a tie; with these fixed seeds,
-models and tasks none does (a change of seed could in principle meet one, and the ids would then part).
+cached keys, pad slots inside the sequence), so its logits differ by float noise (about 1e-6 here), and how
+much depends on the CPU's kernels. So nothing here compares a sampled token or a bit across the two paths
+(STYLE habit 12; tests/_float_paths.py states the tolerances):
+  * teacher-forced, both paths: every sampled token's recorded log-prob equals a full forward pass's over the
+    finished trajectory, under the same (temperature, top_p) truncation, to 1e-4;
+  * greedy: the kept play's ids equal the re-prefill's up to the first action token whose top-2 margin is within
+    1e-3 (none is, with these seeds: the smallest margin is about 1.8).
+A wrong cache fails the first check: `test_a_wrong_cache_fails_the_teacher_forced_check` corrupts it two ways.
 
 The shared tiny model answers every prompt in one turn, so these tests give it a biased head: the policy then
 often opens a tool call (which, unclosed, is an error observation and another turn) and often ends its turn
@@ -19,12 +24,14 @@ from unittest import mock
 
 import pytest
 import torch
+from _float_paths import assert_records_full_forward, assert_same_play
 
 from lopd_core.distill.teacher import Framing, embed_row
 from lopd_core.envs import make_tasks
 from lopd_core.envs.toolworld.tools import CALL_OPEN
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
+from lopd_core.rollout.kept_cache import _KeptCache
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12, max_context=768)
 SAMPLED = Sampling(temperature=1.0, top_p=0.9, max_new_tokens=12, max_context=768)
@@ -69,22 +76,12 @@ def _both(model, codec, requests, sampling, *, per_row: bool, batch_size: int | 
     ]
 
 
-def _assert_same_play(kept, plain):
-    assert [t.token_ids for t in kept] == [t.token_ids for t in plain]
-    assert [t.action_mask for t in kept] == [t.action_mask for t in plain]
-    assert [(t.reward, t.stop_reason, t.num_turns) for t in kept] == [
-        (t.reward, t.stop_reason, t.num_turns) for t in plain
-    ]
-    for a, b in zip(kept, plain):
-        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs), atol=1e-5, rtol=0)
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("per_row", [False, True], ids=["batch-stream", "row-streams"])
 def test_kept_cache_plays_what_re_prefill_plays(caller, tiny_tokenizer, sampling, per_row):
     codec = ChatCodec(tiny_tokenizer)
     kept, plain = _both(caller, codec, _requests(tasks=3, samples=4), sampling, per_row=per_row)
-    _assert_same_play(kept, plain)
+    assert_same_play(caller, kept, plain, sampling)
     assert max(t.num_turns for t in kept) >= 4  # later turns ran on the kept cache
     if sampling.temperature > 0:  # rows left the batch at different rounds: the cache dropped rows
         assert len({t.num_turns for t in kept}) > 1
@@ -94,7 +91,7 @@ def test_context_limit_and_several_batches(caller, tiny_tokenizer):
     codec = ChatCodec(tiny_tokenizer)
     sampling = Sampling(temperature=1.0, max_new_tokens=12, max_context=200)
     kept, plain = _both(caller, codec, _requests(tasks=3, samples=3), sampling, per_row=True, batch_size=4)
-    _assert_same_play(kept, plain)
+    assert_same_play(caller, kept, plain, sampling)
     assert "context_limit" in {t.stop_reason for t in kept}
 
 
@@ -111,10 +108,52 @@ def test_input_embeddings_of_a_latent_teacher(caller, tiny_tokenizer):
         return embed_row(embed, ids, latents[index], framing)[0]
 
     kept, plain = _both(caller, codec, requests, SAMPLED, per_row=True, context_embedder=embedder)
-    _assert_same_play(kept, plain)
+    assert_same_play(caller, kept, plain, SAMPLED, latents, framing)  # re-scored with the latents spliced
     assert max(t.num_turns for t in kept) >= 4
-    by_ids = rollout(caller, codec, requests, sampling=SAMPLED, seed=3, seeds=[100 + i for i in range(6)])
-    assert [t.token_ids for t in kept] != [t.token_ids for t in by_ids]  # the latents did change the play
+    # The latents did change the play: re-scored without them, the recorded log-probs are far outside the
+    # tolerance, so the check above could tell a kept cache that dropped the latents (or read them twice).
+    with pytest.raises(AssertionError, match="not close"):  # the log-prob comparison itself fails
+        assert_records_full_forward(caller, kept, SAMPLED)
+
+
+def _positions_one_late(next_turn):
+    def corrupted(self, contexts, context_embeds):
+        self.next_pos = [p + 1 for p in self.next_pos]  # a gap in every row's positions
+        return next_turn(self, contexts, context_embeds)
+
+    return corrupted
+
+
+def _rows_mixed_up(keep_rows):
+    def corrupted(self, rows):
+        return keep_rows(self, list(range(len(rows))))  # the first rows' caches stay, whoever played on
+
+    return corrupted
+
+
+@pytest.mark.parametrize(
+    ("method", "corrupt"),
+    [("next_turn", _positions_one_late), ("keep_rows", _rows_mixed_up)],
+    ids=["positions-one-late", "rows-mixed-up"],
+)
+def test_a_wrong_cache_fails_the_teacher_forced_check(caller, tiny_tokenizer, method, corrupt):
+    """The tolerance is no blindfold: a kept cache that is wrong in a later turn moves the recorded log-probs by
+    about 3e-2 against the full pass (measured), far outside 1e-4, so the check of the tests above fails."""
+    codec = ChatCodec(tiny_tokenizer)
+    requests = _requests(tasks=3, samples=4)
+    with mock.patch.object(_KeptCache, method, corrupt(getattr(_KeptCache, method))):
+        kept = rollout(
+            caller,
+            codec,
+            requests,
+            sampling=SAMPLED,
+            batch_size=len(requests),
+            seed=3,
+            seeds=[100 + i for i in range(len(requests))],
+        )
+    assert max(t.num_turns for t in kept) >= 2  # the corrupted part ran
+    with pytest.raises(AssertionError, match="not close"):  # the log-prob comparison itself fails
+        assert_records_full_forward(caller, kept, SAMPLED)
 
 
 def test_later_turns_prefill_only_their_new_tokens(caller, tiny_tokenizer):

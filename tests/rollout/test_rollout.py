@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from _float_paths import assert_same_greedy_play
 
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
@@ -93,7 +94,10 @@ def test_greedy_ignores_seed_and_top_p_truncates(tiny_model, tiny_tokenizer, tas
     requests = [RolloutRequest(t) for t in tasks[:2]]
     a = rollout(tiny_model, codec, requests, sampling=greedy, batch_size=2, seed=1)
     b = rollout(tiny_model, codec, requests, sampling=greedy, batch_size=1, seed=9)
-    assert [t.token_ids for t in a] == [t.token_ids for t in b]  # batching and seed change nothing
+    # Batching and seed change nothing. A batch of two and a row alone are two float paths (padding, matmul
+    # shapes), so the ids are compared where the greedy choice is clear: up to any top-2 margin within 1e-3,
+    # log-probs to 1e-4 (tests/_float_paths.py).
+    assert_same_greedy_play(tiny_model, a, b)
     nucleus = Sampling(temperature=1.0, top_p=1e-6, max_new_tokens=16, max_context=512)
     c = rollout(tiny_model, codec, requests, sampling=nucleus, batch_size=2, seed=3)
     # A tiny nucleus keeps only the top token, so sampling collapses to greedy with log-prob 0.

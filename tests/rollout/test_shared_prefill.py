@@ -1,17 +1,19 @@
 """Prefilling each distinct context once and forking its KV cache (engine.generate_turn, share_prompts) plays
-what prefilling every row does: same ids and same sampling log-probs, greedy and sampled, with one sampling
-stream for the batch and with one stream per row.
+what prefilling every row does, greedy and sampled, with one sampling stream for the batch and with one per row.
 
-Ids must be equal. Log-probs are compared to 1e-5: the unshared prefill itself gives two identical contexts at
-different rows of one batch logits that differ in the last float bit (the matmul kernels block rows by
-position), and the forked rows copy one of them, so a last-bit difference (a few 1e-7 here) is the
-reference's own rounding, not a different computation."""
+The two paths round differently: the unshared prefill itself gives two identical contexts at different rows of
+one batch logits that differ in the last float bit (the matmul kernels block rows by position), and the forked
+rows copy one of them; how large the difference is depends on the CPU and the thread count. So the paths are
+compared by what must be equal (STYLE habit 12, tests/_float_paths.py): each play's recorded log-probs equal a
+full forward pass's to 1e-4 (teacher-forced), and greedy ids agree up to any top-2 margin within 1e-3; a sampled
+token is never compared across the paths."""
 
 from functools import partial, wraps
 from unittest import mock
 
 import pytest
 import torch
+from _float_paths import LOGPROB_ATOL, assert_same_play, greedy_clear_turn
 
 from lopd_core.envs import make_env, make_tasks
 from lopd_core.model.chat import ChatCodec
@@ -46,10 +48,7 @@ def test_shared_prefill_plays_what_per_row_prefill_plays(tiny_model, tiny_tokeni
     requests = _requests(tasks=3, samples=4)  # 3 prompts of different lengths, 4 samples each
     shared = _play(tiny_model, codec, requests, sampling, shared=True, per_row=per_row)
     plain = _play(tiny_model, codec, requests, sampling, shared=False, per_row=per_row)
-    assert [t.token_ids for t in shared] == [t.token_ids for t in plain]
-    assert [t.action_mask for t in shared] == [t.action_mask for t in plain]
-    for a, b in zip(shared, plain):
-        torch.testing.assert_close(torch.tensor(a.sample_logprobs), torch.tensor(b.sample_logprobs), atol=1e-5, rtol=0)
+    assert_same_play(tiny_model, shared, plain, sampling)
     if sampling.temperature > 0:  # the samples of a task did diverge: the fork gave each row its own cache
         assert len({tuple(t.token_ids) for t in shared[:4]}) > 1
 
@@ -82,11 +81,14 @@ def test_only_identical_contexts_are_prefilled_once(tiny_model, tiny_tokenizer):
             generator=torch.Generator().manual_seed(0),
         )
     assert batches == [2]
-    # Rows that share a prompt decode the same ids; their log-probs agree to float noise, since identical rows
-    # at different places of one batched matmul may differ in the last bit (how much depends on the thread count).
+    # Rows that share a prompt decode the same greedy ids up to any near tie (top-2 margin within 1e-3), and
+    # their log-probs agree to 1e-4: identical rows at different places of one batched matmul may differ in the
+    # last bit (how much depends on the CPU and the thread count).
     for a, b in ((0, 2), (0, 4), (1, 3)):
-        assert turns[a][0] == turns[b][0]
-        torch.testing.assert_close(torch.tensor(turns[a][1]), torch.tensor(turns[b][1]), atol=1e-5, rtol=0)
+        cut = greedy_clear_turn(tiny_model, contexts[a], turns[a][0])
+        assert cut > 0 and turns[a][0][:cut] == turns[b][0][:cut]
+        if cut == len(turns[a][0]):
+            torch.testing.assert_close(torch.tensor(turns[a][1]), torch.tensor(turns[b][1]), atol=LOGPROB_ATOL, rtol=0)
 
     embed = tiny_model.get_input_embeddings()
     with torch.no_grad():
