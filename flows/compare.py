@@ -107,7 +107,7 @@ def compare_run_task(
             log=log,
         )
         _log_results(tracker, run, summary)
-    return mark_complete(work, summary)
+    return mark_complete(work, {**summary, "commit": git_commit()})  # the code it ran (compare.reuse: identity)
 
 
 def _job(
@@ -176,10 +176,33 @@ def _run_name(job: dict) -> tuple[str, dict]:
     )
 
 
-def _run_all(jobs: list[dict], preset, tracker: AnyTracker, parent: str | None, on_done=None) -> list[dict]:
+def same_run(job: dict, preset) -> str | None:
+    """`compare.reuse: identity`: a finished run of the job's method, world, seed and learning rate (its folder's
+    name) at the same budget and evaluation size, whatever code it ran — the job's own folder first."""
+    if is_complete(job["work"]):
+        return None
+    prefix = Path(job["work"]).name.rsplit("-", 1)[0] + "-"
+    for folder in sorted(Path(job["work"]).parent.glob(prefix + "*")):
+        if not is_complete(folder):
+            continue
+        summary = json.loads((folder / DONE).read_text())
+        if summary.get("budget") != job["budget"]:
+            continue
+        cells = summary.get("final", {}).get("test_id", {}).get("greedy", {})
+        if job["validation_n"] or cells.get("n") == preset.eval_n:
+            return str(folder)
+    return None
+
+
+def _run_all(
+    jobs: list[dict], preset, tracker: AnyTracker, parent: str | None, on_done=None, reuse: str = "content"
+) -> list[dict]:
     """Map the task over the jobs not finished yet (each opens its child run before its work); a job finished by
     an earlier `lopd compare` gets a child run of its recorded results, tagged cached. Every job's summary, in
     job order."""
+    if reuse == "identity":
+        for j in jobs:
+            j["work"] = same_run(j, preset) or j["work"]
     todo = [j for j in jobs if not is_complete(j["work"])]
     for j in jobs:
         if j not in todo:
@@ -297,7 +320,7 @@ def compare_flow(
         def partial(done: list[dict]) -> None:
             report(params, done, settings_now(), tuning, NullTracker(), None, planned=len(jobs))
 
-        runs = _run_all(jobs, preset, tracker, parent, on_done=partial)
+        runs = _run_all(jobs, preset, tracker, parent, on_done=partial, reuse=params.compare.reuse)
         seconds = time.perf_counter() - started
         paths = report(params, runs, settings_now(), tuning, tracker, parent, planned=len(jobs))
         tracker.log_metrics(parent, {"compare.seconds": seconds})
@@ -391,7 +414,11 @@ def report(
         runs,
         params.compare.report_dir,
         title=f"lopd compare ({params.compare.preset})",
-        settings=[*settings, ("runs finished", f"{len(runs)} of {planned or len(runs)}")],
+        settings=[
+            *settings,
+            ("runs finished", f"{len(runs)} of {planned or len(runs)}"),
+            ("code of the runs", ", ".join(sorted({r.get("commit", "not recorded")[:12] for r in runs})) or "none"),
+        ],
         tuning=tuning,
         marks=list(preset.curve_marks),
         curve_n=preset.curve_n,

@@ -204,4 +204,12 @@ class CompareConfig(Section):
         key_help=PRESET_HELP,
     )
     work_dir: str = setting("data/compare", help="one folder per run")
+    reuse: str = setting(
+        "content",
+        help="content: a run is reused only when everything it read is unchanged, its code included; identity: a "
+        "run not finished under the current code takes a finished run of the same method, world, seed, learning "
+        "rate, budget and evaluation size from any code version (to extend a long comparison across a refactor "
+        "that changes no figure; the report lists the runs taken so)",
+        check=one_of("content", "identity"),
+    )
     report_dir: str = setting("reports", help="compare.md, compare.png, compare.json")

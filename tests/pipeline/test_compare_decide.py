@@ -67,3 +67,26 @@ def test_curve_marks_are_the_same_rollouts_whatever_the_bank_cost():
     # a bank method starts with 192 spent: 256 after 2 steps, 512 after 10, its last step 26 = 1024
     assert curve_steps(p, 26, 192, 4, [256, 512, 1024]) == [2, 10, 26]
     assert curve_steps(p, 8, 0, 4, []) == [2, 4, 6, 8]  # no marks: evenly spaced points
+
+
+def test_reuse_by_identity_takes_a_finished_run_of_the_same_method_seed_and_budget(tmp_path):
+    import json
+
+    from flows.compare import same_run
+    from lopd_core.config import Params
+    from tasks.caching import DONE
+
+    preset = Params().compare.presets["decide"]
+    runs = tmp_path / "runs"
+    old = runs / "final-grpo-cobalt-s0-lr0.0003-aaaaaaaaaa"  # the same run under an older code's key
+    old.mkdir(parents=True)
+    final = {"test_id": {"greedy": {"n": preset.eval_n}}}
+    (old / DONE).write_text(json.dumps({"budget": 1024, "final": final}))
+    other = runs / "final-grpo-cobalt-s1000-lr0.0003-bbbbbbbbbb"  # another training seed: never taken
+    other.mkdir()
+    (other / DONE).write_text(json.dumps({"budget": 1024, "final": final}))
+    job = {"work": str(runs / "final-grpo-cobalt-s0-lr0.0003-cccccccccc"), "budget": 1024, "validation_n": 0}
+    assert same_run(job, preset) == str(old)
+    assert same_run({**job, "budget": 512}, preset) is None  # another budget is another run
+    seed_1000 = {**job, "work": str(runs / "final-grpo-cobalt-s1-lr0.0003-cccccccccc")}
+    assert same_run(seed_1000, preset) is None
