@@ -182,3 +182,15 @@ def test_a_resumed_run_with_replay_prints_the_same_numbers(tmp_path, tiny_model,
 
     assert rows(full) == rows(split)
     assert all(math.isfinite(float(r["replay_kl"])) for r in rows(full))
+
+
+def test_a_cycle_replays_the_worlds_earlier_cycles_deployed_to():
+    from lopd_core.drivers.cycle_record import with_earlier_worlds
+
+    p = Params()
+    p.envs = replace(p.envs, deploy_worlds=["dune"])
+    history = [{"deploy_worlds": ["cobalt"]}, {"deploy_worlds": ["dune"]}, {"deploy_worlds": ["cobalt", "aurora"]}, {}]
+    assert with_earlier_worlds(p, history) is p  # no replay asked: the distill stage's key does not move
+    p.lopd = replace(p.lopd, replay_share=0.25, replay_worlds=["borealis"])
+    assert with_earlier_worlds(p, history).lopd.replay_worlds == ["borealis", "cobalt", "aurora"]  # not dune: deployed
+    assert with_earlier_worlds(p, []) is p
