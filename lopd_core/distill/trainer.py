@@ -18,6 +18,7 @@ Where each part lives (docs/architecture.md walks one step through them):
   inputs.py           the step's typed inputs: `StepSetup`, `StepModels`; build.py builds the models
   teacher_context.py  step 2a: what the teacher reads (latents, text, nothing) and with which weights
   dashboard.py        the step's row of plots/distill.csv and its diagnostics
+  replay.py           `lopd.replay_share`: a share of each step's tasks from earlier worlds, read without experience
   margin_pricing.py   `lopd.margin: auto` priced before (or at) step 1
   checkpoints.py      what a checkpoint holds and when a resume is refused
   loop.py             `run_distill`: steps, CSVs, checkpoints, divergence alarms (it calls the trainer)
