@@ -6,7 +6,8 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
   3. cold start φ0 when the champion has no composer yet (the first cycle), else reuse the champion's φ; fit φ
      into this cycle's bank, and play the teacher it makes (alone, reading the bank as text, as φ's latents);
   4. distil a new student from the champion; the frozen teacher is the champion itself, or the first base
-     when `cycle.refresh_teacher` is false;
+     when `cycle.refresh_teacher` is false; with `lopd.replay_share` > 0 a share of each step replays the
+     pretraining worlds and every world an earlier cycle deployed to (lopd_core/distill/replay.py);
   5. evaluate champion and student on held-out tasks (the champion's evaluation is cached);
   6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
      champion.json — only if the gate passes (flows/gate.py, lopd_core/gate.py: by default the paired interval
@@ -42,6 +43,7 @@ from lopd_core.drivers.cycle_record import (
     gate_record,
     student_eval_with_teacher,
     teacher_for,
+    with_earlier_worlds,
 )
 from lopd_core.drivers.cycle_summary import cycle_report_inputs
 from lopd_core.drivers.progress import log
@@ -99,7 +101,7 @@ def run_one_cycle(
         tracker.log_params(parent, params.to_dict())
         common = {"parent_run": parent, "cycle": number, "tracker": tracker}
         stages = read_experience(params, champion, base, common)
-        stages.update(distill=distill_student(params, champion, base, stages, common))
+        stages.update(distill=distill_student(with_earlier_worlds(params, history), champion, base, stages, common))
         resolvable = announce_gate(params, number)
         stages.update(evaluate_cycle(params, champion, base, stages, common))
         decision, looks = gate_student(params, champion, stages, common)
@@ -132,7 +134,8 @@ def read_experience(params: Params, champion: Champion, base: str, common: dict)
 
 
 def distill_student(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
-    """Step 4: a new student distilled from the champion toward the fitted φ's latent teacher."""
+    """Step 4: a new student distilled from the champion toward the fitted φ's latent teacher (`params` replay the
+    worlds earlier cycles deployed to, where lopd.replay_share asks for replay)."""
     teacher = teacher_for(params, champion, base)
     return S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
 

@@ -159,9 +159,11 @@ def plot_kl_entropy(data, path: Path) -> Path:
     for run, frame in data:
         axes[0].plot(frame["step"], frame["distill_loss"], marker=".", label=f"KL(p_S‖p_T) {run.label}")
         axes[0].plot(frame["step"], frame["kl_phi"], linestyle="--", label=f"KL φ {run.label}")
+        if "replay_kl" in frame and frame["replay_kl"].notna().any():  # lopd.replay_share > 0 (distill/replay.py)
+            axes[0].plot(frame["step"], frame["replay_kl"], linestyle=":", label=f"KL to the base, replay {run.label}")
         axes[1].plot(frame["step"], frame["student_entropy"], marker=".", label=f"student {run.label}")
         axes[1].plot(frame["step"], frame["teacher_entropy"], linestyle="--", label=f"teacher {run.label}")
-    axes[0].set(title="distillation KL (student) and composer KL", xlabel="step", ylabel="nats/token")
+    axes[0].set(title="distillation KL (student), composer KL, replay KL", xlabel="step", ylabel="nats/token")
     axes[1].set(title="entropy at action tokens", xlabel="step", ylabel="nats")
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -18,6 +18,7 @@ from lopd_core.distill import composer as CP
 from lopd_core.distill.composer import Composer, ExperienceEncoder, mean_embedding_norm
 from lopd_core.distill.inputs import AnchorLatents, Retriever, StepModels
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
+from lopd_core.distill.replay import IsReplay, never_replay
 from lopd_core.distill.teacher import Framing
 from lopd_core.methods import MethodSpec
 
@@ -63,9 +64,11 @@ def build_models(
     retriever: Retriever,
     composer: Composer,
     teacher_base=None,
+    is_replay: IsReplay = never_replay,
 ) -> StepModels:
     """θ (the student), θ̄ (the frozen teacher; `teacher_base`: other weights than the student's start, as
-    `lopd cycle` with cycle.refresh_teacher false keeps the first base), φ and φ0, and their optimizers."""
+    `lopd cycle` with cycle.refresh_teacher false keeps the first base), φ and φ0, and their optimizers.
+    `is_replay`: which tasks are replayed (replay.py): the step does not ask `retriever` about them."""
     cfg, first = params.lopd, phases[0]
     trainable, student, teacher = make_student_and_teacher(
         base, mode=cfg.student_mode, lora_rank=cfg.lora_rank, teacher=teacher_base
@@ -98,6 +101,7 @@ def build_models(
         tokenizer,
         framing,
         embedding_norm,
+        is_replay,
     )
 
 

@@ -49,6 +49,10 @@ class DashboardRow:
     flat_groups: float  # share of the step's task groups whose rewards are all equal (GRPO's advantage is 0)
     failed_groups: float  # share of the groups where every sample failed
     distill_weight: float  # the distillation term's weight in force (lopd_rl_annealed's fades; else 1)
+    # KL(p_S,old ‖ p_T) on the replay trajectories (lopd.replay_share, replay.py), a token mean on the teacher's top-k
+    # + tail: their teacher reads nothing, so with a frozen-base teacher this is the KL to the base on old prompts,
+    # what predicts forgetting; NaN in a step without replay tasks (or without a teacher pass)
+    replay_kl: float
 
 
 CSV_COLUMNS = [f.name for f in fields(DashboardRow)]
@@ -69,7 +73,15 @@ DIAGNOSTIC_COLUMNS = [
 ]
 # The teacher's columns, without value when a step runs no teacher (GRPO without a reference KL): NaN rather
 # than a misleading 0.
-TEACHER_COLUMNS = ("kl_phi", "delta", "teacher_entropy", "topk_mass", "delta_success", "delta_failure")
+TEACHER_COLUMNS = (
+    "kl_phi",
+    "delta",
+    "teacher_entropy",
+    "topk_mass",
+    "delta_success",
+    "delta_failure",
+    "replay_kl",
+)
 
 
 @dataclass
@@ -145,6 +157,7 @@ def step_result(
         "teacher_refreshes": state.teacher_refreshes,
         **group_shares(batch),
         "distill_weight": state.distill_scale if setup.student_loss.anneal_window else 1.0,
+        "replay_kl": replay_kl(sums.kl, batch.token_counts, [models.is_replay(t.task) for t in trajectories]),
     }
     if not setup.teacher_pass:
         values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
@@ -152,6 +165,16 @@ def step_result(
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).
     return UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
+
+
+def replay_kl(kl_sums: torch.Tensor, token_counts: torch.Tensor, replay: list[bool]) -> float:
+    """The token mean of KL(p_S,old ‖ p_T) on the replay rows (lopd.replay_share, replay.py), every rank's: Σ over
+    the replay trajectories of their KL sums (B,) / Σ of their action tokens (B,); `replay` (B,) this rank's flags.
+    NaN where no replay row has an action token."""
+    rows = zip(D.gather_lists(kl_sums.cpu().tolist()), D.gather_lists(token_counts.tolist()), D.gather_lists(replay))
+    picked = [(k, n) for k, n, r in rows if r]
+    tokens = sum(n for _, n in picked)
+    return sum(k for k, _ in picked) / tokens if tokens else math.nan
 
 
 def group_shares(batch: S.RolloutBatch) -> dict[str, float]:

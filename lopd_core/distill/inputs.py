@@ -22,6 +22,7 @@ from lopd_core.distill.anneal import step_scale
 from lopd_core.distill.batch import RolloutBatch, rollout_batch
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents
 from lopd_core.distill.models import TeacherView
+from lopd_core.distill.replay import IsReplay, never_replay
 from lopd_core.distill.state import DistillState
 from lopd_core.distill.step import StudentLoss
 from lopd_core.distill.teacher import Framing
@@ -191,6 +192,7 @@ class StepModels:
     tokenizer: Any
     framing: Framing  # where the latents are spliced
     embedding_norm: float  # mean token-embedding norm: the scale the dashboard reads the latents against
+    is_replay: IsReplay = never_replay  # a replay task (replay.py) reads no experience
 
     @property
     def device(self) -> torch.device:
@@ -199,6 +201,17 @@ class StepModels:
     @property
     def latent_width(self) -> int:
         return self.composer.proj_out.out_features
+
+    def retrieve(self, tasks: list[Task]) -> list[list[str]]:
+        """The retriever's experience texts per task, and none for a replay task (replay.py): its teacher reads
+        nothing, so the student is held to the teacher's weights alone there. The retriever is asked only about
+        the other tasks (all of them when nothing is replayed)."""
+        asked = [i for i, t in enumerate(tasks) if not self.is_replay(t)]
+        out: list[list[str]] = [[] for _ in tasks]
+        if asked:
+            for i, texts in zip(asked, self.retriever([tasks[i] for i in asked])):
+                out[i] = texts
+        return out
 
     def queries_of(self, tasks: list[Task]) -> list[str] | None:
         """What φ reads in front of each task's experiences: its instruction for a query-conditioned composer,

@@ -117,7 +117,7 @@ def teacher_inputs(setup: StepSetup, models: StepModels, tasks: list[Task], traj
     a teacher that reads no latents), the text a baseline's teacher reads instead (None: latents or nothing),
     and SDPO's signal mask (True where the teacher has a context; None for the other methods)."""
     spec, group = setup.method, setup.samples_per_task
-    per_task = models.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
+    per_task = models.retrieve(tasks) if spec.uses_bank else [[] for _ in tasks]
     experiences = [per_task[i // group] for i in range(len(trajs))]
     texts = B.text_contexts(spec, tasks, trajs, per_task, group)
     queries = models.queries_of([tasks[i // group] for i in range(len(trajs))])

@@ -42,7 +42,7 @@ def teacher_context(
 ) -> TeacherContext:
     """Retrieve, and compose latents once per distinct experience text (module docstring)."""
     spec, group, device = setup.method, setup.samples_per_task, models.device
-    per_task = models.retriever(tasks) if spec.uses_bank else [[] for _ in tasks]
+    per_task = models.retrieve(tasks) if spec.uses_bank else [[] for _ in tasks]
     # Baselines whose teacher reads text (or nothing) instead of latents: the composer reads nothing.
     text_context = B.text_contexts(spec, tasks, trajs, per_task, group)  # (B,) or None
     experiences = [per_task[i // group] if spec.needs_composer else [] for i in range(len(trajs))]

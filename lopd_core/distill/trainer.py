@@ -18,6 +18,7 @@ Where each part lives (docs/architecture.md walks one step through them):
   inputs.py           the step's typed inputs: `StepSetup`, `StepModels`; build.py builds the models
   teacher_context.py  step 2a: what the teacher reads (latents, text, nothing) and with which weights
   dashboard.py        the step's row of plots/distill.csv and its diagnostics
+  replay.py           `lopd.replay_share`: a share of each step's tasks from earlier worlds, read without experience
   margin_pricing.py   `lopd.margin: auto` priced before (or at) step 1
   checkpoints.py      what a checkpoint holds and when a resume is refused
   loop.py             `run_distill`: steps, CSVs, checkpoints, divergence alarms (it calls the trainer)
@@ -45,6 +46,7 @@ from lopd_core.distill import checkpoints as C
 from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing as P
+from lopd_core.distill import replay as RP
 from lopd_core.distill import teacher_refresh as R
 from lopd_core.distill import trace_source as TS
 from lopd_core.distill import update as U
@@ -117,7 +119,14 @@ class Distiller:
         self.phases = M.method_phases(method, self.cfg, params.baselines)
         self.codec = make_chat(tokenizer)
         self.splice_room = splice_room(params, self.phases, composer.num_queries)
-        self.models = build_models(params, self.phases, base, tokenizer, retriever, composer, teacher_base)
+        # lopd.replay_share: a share of each step's tasks from earlier worlds, read without experience (replay.py)
+        cfg = self.cfg
+        self.replay = RP.ReplayStream(
+            params.envs, cfg.replay_worlds, per_step=cfg.replay_per_step, steps=cfg.steps, seed=params.seed
+        )
+        self.models = build_models(
+            params, self.phases, base, tokenizer, retriever, composer, teacher_base, self.replay.is_replay
+        )
         self.state = DistillState(beta=self.cfg.beta_init, rollouts=initial_rollouts)
         self._use_phase(0)
         self._task_blocks: dict[int, list[Task]] = {}
@@ -156,19 +165,21 @@ class Distiller:
 
     # ---- one step -------------------------------------------------------------------------------------
     def step_tasks(self, step: int) -> list[Task]:
-        """Every rank's tasks of `step` (0-based): a fixed slice of the training stream.
+        """Every rank's tasks of `step` (0-based): a fixed slice of the training stream, with the step's replay
+        tasks (`lopd.replay_share`, replay.py) spread among them.
 
         The stream comes in blocks of `lopd.steps` steps, block b drawn with its own seed (block 0 is the
-        stream a run of lopd.steps draws). A run asked for more steps (`run_distill(steps=...)`) thus gets fresh
-        tasks instead of running past the end, and a block is the same whatever the run's length, so resuming
-        changes nothing."""
-        per_step = self.cfg.tasks_per_step
+        stream a run of lopd.steps draws); the replay stream likewise, with seeds of its own. A run asked for more
+        steps (`run_distill(steps=...)`) thus gets fresh tasks instead of running past the end, and a block is the
+        same whatever the run's length, so resuming changes nothing."""
+        per_step = self.cfg.tasks_per_step - self.replay.per_step  # fresh tasks of the deployment worlds
         block, within = divmod(step, self.cfg.steps)
         if block not in self._task_blocks:  # envs interleaved: every step draws the mix
             self._task_blocks[block] = deployment_tasks(
                 self.params.envs, "train", self.cfg.steps * per_step, self.params.seed + 17 + 1_000_003 * block
             )
-        return self._task_blocks[block][within * per_step : (within + 1) * per_step]
+        fresh = self._task_blocks[block][within * per_step : (within + 1) * per_step]
+        return RP.with_replay(fresh, self.replay.step_tasks(block, within))
 
     def step(self) -> UpdateResult:
         """One full step: roll out this step's tasks (or take served traces: `lopd.trajectories`,
@@ -190,6 +201,8 @@ class Distiller:
                 trajs = self.rollout_tasks(tasks, s * cfg.tasks_per_step + mine.start)
                 self.state.rollouts += cfg.tasks_per_step * cfg.samples_per_task  # every rank's, not only this one's
                 out = self.update(tasks, trajs, started=started)
+                # replayed tasks are not the deployment world's experience: they never join a growing bank
+                out.trajectories = [t for t in out.trajectories if not self.replay.is_replay(t.task)]
         if self.method.teacher.refresh == "gated" and self.state.step % self.params.baselines.refresh_check_every == 0:
             self._refresh_check(out)  # (never sharded: build.shard refuses a gated refresh)
         return out

@@ -9,7 +9,7 @@ bank's parquet) and writes only the student's eval.json merged with the teacher 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lopd_core.config import Params
@@ -76,6 +76,18 @@ def teacher_for(params: Params, champion: Champion, base: str) -> str | None:
     """The teacher's weights for this cycle's distillation: None (the champion the student starts from, one
     weight copy in LoRA mode) unless `cycle.refresh_teacher` is false and the champion is no longer the base."""
     return None if params.cycle.refresh_teacher or champion.model == base else base
+
+
+def with_earlier_worlds(params: Params, history: list[dict]) -> Params:
+    """`params` with lopd.replay_worlds extended by every toolworld world an earlier cycle deployed to (its record's
+    `deploy_worlds`) and this one does not, so that replay (lopd.replay_share, lopd_core/distill/replay.py) keeps
+    them. Unchanged without replay, or without toolworld in the mix: then the distill stage's key does not move."""
+    cfg = params.lopd
+    if cfg.replay_share == 0 or "toolworld" not in params.envs.mix:
+        return params
+    earlier = [w for r in history for w in r.get("deploy_worlds", []) if w not in params.envs.deploy_worlds]
+    worlds = list(dict.fromkeys([*cfg.replay_worlds, *earlier]))
+    return params if worlds == cfg.replay_worlds else replace(params, lopd=replace(cfg, replay_worlds=worlds))
 
 
 def gate_score(params: Params, results: dict | None) -> float:
@@ -177,6 +189,7 @@ def cycle_record(
     )
     return {
         "cycle": run.number,
+        "deploy_worlds": list(params.envs.deploy_worlds),  # what a later cycle replays (with_earlier_worlds)
         "promoted": promoted,
         "gate": gate,
         "champion_before": asdict(champion),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lopd_core.methods import (
@@ -16,6 +17,7 @@ from lopd_core.settings.checks import (
     MARGIN_AUTO,
     Check,
     ConfigError,
+    any_of,
     fraction,
     in_range,
     margin_value,
@@ -23,6 +25,7 @@ from lopd_core.settings.checks import (
     one_of,
     positive,
 )
+from lopd_core.settings.envs import NAMED_WORLDS
 from lopd_core.settings.fields import Section, setting
 
 # The rules across keys read the method's row (methods.py imports nothing of the library, so the configuration
@@ -55,6 +58,20 @@ class LopdConfig(Section):
     steps: int = setting(64, help="training steps", check=positive())
     tasks_per_step: int = setting(8, help="B: tasks rolled out per step", check=positive())
     samples_per_task: int = setting(4, help="G: samples per task", check=positive())
+    replay_share: float = setting(
+        0.0,
+        check=in_range(0.0, 1.0),
+        help="share of each step's tasks replayed from earlier worlds (round(share × tasks_per_step) tasks: training "
+        "tasks of the pretraining worlds and of lopd.replay_worlds): there the teacher reads no experience, so the "
+        "student keeps the frozen teacher base's behaviour (lopd_core/distill/replay.py); 0: off. The default is "
+        "not chosen by measurement yet (issue #46: three cycles with and without)",
+    )
+    replay_worlds: list[str] = setting(
+        factory=list,
+        check=any_of(*NAMED_WORLDS),
+        help="earlier deployment worlds replayed beside the pretraining worlds (lopd.replay_share > 0); `lopd cycle` "
+        "adds every world an earlier cycle deployed to",
+    )
     student_mode: str = setting(
         "full",
         help="full | lora (the teacher is the same weights with the adapter disabled)",
@@ -202,11 +219,33 @@ class LopdConfig(Section):
             )
         self._check_kl_mix()
         self._check_traces()
+        self._check_replay()
         if self.teacher_micro_batch > 0 and not self.low_memory:
             raise ConfigError(
                 f"lopd.teacher_micro_batch: got {self.teacher_micro_batch} with lopd.low_memory=false, "
                 "expected 0: teacher passes inside a chunk are part of the low-memory order "
                 "(set lopd.low_memory=true)"
+            )
+
+    @property
+    def replay_per_step(self) -> int:
+        """Replay tasks per step: replay_share × tasks_per_step rounded half up (Python's round takes 0.5 to 0)."""
+        return math.floor(self.replay_share * self.tasks_per_step + 0.5)
+
+    def _check_replay(self) -> None:
+        """A step that replays holds at least one replay task and one fresh task, all rolled out."""
+        if self.replay_share == 0:
+            return
+        if not 0 < self.replay_per_step < self.tasks_per_step:
+            raise ConfigError(
+                f"lopd.replay_share: got {self.replay_share:g} with lopd.tasks_per_step={self.tasks_per_step}, "
+                f"expected a share that leaves at least one replay task and one fresh task per step (round(share × "
+                f"tasks_per_step) is {self.replay_per_step})"
+            )
+        if self.trajectories != "rollouts":
+            raise ConfigError(
+                f"lopd.replay_share: got {self.replay_share:g} with lopd.trajectories={self.trajectories!r}, "
+                "expected 0: replay tasks are rolled out, and a step of served traces rolls out few or none"
             )
 
     def _check_traces(self) -> None:

@@ -115,8 +115,9 @@ def test_the_optimised_update_equals_the_reference(tmp_path, tiny_model, tiny_to
 
 # Retrieval that reads nothing for some tasks, or for every task: the step must run (no NaN from a mean over no
 # latents, no skipped update) and the two updates must still agree (#45: a batch without experience made the
-# reference's anchor NaN and stopped small runs as diverged).
-PARTIAL_READS = {"none": lambda i: False, "some": lambda i: i % 2 == 1}
+# reference's anchor NaN and stopped small runs as diverged). `replayed`: every task finds experience, but task 1
+# is a replay task (lopd.replay_share, replay.py), which reads none; its KL to the teacher is `replay_kl`.
+PARTIAL_READS = {"none": lambda i: False, "some": lambda i: i % 2 == 1, "replayed": lambda i: True}
 
 
 @pytest.mark.parametrize("reads", sorted(PARTIAL_READS), ids=str)
@@ -131,11 +132,15 @@ def test_batches_that_read_little_or_no_experience(tmp_path, tiny_model, tiny_to
 
     fast = _distiller(tmp_path / "fast", method, tiny_model, tiny_tokenizer, retriever, simple=False)
     slow = _distiller(tmp_path / "slow", method, tiny_model, tiny_tokenizer, retriever, simple=True)
+    if reads == "replayed":
+        for d in (fast, slow):
+            d.models.is_replay = lambda t: t == tasks[1]
     got = asdict(fast.update(tasks, trajs).row)
     want = asdict(slow.update(tasks, trajs).row)
     assert fast.state.skipped_updates == slow.state.skipped_updates == 0
     different = {k: (got[k], want[k]) for k in got if k != "step_seconds" and not _close(got[k], want[k])}
     assert not different, different
+    assert math.isfinite(got["replay_kl"]) == (reads == "replayed" and fast.setup.teacher_pass), got["replay_kl"]
     for name in ("trainable", "composer"):
         reference = dict(getattr(slow, name).named_parameters())
         for n, p in getattr(fast, name).named_parameters():

@@ -57,6 +57,7 @@ def distill_csv(path: Path, steps: int = 4, margin: float = 0.05) -> Path:
                 "grad_norm_phi": 0.5,
                 "latent_norm_ratio": 1.0,
                 "step_seconds": 1.0,
+                "replay_kl": 0.001 * s,  # lopd.replay_share > 0: drawn beside the KL terms
             }
         )
         beta = max(0.0, beta + 0.5 * (margin - delta))
@@ -254,9 +255,10 @@ def test_report_is_self_contained_with_every_curve(tmp_path):
         [("promoted", "no")],
     )
     page = Path(path).read_text()
-    for png in ("reward_success", "delta_margin", "beta", "kl_entropy", "eval"):
+    figures = ("reward_success", "delta_margin", "beta", "kl_entropy", "reward_signal", "eval")
+    for png in figures:
         assert (tmp_path / "report" / f"{png}.png").stat().st_size > 1000
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == len(figures)
     assert "http://" not in page and "https://" not in page and "<script" not in page  # works offline
     assert "cycle 2" in page and "10.0% [0.0, 20.0]" in page
     margin = pd.read_csv(tmp_path / "report" / "delta_margin.csv")
