@@ -8,10 +8,11 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
   4. distil a new student from the champion; the frozen teacher is the champion itself, or the first base
      when `cycle.refresh_teacher` is false; with `lopd.replay_share` > 0 a share of each step replays the
      pretraining worlds and every world an earlier cycle deployed to (lopd_core/distill/replay.py);
-  5. evaluate champion and student on held-out tasks (the champion's evaluation is cached);
+  5. evaluate champion, student and the first base (the lineage's root) on held-out tasks (cached but the student's);
   6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
-     champion.json — only if the gate passes (flows/gate.py, lopd_core/gate.py: by default the paired interval
-     of the gain clears `cycle.min_gain` and no guard shows a fall);
+     champion.json — only if the gate passes (flows/gate.py, lopd_core/gate.py: by default an exact paired test
+     shows a gain above `cycle.min_gain`, and no guard falls beyond its budget since the root or its bound since
+     the champion);
   7. write the report across all cycles so far.
 
 State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
@@ -45,7 +46,7 @@ from lopd_core.drivers.cycle_record import (
     teacher_for,
     with_earlier_worlds,
 )
-from lopd_core.drivers.cycle_summary import cycle_report_inputs
+from lopd_core.drivers.cycle_summary import cycle_report_inputs, guard_curves
 from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.jsonio import read_json, write_json
@@ -104,12 +105,13 @@ def run_one_cycle(
         stages.update(distill=distill_student(with_earlier_worlds(params, history), champion, base, stages, common))
         resolvable = announce_gate(params, number)
         stages.update(evaluate_cycle(params, champion, base, stages, common))
-        decision, looks = gate_student(params, champion, stages, common)
+        decision, looks = gate_student(params, champion, base, stages, common)
         gate = gate_record(decision, resolvable)
         done = CycleStages(**stages, gate_looks=looks)
         run = CycleRun(number, commit, parent, base_identity(base))
         exported = export_student(params, done, cycle_lineage(run, champion, done, gate, decision.promoted), common)
         record = cycle_record(params, run, champion, done, gate, decision.promoted, exported)
+        record["guard_curves"] = guard_curves(history + [record])
         record["report"] = write_cycle_report(params, history + [record], tracker, parent, number)
         record["seconds"] = round(time.perf_counter() - started, 1)
         track_cycle(tracker, parent, record, cycle_metrics(params, record, done))
@@ -140,19 +142,22 @@ def distill_student(params: Params, champion: Champion, base: str, stages: dict,
     return S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
 
 
-def announce_gate(params: Params, number: int) -> tuple[float, int]:
+def announce_gate(params: Params, number: int) -> tuple[float, int, float]:
     """What the gate's first look can resolve, said before the evaluation (lopd_core/gate.py)."""
     resolvable = gate_flow.resolvable_before(params)
     log(
         f"cycle {number}: the gate ({params.cycle.gate_test}) at n = {resolvable[1]} paired tasks can resolve a "
-        f"gain of about {100 * resolvable[0]:.0f} points or more (before the evaluation; lopd_core/gate.py)"
+        f"gain of about {100 * resolvable[0]:.0f} points or more, and promotes a true gain of "
+        f"{100 * resolvable[2]:.0f} points 90 % of the time (min gain {100 * params.cycle.min_gain:.0f} points; "
+        "before the evaluation, per-task sd 0.5 assumed; lopd_core/gate.py)"
     )
     return resolvable
 
 
 def evaluate_cycle(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
     """Step 5: champion and student on held-out tasks (the student's file with the teacher in play beside it),
-    and the base, for the report's first column, when the champion is no longer the base."""
+    and the base, when the champion is no longer the base: the report's first column and the root the gate's
+    guards compare with (a cached stage: the same outcomes every cycle while the held-out tasks are the same)."""
     champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
     student_eval = S.evaluate_flow(params, stages["distill"]["student"], label="student", **common)
     student_eval["eval"] = student_eval_with_teacher(
@@ -162,16 +167,13 @@ def evaluate_cycle(params: Params, champion: Champion, base: str, stages: dict, 
     return {"champion_eval": champ_eval, "student_eval": student_eval, "base_eval": base_eval}
 
 
-def gate_student(params: Params, champion: Champion, stages: dict, common: dict):
-    """Step 6's gate: champion against student on the paired outcomes, with more looks when `eval.sequential`
-    asks for them (flows/gate.py); the decision, and the evaluations of the looks after the first."""
-    decision, looks = gate_flow.decide_promotion(
-        params,
-        champion.model,
-        stages["distill"]["student"],
-        (stages["champion_eval"], stages["student_eval"]),
-        common=common,
-    )
+def gate_student(params: Params, champion: Champion, base: str, stages: dict, common: dict):
+    """Step 6's gate: champion against student on the paired outcomes, the guards against the champion and the
+    lineage's root (the first base, evaluated every cycle), with more looks when `eval.sequential` asks for them
+    (flows/gate.py); the decision, and the evaluations of the looks after the first."""
+    models = {"champion": champion.model, "student": stages["distill"]["student"], "root": base}
+    first = {"champion": stages["champion_eval"], "student": stages["student_eval"], "root": stages["base_eval"]}
+    decision, looks = gate_flow.decide_promotion(params, models, first, common=common)
     g = params.cycle
     log(f"cycle {common['cycle']}: gate {g.gate_metric} ({g.gate_mode}, {'+'.join(g.gate_splits)}): {decision.reason}")
     return decision, looks

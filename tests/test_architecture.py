@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"rollout", "sharding"},
     {"bank", "traces"},
     {"bench"},
-    {"evaluation", "export", "run_report", "outcomes", "gate"},
+    {"evaluation", "export", "run_report", "outcomes", "gate", "sign_flip"},
     {"distill"},
     {"drivers"},
     {"compare"},

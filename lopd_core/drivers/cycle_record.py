@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.distill.teacher_play import merge_teacher
-from lopd_core.gate import GateDecision
+from lopd_core.gate import Comparison, GateDecision, GuardResult
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.methods import resolve_method
 
@@ -108,10 +108,11 @@ def gate_score(params: Params, results: dict | None) -> float:
     return sum(values) / len(values)
 
 
-def gate_record(decision: GateDecision, resolvable: tuple[float, int]) -> dict:
+def gate_record(decision: GateDecision, resolvable: tuple[float, int, float]) -> dict:
     """What champion.json, history.json and the report keep of the gate's decision (lopd_core/gate.py): the point
-    estimates under their old names (`champion`, `student`), the paired gain, interval and n, the guards, the
-    reason, and what the first look could resolve before the evaluation."""
+    estimates under their old names (`champion`, `student`), the paired gain, its shown interval and n, the exact
+    test's p-value and level, the guards (their values: the lineage's curve, and both comparisons), the reason,
+    and what the first look could resolve before the evaluation."""
     record = {
         "champion": decision.champion,
         "student": decision.student,
@@ -120,15 +121,37 @@ def gate_record(decision: GateDecision, resolvable: tuple[float, int]) -> dict:
         "looks": decision.looks,
         "resolvable_before": resolvable[0],
         "n_before": resolvable[1],
-        "guards": [
-            {"name": g.name, "failed": g.failed, "interval": None if g.interval is None else asdict(g.interval)}
-            for g in decision.guards
-        ],
+        "detectable_before": resolvable[2],
+        "guards": [guard_record(g) for g in decision.guards],
     }
     if decision.interval is not None:
         iv = decision.interval
         record.update(gain=iv.gain, low=iv.low, high=iv.high, n=iv.n, level=iv.level, resampling=iv.resampling)
+    if decision.gain_test is not None:
+        record.update(p=decision.gain_test.p, alpha=decision.alpha, p_method=decision.gain_test.method)
     return record
+
+
+def guard_record(guard: GuardResult) -> dict:
+    """One guard of `gate_record`: its values and its comparison with the champion and with the root (None: not
+    checked)."""
+
+    def comparison(c: Comparison | None) -> dict | None:
+        if c is None:
+            return None
+        return {"interval": asdict(c.interval), "p": c.test.p, "threshold": c.test.threshold, "failed": c.failed}
+
+    return {
+        "name": guard.name,
+        "failed": guard.failed,
+        "student": guard.student,
+        "champion": guard.champion,
+        "root": guard.root,
+        "max_fall": guard.max_fall,
+        "budget": guard.budget,
+        "vs_champion": comparison(guard.vs_champion),
+        "vs_root": comparison(guard.vs_root),
+    }
 
 
 def cycle_tags(number: int, commit: str, champion: Champion) -> dict:

@@ -37,6 +37,7 @@ def cycle_report_inputs(params: Params, history: list[dict]) -> tuple[list[dict]
         ("cycles", str(len(history))),
         ("last cycle", f"{last['cycle']}: " + last["gate"].get("reason", point_rule)),
         ("gate", gate_line(last["gate"], params)),
+        *((f"guard {name} over the lineage", curve) for name, curve in guard_curves(history).items()),
         (
             "final β / last δ̄ / mean δ̄",
             (
@@ -104,6 +105,7 @@ def summarize(record: dict, params: Params) -> list[str]:
         f"  gate: {gate_line(record['gate'], params)}",
         f"  promoted: {'yes' if record['promoted'] else 'no'} ({record['gate'].get('reason', 'point rule')})",
         *(f"    guard {line}" for line in guard_lines(record["gate"])),
+        *(f"    guard {name} over the lineage: {curve}" for name, curve in record.get("guard_curves", {}).items()),
         (
             f"  cached stages reused: {', '.join(k for k, v in record['cached'].items() if v) or 'none'}; "
             f"composer: {record.get('composer_from', 'cold start φ0')}"
@@ -115,7 +117,7 @@ def summarize(record: dict, params: Params) -> list[str]:
 
 
 def gate_line(gate: dict, params: Params) -> str:
-    """The gate's settings and point estimates in one line (the reason is the decision's own sentence)."""
+    """The gate's settings, test and point estimates in one line (the reason is the decision's own sentence)."""
     g = params.cycle
     before = gate.get("resolvable_before")
     stated = (
@@ -123,21 +125,56 @@ def gate_line(gate: dict, params: Params) -> str:
         if before is not None
         else ""
     )
+    if gate.get("detectable_before") is not None:
+        stated += f" and promote a true gain of {100 * gate['detectable_before']:.0f} points 90 % of the time"
+    test = gate.get("test", "point")
+    if test == "paired":
+        alpha = gate.get("alpha", (1 - g.confidence) / 2)
+        test = f"exact one-sided paired sign-flip test at {100 * alpha:.3g} %"
     return (
-        f"{gate.get('test', 'point')} test of {g.gate_metric} ({g.gate_mode}, {'+'.join(g.gate_splits)}), "
-        f"min gain {g.min_gain:g}: student {gate['student']:.4f} vs champion {gate['champion']:.4f}"
+        f"{test} of {g.gate_metric} ({g.gate_mode}, {'+'.join(g.gate_splits)}), "
+        f"min gain {100 * g.min_gain:+.1f} points: student {gate['student']:.4f} vs champion {gate['champion']:.4f}"
         f"{stated}; {gate.get('looks', 1)} look(s)"
     )
 
 
+def _comparison(c: dict | None, against: str, bound: str) -> str:
+    if c is None:
+        return f"since the {against}: not checked (no outcomes)"
+    iv = c["interval"]
+    change = f"{100 * iv['gain']:+.1f} points [{100 * iv['low']:+.1f}, {100 * iv['high']:+.1f}], n = {iv['n']}"
+    return f"since the {against} {change}, p = {c['p']:.3f} ({bound}) -> {'FAILED' if c['failed'] else 'ok'}"
+
+
 def guard_lines(gate: dict) -> list[str]:
-    """One line per guard: its paired change, or why it was not checked."""
+    """One line per guard: its change since the champion and since the root, or why it was not checked."""
     lines = []
     for guard in gate.get("guards", []):
-        iv = guard["interval"]
-        if iv is None:
-            lines.append(f"{guard['name']}: not checked (no outcomes for it in this evaluation)")
+        if "vs_champion" not in guard:  # a record of the earlier gate: one interval against the champion
+            iv = guard["interval"]
+            change = "not checked" if iv is None else f"{100 * iv['gain']:+.1f} points"
+            lines.append(f"{guard['name']}: {change} -> {'FAILED' if guard['failed'] else 'ok'}")
             continue
-        change = f"{100 * iv['gain']:+.1f} points [{100 * iv['low']:+.1f}, {100 * iv['high']:+.1f}], n = {iv['n']}"
-        lines.append(f"{guard['name']}: {change} -> {'FAILED' if guard['failed'] else 'ok'}")
+        fall = _comparison(guard["vs_champion"], "champion", f"a fall beyond {100 * guard['max_fall']:.0f} points")
+        budget = _comparison(guard["vs_root"], "root", f"a fall within the {100 * guard['budget']:.0f}-point budget")
+        lines.append(f"{guard['name']}: {fall}; {budget}")
     return lines
+
+
+def guard_curves(history: list[dict]) -> dict[str, str]:
+    """Each guard's lineage curve across the cycles so far: the root's value, then each cycle's student (* when
+    promoted), in percent of the guard's metric on its cells."""
+    points: dict[str, list[str]] = {}
+    roots: dict[str, float] = {}
+    for record in history:
+        for guard in record.get("gate", {}).get("guards", []):
+            if guard.get("student") is None:
+                continue
+            if guard.get("root") is not None:
+                roots[guard["name"]] = guard["root"]
+            mark = "*" if record["promoted"] else ""
+            points.setdefault(guard["name"], []).append(f"cycle {record['cycle']} {100 * guard['student']:.1f}{mark}")
+    return {
+        name: " -> ".join(([f"root {100 * roots[name]:.1f}"] if name in roots else []) + curve) + " (%; * promoted)"
+        for name, curve in points.items()
+    }

@@ -107,9 +107,11 @@ class CycleConfig(Section):
     """`lopd cycle`: continual self-improvement from the last promoted student, and the promotion gate.
 
     The gate (lopd_core/gate.py): champion and student play the same held-out tasks with the same seeds; with
-    `gate_test: paired` the student is promoted only when the `confidence` interval of the paired difference of
-    `gate_metric` (under `gate_mode`, averaged over `gate_splits`) has its lower bound above `min_gain` and no
-    guard shows a fall beyond `guard_max_fall`. `point` is the earlier rule: the two averages, `min_gain` apart.
+    `gate_test: paired` the student is promoted only when an exact one-sided sign-flip test on the paired
+    differences of `gate_metric` (under `gate_mode`, averaged over `gate_splits`; McNemar's exact test for success
+    at a zero min gain) shows a gain above `min_gain` at (1 − `confidence`) / 2 = 2.5 %, and no guard fails: since
+    the root (the first base) a guard must show a fall within `guard_budget`, since the champion it must not show
+    one beyond `guard_max_fall`. `point` is the earlier rule: the two averages, `min_gain` apart.
     """
 
     SECTION = "cycle"
@@ -134,27 +136,32 @@ class CycleConfig(Section):
     gate_mode: str = setting("greedy", help="greedy | sampled", check=one_of("greedy", "sampled"))
     gate_test: str = setting(
         "paired",
-        help="paired: promote when the paired interval's lower bound exceeds min_gain and no guard fails | point: "
-        "when the student's average exceeds the champion's by min_gain (no interval, no guards)",
+        help="paired: promote when the exact paired test shows a gain above min_gain and no guard fails | point: "
+        "when the student's average exceeds the champion's by min_gain (no test, no guards)",
         check=one_of("paired", "point"),
     )
     min_gain: float = setting(
-        0.0,
-        help="the gain to clear, in the metric's units (0.05: 5 points): the paired interval's lower bound, or the "
-        "point rule's difference, must exceed it (negative: promote whatever the numbers)",
+        0.02,
+        help="the gain to clear, in the metric's units (0.02: 2 points): the paired test must show a gain above it, "
+        "or the point rule's difference exceed it (at the default n = 400 paired tasks a true gain of 10 points is "
+        "promoted 90 % of the time; lopd_core/gate.py)",
         check=in_range(-1.0, 1.0),
     )
     confidence: float = setting(
-        0.95, help="the level of the gate's and the guards' paired intervals", check=in_range(0.5, 0.999)
+        0.95,
+        help="the tests are one-sided at (1 − confidence) / 2 (2.5 %: the old interval's lower bound); the shown "
+        "intervals are two-sided at confidence",
+        check=in_range(0.5, 0.999),
     )
     guards: list[str] = setting(
-        factory=lambda: ["pretrain_test", "per_env"],
+        factory=lambda: ["pretrain_test", "per_env", "gate_success"],
         check=Check(
-            lambda v: all(g == "per_env" or g.split(":")[-1] in SPLIT_NAMES for g in v),
-            "a list of split names (every env of the mix on it), env:split, or per_env",
+            lambda v: all(g in ("per_env", "gate_success") or g.split(":")[-1] in SPLIT_NAMES for g in v),
+            "a list of split names (every env of the mix on it), env:split, per_env or gate_success",
         ),
         help="metrics that must not fall (paired gate): a split (pretrain_test: forgetting) in every env of the "
-        "mix, env:split for one, per_env: each env of a mix on the gate's splits alone; []: none",
+        "mix, env:split for one, per_env: each env of a mix on the gate's splits alone, gate_success: success on "
+        "the gate's splits when gate_metric is reward_mean; []: none",
     )
     guard_metric: str = setting(
         "success_rate",
@@ -163,9 +170,14 @@ class CycleConfig(Section):
     )
     guard_max_fall: float = setting(
         0.1,
-        help="a guard fails when its paired interval lies wholly below −guard_max_fall: a fall the data show to "
-        "exceed this bound (0.1: 10 points; adapting to a new world costs some of the old ones, and a team says how "
-        "much it accepts)",
+        help="since the champion: a guard fails when the exact test shows a fall beyond this bound in one cycle "
+        "(0.1: 10 points; adapting to a new world costs some of the old ones, and a team says how much it accepts)",
+        check=fraction(),
+    )
+    guard_budget: float = setting(
+        0.1,
+        help="since the lineage's root (the first base): a guard fails unless the exact test shows the total fall "
+        "is smaller than this budget (non-inferiority: forgetting adds up over cycles)",
         check=fraction(),
     )
     stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())

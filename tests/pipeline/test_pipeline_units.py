@@ -124,6 +124,58 @@ def test_gate_averages_held_out_splits_and_needs_a_strict_gain():
         gate_score(params, {"toolworld": {"train": {}}})
 
 
+def _gate_outcomes(split: str, successes: int, n: int = 40) -> pd.DataFrame:
+    """n tasks of one split, the first `successes` solved (lopd_core/outcomes.py's columns)."""
+    return pd.DataFrame(
+        {
+            "env": "toolworld",
+            "split": split,
+            "mode": "greedy",
+            "task_id": [f"{split}/{i}" for i in range(n)],
+            "template": [f"t{i % 20}" for i in range(n)],
+            "world": "cobalt",
+            "success": [i < successes for i in range(n)],
+            "reward": [1.0 if i < successes else 0.0 for i in range(n)],
+            "turns": 2,
+            "tokens": 30,
+            "batch": 0,
+        }
+    )
+
+
+def test_the_gate_record_and_summary_show_each_guard_since_the_champion_and_the_root_and_its_curve():
+    """Root, champion and student on 40 tasks of a gate split and 40 of pretrain_test: the student gains 20 tasks on
+    test_id and loses 4 of 20 on pretrain_test since the champion, 8 of 24 since the root. Its guard since the root
+    cannot show a fall within the 10-point budget (8 losses, no win: a 20-point fall) and fails."""
+    from lopd_core import gate as G
+    from lopd_core.drivers.cycle_record import gate_record
+    from lopd_core.drivers.cycle_summary import gate_line, guard_curves, guard_lines
+
+    params = load_params("params.yaml", ["cycle.gate_metric=success_rate", "cycle.gate_splits=[test_id]"])
+    root, champion, student = (
+        pd.concat([_gate_outcomes("test_id", gate), _gate_outcomes("pretrain_test", kept)])
+        for gate, kept in ((5, 24), (5, 20), (25, 16))
+    )
+    rule = G.rule_from(params.cycle, ["toolworld"])
+    assert [g.name for g in rule.guards] == ["toolworld pretrain_test success"]  # gate_success: not on success
+    decision = G.decide(champion, student, rule, root=root)
+    gate = gate_record(decision, (0.1, 40, 0.2))
+    (guard,) = gate["guards"]
+    assert (guard["root"], guard["champion"], guard["student"]) == (0.6, 0.5, 0.4)
+    assert not guard["vs_champion"]["failed"] and guard["vs_root"]["failed"] and not decision.promoted
+    # 20 wins, no loss: p = 2^-20 (the 20 ties' −0.02 each cannot undo a single win)
+    assert gate["p"] == pytest.approx(2**-20, rel=1e-9) and gate["alpha"] == pytest.approx(0.025)
+    (line,) = guard_lines(gate)
+    assert line.startswith("toolworld pretrain_test success: since the champion -10.0 points [")
+    assert "a fall beyond 10 points) -> ok; since the root -20.0 points [" in line and line.endswith("-> FAILED")
+    assert "exact one-sided paired sign-flip test at 2.5 % of success_rate" in gate_line(gate, params)
+    assert "min gain +2.0 points" in gate_line(gate, params)
+    history = [{"cycle": 1, "promoted": True, "gate": {"guards": [{**guard, "student": 0.5}]}}]
+    history.append({"cycle": 2, "promoted": False, "gate": gate})
+    curves = guard_curves(history)
+    assert curves == {"toolworld pretrain_test success": "root 60.0 -> cycle 1 50.0* -> cycle 2 40.0 (%; * promoted)"}
+
+
 # ---- MLflow lineage -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tracker(tmp_path_factory):
