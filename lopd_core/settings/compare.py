@@ -155,3 +155,9 @@ class CompareConfig(Section):
     )
     work_dir: str = setting("data/compare", help="one folder per run")
     report_dir: str = setting("reports", help="compare.md, compare.png, compare.json")
+    stop_grace_s: float = setting(
+        30.0,
+        help="after SIGTERM or SIGINT, the seconds the running stage has to unwind before the process exits "
+        "anyway; a second signal exits at once",
+        check=positive(),
+    )
