@@ -50,6 +50,7 @@ def run(cfg: ServeConfig, log=print) -> None:
         host=cfg.host,
         port=cfg.port,
         log_level="warning",
-        timeout_graceful_shutdown=5,
+        # requests in flight get the first part of the stop's grace; the rest is the engine's and the store's
+        timeout_graceful_shutdown=min(5.0, cfg.stop_grace_s / 2),
         timeout_keep_alive=cfg.keep_alive_s,  # an idle kept-alive connection is closed (slow clients)
     )
