@@ -1,6 +1,6 @@
-"""Helpers of the clean-stop tests (tests/pipeline/test_cycle_clean_stop.py, tests/serve/test_serve_clean_stop.py): start a
-`lopd` command as a scheduler would (a session of its own, a marker in its environment), SIGTERM it and time the
-exit, and list what it left running."""
+"""Helpers of the clean-stop tests (tests/pipeline/test_cycle_clean_stop.py, tests/serve/test_serve_clean_stop.py):
+start a `lopd` command as a scheduler would (a session of its own, a marker in its environment), SIGTERM it and time
+the exit, and list what it left running."""
 
 import os
 import signal
