@@ -46,32 +46,38 @@ def exit_status(signum: int) -> int:
 
 
 class _Stop:
-    """What one `stop_on_signals` block knows: the command, the grace, the first signal and how many came."""
+    """What one `stop_on_signals` block knows: the command, the grace, the first signal, and how many signals each
+    observer (the wakeup-fd reader, our handler, a server's own handler) has seen: each counts what it sees, so one
+    signal seen by two of them is not taken for a second one."""
 
     def __init__(self, command: str, grace_s: float):
         self.command, self.grace_s = command, grace_s
         self.signum: int | None = None
-        self.count = 0
+        self.seen: dict[str, int] = {}
+        self.watching = False
         self.raised = False
         self.lock = threading.Lock()
 
     def say(self, text: str) -> None:
         print(f"{self.command}: {text}", file=sys.stderr, flush=True)
 
-    def signalled(self, signum: int) -> None:
-        """A signal arrived (the wakeup-fd reader's thread): start the grace on the first, exit on the second."""
+    def signalled(self, signum: int, observer: str) -> None:
+        """`observer` saw a signal: the first starts the grace's watchdog, an observer's second exits at once."""
         with self.lock:
-            self.count += 1
-            first = self.count == 1
+            self.seen[observer] = self.seen.get(observer, 0) + 1
+            again = self.seen[observer] > 1
             self.signum = self.signum or signum
+            start = not self.watching
+            self.watching = True
         name = signal.Signals(signum).name
-        if not first:
+        if again:
             self.say(f"{name} again: exiting now")
             exit_now(exit_status(self.signum))
-        self.say(
-            f"{name}: stopping (the running stage unwinds; exit within {self.grace_s:g}s, a second signal exits now)"
-        )
-        threading.Thread(target=self._watchdog, name="lopd-stop-watchdog", daemon=True).start()
+        if start:
+            self.say(
+                f"{name}: stopping (the running work unwinds; exit within {self.grace_s:g}s, a second signal exits now)"
+            )
+            threading.Thread(target=self._watchdog, name="lopd-stop-watchdog", daemon=True).start()
 
     def _watchdog(self) -> None:
         time.sleep(self.grace_s)
@@ -95,13 +101,20 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
+def note_signal(signum: int, observer: str) -> None:
+    """For a server that handles the stop signals itself (uvicorn under `lopd serve`): report each one it gets, so
+    the grace and the second signal hold while its handler is installed instead of ours."""
+    if _current is not None:
+        _current.signalled(signum, observer)
+
+
 def _handler(signum: int, frame) -> None:
     stop = _current
     if stop is None:
         return
+    stop.signalled(signum, "handler")  # a second one exits here
     with stop.lock:
-        stop.signum = stop.signum or signum
-        if stop.raised:  # the reader thread counts the second signal and exits; the cleanup is not interrupted
+        if stop.raised:
             return
         stop.raised = True
     raise StopRequested(signum)
@@ -119,7 +132,7 @@ def _read_signals(read_fd: int, stop: _Stop) -> None:
             break
         for signum in data:
             if signum in wanted:
-                stop.signalled(signum)
+                stop.signalled(signum, "wakeup fd")
     os.close(read_fd)
 
 

@@ -19,7 +19,7 @@ def test_sigterm_under_load_stops_serve(tmp_path, tiny_checkpoints):
     marker, port = uuid.uuid4().hex, free_port()
     argv = ["serve", "--model", str(model), "--port", str(port), "--store", str(tmp_path / "traces"), "--device", "cpu"]
     proc, lines = start(argv + ["--set", f"serve.stop_grace_s={GRACE_S}"], tmp_path, marker), []
-    assert read_until(proc, "serving", 300, lines), "".join(lines)
+    assert read_until(proc, "serving", 900, lines), "".join(lines)
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "x", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 64}
     stop, answered = threading.Event(), []
