@@ -32,6 +32,7 @@ from prefect import flow
 
 from flows import gate as gate_flow
 from flows import stage_flows as S
+from flows.stopping import STOP_HOOKS
 from lopd_core.config import Params, load_params
 from lopd_core.drivers.cycle_record import (
     Champion,
@@ -57,7 +58,7 @@ from tasks.tracking import NullTracker, Tracker, git_commit, make_tracker
 AnyTracker = Tracker | NullTracker
 
 
-@flow(name="lopd-cycle", log_prints=True, validate_parameters=False)
+@flow(name="lopd-cycle", log_prints=True, validate_parameters=False, **STOP_HOOKS)
 def cycle_flow(
     params_file: str = "params.yaml", overrides: list[str] | None = None, cycles: int = 1, track: bool = True
 ) -> list[dict]:

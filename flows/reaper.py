@@ -4,8 +4,10 @@ Why: the temporary Prefect server is a child process (uvicorn on 127.0.0.1); whe
 SIGKILL nothing in the parent runs, and the server lived on, orphaned. The watchdog is a small separate process
 that watches the command's process tree through /proc. When the command ends normally it says so on the pipe
 and the watchdog leaves; when the pipe closes without that word (the command died), the watchdog terminates
-every descendant it saw, checking each one's start time so that a reused pid is never touched. Linux only
-(/proc); elsewhere `start_reaper` does nothing.
+every descendant it saw, checking each one's start time so that a reused pid is never touched. A command stopped
+by SIGTERM or SIGINT (lopd_core/stopping.py) does not say the word either: it ends with os._exit, which skips the
+exit hook that would stop the temporary server, so the watchdog ends it. Linux only (/proc); elsewhere
+`start_reaper` does nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from lopd_core.stopping import stop_requested
 
 DONE = b"done\n"
 POLL_S = 0.5
@@ -102,12 +106,15 @@ def start_reaper() -> Iterator[None]:
     try:
         yield
     finally:
+        stopped = stop_requested() is not None  # SIGTERM/SIGINT: the process ends with os._exit, no exit hooks
         try:
-            child.stdin.write(DONE)
+            if not stopped:
+                child.stdin.write(DONE)
             child.stdin.close()
         except OSError:
             pass
-        child.wait(timeout=30)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=10 if stopped else 30)  # a stop's grace watchdog bounds it anyway
 
 
 if __name__ == "__main__":

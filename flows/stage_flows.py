@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.stopping import STOP_HOOKS
 from lopd_core.config import Params
 from lopd_core.drivers.progress import log
 from tasks import stage_tasks as T
@@ -86,7 +87,7 @@ def _tags(stage: str, cycle: int, tags: dict | None = None) -> dict:
     return {"lopd.stage": stage, "lopd.cycle": cycle, **(tags or {})}
 
 
-FLOW = {"log_prints": True, "validate_parameters": False}
+FLOW = {"log_prints": True, "validate_parameters": False, **STOP_HOOKS}  # a stopped stage: Cancelled
 AnyTracker = Tracker | NullTracker
 
 

@@ -38,12 +38,17 @@ def cmd_compare(params: Params, args) -> int:
     command = "lopd compare" + "".join(f" --params {args.params}" if args.params != "params.yaml" else "")
     command += "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
     started = time.perf_counter()
-    from flows.reaper import start_reaper
+    from flows.stopping import STOP_HOOKS
+    from lopd_cli.pipeline import stoppable
     from lopd_core.locks import folder_lock
 
-    # one compare per work folder; a killed compare leaves no temporary Prefect server behind
-    with folder_lock(params.compare.work_dir, "the compare folder"), start_reaper():
-        out = compare_flow(params_file=args.params, overrides=args.overrides, track=not args.no_mlflow, command=command)
+    # one compare per work folder; SIGTERM or SIGINT stop it cleanly (lopd_cli/pipeline.py `stoppable`)
+    stopped_as_cancelled = compare_flow.with_options(**STOP_HOOKS)
+    grace = params.compare.stop_grace_s
+    with stoppable("lopd compare", grace), folder_lock(params.compare.work_dir, "the compare folder"):
+        out = stopped_as_cancelled(
+            params_file=args.params, overrides=args.overrides, track=not args.no_mlflow, command=command
+        )
     print(Path(out["report"]["md"]).read_text())
     print(
         f"lopd compare: {len(out['runs'])} runs in {(time.perf_counter() - started) / 60:.1f} min; "

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lopd_core.config import Params
@@ -19,6 +21,24 @@ from lopd_core.drivers.progress import log
 # The first run of a temporary Prefect server creates its database, which can outlast the default start-up
 # timeout on a busy 2-core machine (DESIGN §6).
 PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+
+
+@contextmanager
+def stoppable(command: str, grace_s: float) -> Iterator[None]:
+    """The block of a command that runs Prefect flows (`lopd cycle`, `lopd compare`), stopped cleanly by SIGTERM
+    or SIGINT (lopd_core/stopping.py): the running stage unwinds, what MLflow runs a thread pool still held end
+    KILLED, the watchdog ends the temporary Prefect server (flows/reaper.py), and the process exits with 128 + the
+    signal's number within `grace_s` seconds."""
+    from flows.reaper import start_reaper
+    from lopd_core.stopping import stop_on_signals, stop_requested
+    from tasks.tracking import kill_open_runs
+
+    with stop_on_signals(command, grace_s), start_reaper():  # no temporary Prefect server is left behind
+        try:
+            yield
+        finally:
+            if stop_requested() is not None:
+                kill_open_runs()
 
 
 def mlflow_ui_hint(params: Params) -> str:
@@ -46,9 +66,7 @@ def cmd_cycle(params: Params, args) -> int:
         probe_tracking(params.tracking)  # an unusable store is one line now, not minutes of retries later
     started = time.perf_counter()
     log(f"lopd cycle: {args.cycles} cycle(s); state and cached work in {params.cycle.dir}/")
-    from flows.reaper import start_reaper
-
-    with start_reaper():  # a killed cycle leaves no temporary Prefect server behind
+    with stoppable("lopd cycle", params.cycle.stop_grace_s):  # the next cycle resumes from the cached stages
         records = cycle_flow(
             params_file=args.params, overrides=args.overrides, cycles=args.cycles, track=not args.no_mlflow
         )

@@ -42,8 +42,11 @@ def cmd_serve(params, args) -> int:
     except ServeConfigError as exc:
         print(f"lopd serve: {exc}", file=sys.stderr)
         return 2
-    try:
-        run(cfg)
+    from lopd_core.stopping import stop_on_signals
+
+    try:  # SIGTERM, SIGINT: uvicorn drains the requests in flight, then the process exits 143 / 130 within the grace
+        with stop_on_signals("lopd serve", cfg.stop_grace_s):
+            run(cfg)
     except (TraceStoreError, ServeConfigError) as exc:  # the store could not be opened, the model does not fit
         print(f"lopd serve: {exc}", file=sys.stderr)
         return 1

@@ -18,11 +18,13 @@ one tracker, hence one MlflowClient. Registry calls (register, search, alias) ar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ import pandas as pd
 
 from lopd_core.config import TrackingConfig
 from lopd_core.export import eval_rows
+from lopd_core.stopping import stop_requested
 
 STAGE_TAG = "lopd.stage"
 CYCLE_TAG = "lopd.cycle"
@@ -157,6 +160,14 @@ def registry_call(call: Callable[[], _T], what: str, *, attempts: int = REGISTRY
     raise AssertionError("unreachable")
 
 
+def stopped_by(exc: BaseException) -> bool:
+    """Whether `exc` unwinds a stop the user asked for: Ctrl-C, lopd_core/stopping.py's StopRequested, Prefect's
+    TerminationSignal (its SIGTERM handler while a flow runs), or any exception once such a signal arrived."""
+    from prefect.exceptions import TerminationSignal
+
+    return isinstance(exc, (KeyboardInterrupt, TerminationSignal)) or stop_requested() is not None
+
+
 class _Runs:
     """What Tracker and NullTracker share: a run as a context manager over their start_run and end."""
 
@@ -164,13 +175,14 @@ class _Runs:
 
     @contextmanager
     def run(self, name: str, *, parent: str | None = None, tags: dict | None = None) -> Iterator[str | None]:
-        """A run opened before the work it records and ended after it: FINISHED, or FAILED when the work raises
-        (the exception goes on). Yields the run id (None when not tracked)."""
+        """A run opened before the work it records and ended after it: FINISHED, FAILED when the work raises, or
+        KILLED when a stop (SIGTERM, SIGINT: lopd_core/stopping.py) ends it; the exception goes on. Yields the run
+        id (None when not tracked)."""
         run_id = self.start_run(name, parent=parent, tags=tags)
         try:
             yield run_id
-        except BaseException:
-            self.end(run_id, "FAILED")
+        except BaseException as exc:
+            self.end(run_id, "KILLED" if stopped_by(exc) else "FAILED")
             raise
         self.end(run_id)
 
@@ -259,7 +271,10 @@ class Tracker(_Runs):
         if parent:
             tags[PARENT_TAG] = parent
         tags.update({OWNER_PID_TAG: str(os.getpid()), OWNER_HOST_TAG: socket.gethostname()})
-        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+        run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+        with _OPEN_LOCK:
+            _OPEN_RUNS[run_id] = self
+        return run_id
 
     def close_abandoned_runs(self) -> list[str]:
         """Runs left RUNNING by a process of this host that no longer exists (a crash, `kill -9`): ended as
@@ -284,6 +299,8 @@ class Tracker(_Runs):
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
+        with _OPEN_LOCK:
+            _OPEN_RUNS.pop(run_id, None)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         for key, value in tags.items():
@@ -396,6 +413,24 @@ class Tracker(_Runs):
             lambda: self.client.set_registered_model_alias(self.cfg.registered_model, self.cfg.champion_alias, version),
             "moving the champion alias",
         )
+
+
+# Runs this process opened and has not ended, whatever thread opened them: what a stop ends as KILLED.
+_OPEN_RUNS: dict[str, Tracker] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def kill_open_runs() -> list[str]:
+    """End every run this process still holds open as KILLED; returns their ids. Why: a stop (SIGTERM, SIGINT)
+    unwinds the main thread, whose runs end KILLED on the way (`Tracker.run`), but a task that a thread pool runs
+    (`lopd compare`'s mapped runs) is not unwound, and its run would stay RUNNING until the next command closed it
+    as FAILED."""
+    with _OPEN_LOCK:
+        held = list(_OPEN_RUNS.items())
+    for run_id, tracker in held:
+        with contextlib.suppress(Exception):  # one line per run is said by the caller; a dead store ends nothing
+            tracker.end(run_id, "KILLED")
+    return [run_id for run_id, _ in held]
 
 
 NO_MLFLOW_HINT = "or run with --no-mlflow"

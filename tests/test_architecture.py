@@ -18,7 +18,7 @@ PACKAGES = ("lopd_core", "tasks", "flows", "lopd_serve", "lopd_cli")
 
 # Bottom to top. A part may import parts of its own layer or below; lopd_core never imports what is above it.
 LAYERS: list[set[str]] = [
-    {"lopd_core", "errors", "offline", "names", "methods", "outputs", "jsonio", "locks", "experience"},
+    {"lopd_core", "errors", "offline", "names", "methods", "outputs", "jsonio", "locks", "experience", "stopping"},
     {"settings", "config"},
     {"envs", "distributed"},
     {"model"},

@@ -213,3 +213,9 @@ class CompareConfig(Section):
         check=one_of("content", "identity"),
     )
     report_dir: str = setting("reports", help="compare.md, compare.png, compare.json")
+    stop_grace_s: float = setting(
+        30.0,
+        help="after SIGTERM or SIGINT, the seconds the running stage has to unwind before the process exits "
+        "anyway; a second signal exits at once",
+        check=positive(),
+    )

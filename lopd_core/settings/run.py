@@ -181,6 +181,12 @@ class CycleConfig(Section):
         check=fraction(),
     )
     stage_timeout_s: float = setting(21600.0, help="per long task (base, bank, ...)", check=positive())
+    stop_grace_s: float = setting(
+        30.0,
+        help="after SIGTERM or SIGINT, the seconds the running stage has to unwind (MLflow run KILLED, flow run "
+        "Cancelled, lock released) before the process exits anyway; a second signal exits at once",
+        check=positive(),
+    )
     report_dir: str = setting("reports/cycles", help="`lopd cycle`'s report (the DVC pipeline's: reports/run)")
 
 

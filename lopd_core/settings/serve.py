@@ -41,6 +41,12 @@ class ServeConfig(Section):
         "that rebinds its own name to 127.0.0.1 sends its name: refused)",
     )
     keep_alive_s: float = setting(5.0, help="an idle kept-alive connection is closed after this", check=positive())
+    stop_grace_s: float = setting(
+        30.0,
+        help="after SIGTERM or SIGINT, the seconds the server has to finish (requests in flight get the first "
+        "part of it, at most 5 s) before the process exits anyway; a second signal exits at once",
+        check=positive(),
+    )
     body_timeout_s: float = setting(
         30.0, help="a request body that does not arrive within this is refused (408)", check=positive()
     )
