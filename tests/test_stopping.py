@@ -107,7 +107,7 @@ def test_second_signal_exits_at_once():
 
 
 def test_grace_and_second_signal_hold_under_a_handler_installed_over_ours():
-    code, seconds, out, err = stop(start("foreign", grace_s=3), signal.SIGTERM)
+    code, seconds, out, _err = stop(start("foreign", grace_s=3), signal.SIGTERM)
     assert code == 143 and "other raised" in out
     assert 2.5 <= seconds < 20
     code, seconds, out, _ = stop(start("foreign", grace_s=60), signal.SIGTERM, signal.SIGTERM)
