@@ -13,7 +13,9 @@ runs' spread plus the tasks' noise, σ²_seed + σ²_task / n, and the spread of
 The interval is the two-stage (summary-statistic) analysis of a mixed model with a random seed effect: per world,
 the mean of its S cells' d with its standard error s / √S; over worlds, the mean of the worlds' means (each world
 one stratum, weighed alike) with Welch–Satterthwaite degrees of freedom; a Student-t interval at 95 %, two-sided.
-In a balanced nested design this is the mixed model's exact inference for the fixed effect. A bootstrap over seeds
+In a balanced nested design this is the mixed model's exact inference for the fixed effect. The cells' variance is
+floored at the variance their tasks alone give (σ²_task / n, from the cells' own success rates): with few seeds two
+runs can agree by chance, and a zero spread must not read as certainty. A bootstrap over seeds
 was not chosen: with S = 3–5 it resamples from 3–5 values, its percentile interval is too narrow by about
 √((S − 1)/S) and has no t quantile, so it declares verdicts that more seeds overturn.
 
@@ -58,8 +60,13 @@ def cell_differences(a: dict, b: dict) -> dict[str, list[float]]:
     return out
 
 
-def two_level_interval(by_world: dict[str, list[float]], tasks: int) -> Difference:
-    """The mixed-model interval of the mean difference (module docstring) and its verdict."""
+def two_level_interval(
+    by_world: dict[str, list[float]], tasks: int, task_variance: dict[str, float] | None = None
+) -> Difference:
+    """The mixed-model interval of the mean difference (module docstring) and its verdict. `task_variance`: per
+    world, the variance one cell's d has from its tasks alone (σ²_task / n); the cells' spread estimates
+    σ²_seed + σ²_task / n, which is never below it, so a spread that came out smaller (two seeds that happened to
+    agree) is raised to it rather than read as certainty."""
     cells = sum(len(v) for v in by_world.values())
     if not cells:
         return Difference(math.nan, math.nan, math.nan, 0, 0, tasks, "not run")
@@ -68,7 +75,9 @@ def two_level_interval(by_world: dict[str, list[float]], tasks: int) -> Differen
     if any(len(v) < 2 for v in by_world.values()):
         return Difference(mean, math.nan, math.nan, cells, len(by_world), tasks, _undecided(tasks, by_world))
     w = len(by_world)
-    parts = [statistics.variance(v) / len(v) / w**2 for v in by_world.values()]  # each world's share of Var(mean)
+    floor = task_variance or {}
+    # each world's share of Var(mean): its cells' variance (at least their tasks' own) over S, weighed 1/W²
+    parts = [max(statistics.variance(v), floor.get(k, 0.0)) / len(v) / w**2 for k, v in by_world.items()]
     se = math.sqrt(sum(parts))
     df = _satterthwaite(parts, [len(v) for v in by_world.values()])
     half = stats.t.ppf(0.5 + CONFIDENCE / 2, df) * se if se > 0 else 0.0
@@ -107,13 +116,27 @@ def curve_values(runs: list[dict], mark: int, mode: str) -> dict[tuple[str, int]
     return out
 
 
+def task_variances(a: dict, b: dict, n: int) -> dict[str, float]:
+    """Per world, the mean over its cells of the variance of one cell's difference from its n tasks alone:
+    (p_a(1 − p_a) + p_b(1 − p_b)) / n, the unpaired form — an upper bound of the paired one, so the floor it sets is
+    conservative."""
+    per_world: dict[str, list[float]] = {}
+    for key in sorted(set(a) & set(b)):
+        per_world.setdefault(key[0], []).append((a[key] * (1 - a[key]) + b[key] * (1 - b[key])) / max(n, 1))
+    return {w: statistics.fmean(v) for w, v in per_world.items()}
+
+
+def _compare(a: dict, b: dict, n: int) -> Difference:
+    return two_level_interval(cell_differences(a, b), n, task_variances(a, b, n))
+
+
 def compare_final(a: list[dict], b: list[dict], split: str, mode: str) -> Difference:
     tasks = min((r["final"][split][mode]["n"] for r in a + b if split in r["final"]), default=0)
-    return two_level_interval(cell_differences(final_values(a, split, mode), final_values(b, split, mode)), tasks)
+    return _compare(final_values(a, split, mode), final_values(b, split, mode), tasks)
 
 
 def compare_at_mark(a: list[dict], b: list[dict], mark: int, mode: str, curve_n: int) -> Difference:
-    return two_level_interval(cell_differences(curve_values(a, mark, mode), curve_values(b, mark, mode)), curve_n)
+    return _compare(curve_values(a, mark, mode), curve_values(b, mark, mode), curve_n)
 
 
 def rollouts_to_reach(runs: list[dict], target: float, mode: str) -> float | None:

@@ -90,3 +90,13 @@ def test_reuse_by_identity_takes_a_finished_run_of_the_same_method_seed_and_budg
     assert same_run({**job, "budget": 512}, preset) is None  # another budget is another run
     seed_1000 = {**job, "work": str(runs / "final-grpo-cobalt-s1-lr0.0003-cccccccccc")}
     assert same_run(seed_1000, preset) is None
+
+
+def test_seeds_that_agree_by_chance_still_carry_their_tasks_noise():
+    # two seeds, both −0.021: their spread is 0, but each difference carries the noise of 48 tasks
+    a = {("cobalt", 0): 0.29, ("cobalt", 1000): 0.29}
+    b = {("cobalt", 0): 0.311, ("cobalt", 1000): 0.311}
+    d = V._compare(a, b, 48)
+    # floor (0.29·0.71 + 0.311·0.689) / 48 = 0.008754; se = √(0.008754 / 2) = 0.06616; t(1) = 12.706
+    assert d.high - d.low == pytest.approx(2 * 12.706 * 0.06616, rel=1e-3)
+    assert d.verdict.startswith("cannot tell")
