@@ -31,8 +31,20 @@ from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
 from lopd_core.traces import DiskFull
+from lopd_serve.admission import decoder_error
+from lopd_serve.batching import DeadlineExceeded, Unavailable
 from lopd_serve.conversation import parse_messages, reply
-from lopd_serve.deps import Config, Decoder, Holder, RecordedTrajectories, Sessions, Store, authorized, ensure_room
+from lopd_serve.deps import (
+    Admitted,
+    Config,
+    Decoder,
+    Holder,
+    RecordedTrajectories,
+    Sessions,
+    Store,
+    authorized,
+    ensure_room,
+)
 from lopd_serve.logprobs import chat_logprobs
 from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest
 from lopd_serve.responses import (
@@ -66,6 +78,7 @@ class Turn:
     loaded: object
     tools_key: str
     sampling: SamplingRequest
+    slot: object  # its admission slot, holding the session's lock (admission.Slot): released when answered
 
 
 def _session_name(req: ChatRequest, request: Request) -> str | None:
@@ -90,6 +103,7 @@ async def chat_completions(
     holder: Holder,
     store: Store,
     recorded: RecordedTrajectories,
+    admission: Admitted,
 ):
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
@@ -97,7 +111,9 @@ async def chat_completions(
     parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
     ensure_room(store)
     session = sessions.get(_session_name(req, request), client=request.client.host if request.client else "")
-    await session.lock.acquire()  # released when the turn is answered (or its stream ends)
+    # 429 beyond the queue's bound, 503 past the deadline for the session's previous turn; released when the turn
+    # is answered (or its stream ends)
+    slot = await admission.turn(session.lock)
     streaming = False
     try:
         loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
@@ -111,8 +127,9 @@ async def chat_completions(
                 "context_length_exceeded",
                 param="messages",
             )
-        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling)
+        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling, slot)
         if req.stream:
+            decoder.check_available()  # a stream's 503 comes with its status, before the stream starts
             response = StreamingResponse(
                 _stream(turn, decoder, store, recorded, request), media_type="text/event-stream"
             )
@@ -121,7 +138,7 @@ async def chat_completions(
         return await _record(turn, await _answer(turn, decoder, request), store, recorded)
     finally:
         if not streaming:
-            session.lock.release()
+            slot.release()
 
 
 async def _answer(turn: Turn, decoder, request: Request):
@@ -312,6 +329,9 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
                 pending = []
         if job.cancelled():  # the client went away: nothing is recorded, the session does not advance
             return
+        if job.exception() is not None:  # nothing recorded; the client hears why, then [DONE]
+            yield _error_event(job.exception())
+            return
         async for event in _closing(turn, job.result(), store, recorded, chunks, text, pending, live):
             yield event
     finally:
@@ -319,7 +339,18 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
             job.cancel()
         if watch is not None:
             watch.cancel()
-        turn.session.lock.release()
+        turn.slot.release()
+
+
+def _error_event(exc: BaseException) -> str:
+    """A stream's failure as OpenAI's error object in one event, then [DONE]: a decoder that cannot answer
+    (503: retry) or a request the model could not decode."""
+    if isinstance(exc, Unavailable | DeadlineExceeded):
+        error = decoder_error(exc)
+        info = ErrorInfo(message=error.message, type=error.kind, code=error.code)
+    else:
+        info = ErrorInfo(message=f"{type(exc).__name__}: {exc}", type="server_error", code="decoding_failed")
+    return f"data: {json.dumps(ErrorResponse(error=info).model_dump())}\n\ndata: [DONE]\n\n"
 
 
 async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pending: list, live: bool):

@@ -17,7 +17,7 @@ import asyncio
 
 from fastapi import APIRouter, Depends
 
-from lopd_serve.deps import Config, Decoder, Holder, authorized
+from lopd_serve.deps import Admitted, Config, Decoder, Holder, authorized
 from lopd_serve.logprobs import completion_logprobs, prompt_logprobs
 from lopd_serve.protocol import ApiError, CompletionRequest
 from lopd_serve.responses import Completion, CompletionChoice, Usage
@@ -67,23 +67,29 @@ def _check_fits(req: CompletionRequest, cfg, loaded, ids: list[int], max_tokens:
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder) -> Completion:
+async def completions(
+    req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder, admission: Admitted
+) -> Completion:
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
     ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
     _check_fits(req, cfg, loaded, ids, sampling.max_tokens)
-    out = await decoder.generate(
-        loaded,
-        ids,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        max_tokens=sampling.max_tokens,
-        seed=sampling.seed,
-        top_logprobs=sampling.top_logprobs,
-    )
-    scores = None
-    if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
-        scores = await decoder.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
+    slot = admission.enter()  # 429 at once beyond the queue's bound
+    try:
+        out = await decoder.generate(
+            loaded,
+            ids,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            top_logprobs=sampling.top_logprobs,
+        )
+        scores = None
+        if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
+            scores = await decoder.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
+    finally:
+        slot.release()
     return Completion(
         model=loaded.name,
         system_fingerprint=loaded.version,

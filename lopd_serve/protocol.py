@@ -32,14 +32,27 @@ from lopd_serve.responses import ErrorInfo, ErrorResponse
 
 
 class ApiError(Exception):
+    """An error in OpenAI's shape; `retry_after_s` adds a Retry-After header (a 429 or 503 the client may retry)."""
+
     def __init__(
-        self, status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
+        self,
+        status: int,
+        message: str,
+        code: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        retry_after_s: float | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
+        response = error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
+        if self.retry_after_s is not None:
+            response.headers["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+        return response
 
 
 def error_response(
