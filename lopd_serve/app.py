@@ -115,9 +115,9 @@ def _add_error_handlers(app) -> None:
                 "unsupported_field",
                 param=unknown[0],
             )
-        where = _where(first)
-        code = (first.get("ctx") or {}).get("code", "invalid_request")
-        return error_response(400, f"{where}: {first.get('msg', 'invalid')}", code, param=where or None)
+        where, ctx = _where(first), first.get("ctx") or {}
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid")
+        return error_response(400, message, ctx.get("code", "invalid_request"), param=where or ctx.get("param"))
 
     @app.exception_handler(DiskFull)
     async def disk_full(request, exc: DiskFull):

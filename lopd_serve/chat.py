@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
@@ -46,7 +46,7 @@ from lopd_serve.deps import (
     ensure_room,
 )
 from lopd_serve.logprobs import chat_logprobs
-from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest
+from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest, ignored_warning
 from lopd_serve.responses import (
     AssistantMessage,
     ChatChoice,
@@ -104,7 +104,10 @@ async def chat_completions(
     store: Store,
     recorded: RecordedTrajectories,
     admission: Admitted,
+    response: Response,
 ):
+    warning = ignored_warning(req)  # unknown fields, ignored: named in a header of the answer
+    response.headers.update(warning)
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
     # length once tokenized) must not hold the event loop, and with it health checks and every stream
@@ -130,11 +133,11 @@ async def chat_completions(
         turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling, slot)
         if req.stream:
             decoder.check_available()  # a stream's 503 comes with its status, before the stream starts
-            response = StreamingResponse(
-                _stream(turn, decoder, store, recorded, request), media_type="text/event-stream"
+            stream = StreamingResponse(
+                _stream(turn, decoder, store, recorded, request), media_type="text/event-stream", headers=warning
             )
             streaming = True  # the stream releases the lock when it ends
-            return response
+            return stream
         return await _record(turn, await _answer(turn, decoder, request), store, recorded)
     finally:
         if not streaming:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from lopd_serve.deps import Admitted, Config, Decoder, Holder, authorized
 from lopd_serve.logprobs import completion_logprobs, prompt_logprobs
-from lopd_serve.protocol import ApiError, CompletionRequest
+from lopd_serve.protocol import ApiError, CompletionRequest, ignored_warning
 from lopd_serve.responses import Completion, CompletionChoice, Usage
 
 router = APIRouter(dependencies=[Depends(authorized)])
@@ -68,8 +68,9 @@ def _check_fits(req: CompletionRequest, cfg, loaded, ids: list[int], max_tokens:
 
 @router.post("/v1/completions")
 async def completions(
-    req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder, admission: Admitted
+    req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder, admission: Admitted, response: Response
 ) -> Completion:
+    response.headers.update(ignored_warning(req))  # unknown fields, ignored: named in a header of the answer
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
     ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
