@@ -75,7 +75,31 @@ class Job:
     deliver: Callable[[object, Exception | None], None]  # called once, in the worker: (Generated, None) or (None, exc)
     top_logprobs: int = 0
     on_token: Callable[[int, float, list], None] | None = None  # called in the worker per kept token
+    stop: tuple[str, ...] = ()  # stop strings (OpenAI's `stop`): the first the text holds ends the turn
     gone: bool = False  # its request was cancelled (the client went away): it leaves its batch
+    watch: StopStrings | None = None  # set by the worker when it admits a job with stop strings
+
+
+@dataclass
+class StopStrings:
+    """A row's watch for its stop strings: fed each kept token, `hit` is the first stop string the decoded text
+    holds (it appears the step its last character is sampled). Only a tail of the ids is decoded each step:
+    a character is at most 4 byte-level tokens, so 4 tokens per character of the longest stop string (and 4
+    more for a character cut at the tail's start) always hold a stop string that just appeared."""
+
+    tokenizer: object
+    strings: tuple[str, ...]
+    end_id: int  # the end-of-turn token: it ends the turn itself and is no text
+    ids: list[int] = field(default_factory=list)
+    hit: str | None = None
+
+    def add(self, token_id: int) -> None:
+        if self.hit is not None or token_id == self.end_id:
+            return
+        self.ids.append(token_id)
+        tail = self.ids[-4 * max(map(len, self.strings)) - 4 :]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        self.hit = next((s for s in self.strings if s in text), None)
 
 
 @dataclass(eq=False)
@@ -98,8 +122,9 @@ class Ping:
 class Generated:
     token_ids: list[int]
     logprobs: list[float]
-    stopped: bool  # closed its turn with the end token (else it ran out of max_tokens)
+    stopped: bool  # closed its turn with the end token (else it ran out of max_tokens, or hit a stop string)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: top-k (id, logprob) or []
+    stop_string: str | None = None  # the stop string that ended the turn (its last token is the last sampled)
 
 
 class Batcher:
@@ -295,6 +320,8 @@ class Worker:
         if len(batch) >= self.max_batch:
             self._waiting.append(job)
             return
+        if job.stop:
+            job.watch = StopStrings(job.loaded.tokenizer, job.stop, job.loaded.chat.im_end_id)
         request = Request(
             job.context,
             job.temperature,
@@ -311,6 +338,8 @@ class Worker:
     def _on_token(self, job: Job):
         def kept(token_id: int, logprob: float, top: list) -> None:
             self.tokens += 1
+            if job.watch is not None:
+                job.watch.add(token_id)
             if job.on_token is not None:
                 job.on_token(token_id, logprob, top)
 
@@ -332,7 +361,9 @@ class Worker:
             self._isolate(loaded, batch, exc)
             return
         self.batches += 1
-        for request in done:
+        ended = [r for r in batch.requests() if (w := self._jobs[id(r)].watch) is not None and w.hit is not None]
+        batch.remove(ended)  # a stop string ends its row's turn as the end token would
+        for request in [*done, *ended]:
             self._finish(request, loaded.chat.im_end_id)
 
     def _isolate(self, loaded, batch: ContinuousBatch, exc: Exception) -> None:
@@ -351,9 +382,11 @@ class Worker:
             _hand(self._jobs.pop(id(request)), None, error)
 
     def _finish(self, request: Request, end_id: int) -> None:
+        job = self._jobs.pop(id(request))
         stopped = bool(request.ids) and request.ids[-1] == end_id
-        out = Generated(list(request.ids), [finite(float(v)) for v in request.logprobs], stopped, request.top)
-        _hand(self._jobs.pop(id(request)), out, None)
+        hit = job.watch.hit if job.watch is not None and not stopped else None
+        logprobs = [finite(float(v)) for v in request.logprobs]
+        _hand(job, Generated(list(request.ids), logprobs, stopped, request.top, stop_string=hit), None)
 
     def _score(self, job: ScoreJob) -> None:
         try:

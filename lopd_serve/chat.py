@@ -169,6 +169,7 @@ async def _generate(turn: Turn, decoder, on_token=None):
         max_tokens=s.max_tokens,
         seed=s.seed,
         top_logprobs=s.top_logprobs,
+        stop=s.stop,
         on_token=on_token,
     )
 
@@ -185,6 +186,7 @@ async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
         declared=declared,
         tool_choice=req.tool_choice,
         parallel=req.parallel_tool_calls is not False,
+        stop_string=out.stop_string,
     )
     segment = plan.segment
     prompt_length = len(segment) if plan.turn == 0 else 0
@@ -223,6 +225,7 @@ def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length:
             "top_p": turn.sampling.top_p,
             "max_tokens": turn.sampling.max_tokens,
             "seed": turn.sampling.seed,
+            **({"stop": list(turn.sampling.stop)} if turn.sampling.stop else {}),
         },
         "time": time.time(),
     }
@@ -313,7 +316,7 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
         job = asyncio.ensure_future(_generate(turn, decoder, on_token))
         watch = asyncio.ensure_future(_cancel_when_gone(request, job))
         yield chunks.event({"role": "assistant", "content": ""})
-        text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
+        text = _Text(loaded.tokenizer, loaded.chat.im_end_id, turn.sampling.stop)
         pending: list = []  # log-prob entries of tokens not sent yet (a token may add no text of its own)
         while not (job.done() and tokens.empty()):
             getter = asyncio.ensure_future(tokens.get())
@@ -387,10 +390,13 @@ async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pend
 
 class _Text:
     """The turn's text grown token by token: each new piece is what decoding the longer prefix adds, sent only
-    once it decodes cleanly (a byte-level token may be half a character)."""
+    once it decodes cleanly (a byte-level token may be half a character). With stop strings, the text's last
+    characters that could still begin one are held back, and nothing from a stop string on is ever sent (OpenAI
+    leaves the stop string out of the message)."""
 
-    def __init__(self, tokenizer, end_id: int):
-        self.tokenizer, self.end_id = tokenizer, end_id
+    def __init__(self, tokenizer, end_id: int, stop: tuple[str, ...] = ()):
+        self.tokenizer, self.end_id, self.stop = tokenizer, end_id, stop
+        self.hold = max(map(len, stop), default=1) - 1
         self.ids: list[int] = []
         self.shown = ""
 
@@ -399,7 +405,11 @@ class _Text:
             return ""
         self.ids.append(token_id)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
-        if not text.startswith(self.shown) or len(text) <= len(self.shown) or text.endswith("\ufffd"):
+        if text.endswith("\ufffd"):
+            return ""
+        cut = min((i for s in self.stop if (i := text.find(s)) >= 0), default=len(text) - self.hold)
+        text = text[: max(cut, 0)]
+        if not text.startswith(self.shown) or len(text) <= len(self.shown):
             return ""
         piece, self.shown = text[len(self.shown) :], text
         return piece

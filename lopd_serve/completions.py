@@ -85,6 +85,7 @@ async def completions(
             max_tokens=sampling.max_tokens,
             seed=sampling.seed,
             top_logprobs=sampling.top_logprobs,
+            stop=sampling.stop,
         )
         scores = None
         if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
@@ -101,7 +102,10 @@ async def completions(
 
 def _choice(req: CompletionRequest, tok, ids: list[int], out, scores) -> CompletionChoice:
     text = tok.decode(out.token_ids, skip_special_tokens=req.skip_special_tokens)
-    choice = CompletionChoice(text=text, finish_reason="stop" if out.stopped else "length")
+    if out.stop_string is not None and out.stop_string in text:  # the ids keep every sampled token (vLLM's)
+        text = text[: text.index(out.stop_string)]
+    finish = "stop" if out.stopped or out.stop_string is not None else "length"
+    choice = CompletionChoice(text=text, finish_reason=finish)
     if req.logprobs is not None:
         shown, lps, top = list(out.token_ids), list(out.logprobs), list(out.top)
         if req.echo:  # the prompt's tokens first, scored; its first token has no log-prob

@@ -230,6 +230,7 @@ class SamplingRequest:
     max_tokens: int
     seed: int  # the request's, else one drawn from the server's seeded stream; below 2**63
     top_logprobs: int  # top-k log-probs per sampled token (0: none)
+    stop: tuple[str, ...] = ()  # stop strings: the first the sampled text holds ends the turn
 
 
 class StreamOptions(Strict):
@@ -273,6 +274,7 @@ REFUSED_UNKNOWN = frozenset(
         "documents",
     }
 )
+MAX_STOP, MAX_STOP_CHARS = 4, 256  # stop strings per request (OpenAI's limit), characters per stop string
 MAX_WARNED = 16  # unknown fields named in the warning header; beyond, a count
 
 
@@ -314,10 +316,14 @@ class SamplingFields(Strict):
 
     @field_validator("stop")
     @classmethod
-    def _no_stop(cls, stop):
-        if stop:
-            raise unsupported("stop sequences are not supported (a turn ends at the model's end token)")
+    def _stop_strings(cls, stop):
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP or not all(0 < len(s) <= MAX_STOP_CHARS for s in strings):
+            raise ValueError(f"at most {MAX_STOP} stop strings of 1 to {MAX_STOP_CHARS} characters")
         return stop
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(dict.fromkeys(self.stop or ()))
 
     @field_validator("stream_options")
     @classmethod
@@ -373,7 +379,10 @@ class SamplingFields(Strict):
                 param="max_tokens",
             )
         seed = self.seed if self.seed is not None else draw_seed()
-        return SamplingRequest(self.temperature, self.top_p, max_tokens, seed % 2**63, self.sampled_top_logprobs())
+        top_logprobs = self.sampled_top_logprobs()
+        return SamplingRequest(
+            self.temperature, self.top_p, max_tokens, seed % 2**63, top_logprobs, self.stop_strings()
+        )
 
 
 SAMPLER_LOGPROBS = "(the recorded log-probs are the sampler's)"
