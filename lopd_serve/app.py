@@ -23,7 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lopd_core.traces import DiskFull, TraceStore
 from lopd_serve import admin, chat, completions, feedback, health
-from lopd_serve.batching import Batcher
+from lopd_serve.admission import Admission, decoder_error
+from lopd_serve.batching import Batcher, DeadlineExceeded, Unavailable
 from lopd_serve.config import ServeConfig
 from lopd_serve.engine_process import EngineProcess
 from lopd_serve.middleware import LOOPBACK_HOSTS, BodyLimit, HostAllowList
@@ -38,10 +39,18 @@ RECORDED_PER_SESSION = 64  # feedback targets kept per session slot (serve.max_s
 
 def decoder_for(cfg: ServeConfig) -> Batcher | EngineProcess:
     """The decoder `serve.engine` names: a process of its own (the default), or a thread of the server's."""
-    window_s = cfg.batch_window_ms / 1000
+    window_s, timeout_s = cfg.batch_window_ms / 1000, cfg.request_timeout_s
     if cfg.engine == "process":
-        return EngineProcess(window_s=window_s, max_batch=cfg.max_batch, seed=cfg.seed, device=cfg.device)
-    return Batcher(window_s=window_s, max_batch=cfg.max_batch, seed=cfg.seed)
+        return EngineProcess(
+            window_s=window_s,
+            max_batch=cfg.max_batch,
+            seed=cfg.seed,
+            device=cfg.device,
+            timeout_s=timeout_s,
+            heartbeat_s=cfg.engine_heartbeat_s,
+            engine_timeout_s=cfg.engine_timeout_s,
+        )
+    return Batcher(window_s=window_s, max_batch=cfg.max_batch, seed=cfg.seed, timeout_s=timeout_s)
 
 
 def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> FastAPI:
@@ -52,6 +61,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     pages = {} if key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="lopd serve", lifespan=_lifespan(cfg, batcher, holder, store), **pages)
     app.state.cfg, app.state.batcher, app.state.holder, app.state.store = cfg, batcher, holder, store
+    app.state.admission = Admission(limit=cfg.max_batch + cfg.max_queue, timeout_s=cfg.request_timeout_s)
     app.state.sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     app.state.recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest
     # a restarted server goes on with the conversations its store holds (resume.py)
@@ -76,11 +86,17 @@ def _where(error: dict) -> str:
 
 def _add_error_handlers(app) -> None:
     """Every error in OpenAI's shape: validation 400 (a validator's own code kept: `unsupported`), unknown route
-    404, a full disk 507, anything unexpected 500."""
+    404, a full disk 507, a decoder that cannot answer (restarting, past the deadline) 503 with Retry-After,
+    anything unexpected 500."""
 
     @app.exception_handler(ApiError)
     async def api_error(request, exc: ApiError):
         return exc.response()
+
+    @app.exception_handler(Unavailable)
+    @app.exception_handler(DeadlineExceeded)
+    async def decoder_unavailable(request, exc):
+        return decoder_error(exc).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
@@ -99,9 +115,9 @@ def _add_error_handlers(app) -> None:
                 "unsupported_field",
                 param=unknown[0],
             )
-        where = _where(first)
-        code = (first.get("ctx") or {}).get("code", "invalid_request")
-        return error_response(400, f"{where}: {first.get('msg', 'invalid')}", code, param=where or None)
+        where, ctx = _where(first), first.get("ctx") or {}
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid")
+        return error_response(400, message, ctx.get("code", "invalid_request"), param=where or ctx.get("param"))
 
     @app.exception_handler(DiskFull)
     async def disk_full(request, exc: DiskFull):

@@ -21,13 +21,20 @@ the top-k log-probs of the distribution it was drawn from when the request asked
 A request whose client went away (its task cancelled: a stream closed) leaves its batch before the next step.
 A step that fails (a context the model cannot read) is traced to its request by running each row's sequence
 alone (`probe`): only the request that fails fails, and its batch mates go on from the tokens they kept, their
-streams where they were (the cache is rebuilt from their ids).
+streams where they were (the cache is rebuilt from their ids). No failure ends the loop: a job that cannot be
+admitted (a seed out of range, a model that cannot batch) fails alone, a batch that can neither step nor be
+rebuilt fails its rows, and a `deliver` that raises is logged; a decoder whose loop died would leave every later
+request waiting for ever.
+
+Every request has a deadline (`timeout_s`, serve.request_timeout_s): past it, it leaves its batch and its caller
+hears `DeadlineExceeded`, never an unbounded wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import random
 import threading
@@ -41,6 +48,21 @@ from lopd_core.rollout.continuous import ContinuousBatch, Request, probe
 from lopd_core.rollout.scoring import SequenceScores, score_sequence
 from lopd_serve.logprobs import finite
 
+log = logging.getLogger("lopd.serve")
+
+
+class Unavailable(RuntimeError):
+    """The decoder cannot take a request now (its engine restarting, its pipe full): 503, retry after
+    `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(TimeoutError):
+    """A request not answered within its deadline (serve.request_timeout_s): it left its batch."""
+
 
 @dataclass(eq=False)  # a job is itself, never equal to another with the same fields
 class Job:
@@ -53,7 +75,31 @@ class Job:
     deliver: Callable[[object, Exception | None], None]  # called once, in the worker: (Generated, None) or (None, exc)
     top_logprobs: int = 0
     on_token: Callable[[int, float, list], None] | None = None  # called in the worker per kept token
+    stop: tuple[str, ...] = ()  # stop strings (OpenAI's `stop`): the first the text holds ends the turn
     gone: bool = False  # its request was cancelled (the client went away): it leaves its batch
+    watch: StopStrings | None = None  # set by the worker when it admits a job with stop strings
+
+
+@dataclass
+class StopStrings:
+    """A row's watch for its stop strings: fed each kept token, `hit` is the first stop string the decoded text
+    holds (it appears the step its last character is sampled). Only a tail of the ids is decoded each step:
+    a character is at most 4 byte-level tokens, so 4 tokens per character of the longest stop string (and 4
+    more for a character cut at the tail's start) always hold a stop string that just appeared."""
+
+    tokenizer: object
+    strings: tuple[str, ...]
+    end_id: int  # the end-of-turn token: it ends the turn itself and is no text
+    ids: list[int] = field(default_factory=list)
+    hit: str | None = None
+
+    def add(self, token_id: int) -> None:
+        if self.hit is not None or token_id == self.end_id:
+            return
+        self.ids.append(token_id)
+        tail = self.ids[-4 * max(map(len, self.strings)) - 4 :]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        self.hit = next((s for s in self.strings if s in text), None)
 
 
 @dataclass(eq=False)
@@ -64,21 +110,31 @@ class ScoreJob:
     deliver: Callable[[object, Exception | None], None]
 
 
+@dataclass(eq=False)
+class Ping:
+    """A heartbeat: `answer` is called by the worker's loop between steps (the engine process's watchdog hears that
+    the loop still turns)."""
+
+    answer: Callable[[], None]
+
+
 @dataclass(frozen=True)
 class Generated:
     token_ids: list[int]
     logprobs: list[float]
-    stopped: bool  # closed its turn with the end token (else it ran out of max_tokens)
+    stopped: bool  # closed its turn with the end token (else it ran out of max_tokens, or hit a stop string)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: top-k (id, logprob) or []
+    stop_string: str | None = None  # the stop string that ended the turn (its last token is the last sampled)
 
 
 class Batcher:
     """The decoder on a thread of the server's process: the worker below, fed from the event loop. (The engine
     process, engine_process.py, runs the same worker in a process of its own.)"""
 
-    def __init__(self, *, window_s: float, max_batch: int, seed: int = 0):
+    def __init__(self, *, window_s: float, max_batch: int, seed: int = 0, timeout_s: float = 300.0):
         self.worker = Worker(window_s=window_s, max_batch=max_batch)
         self.seeds = SeedStream(seed)
+        self.timeout_s = timeout_s
         self._thread = threading.Thread(target=self.worker.run, name="lopd-serve-batcher", daemon=True)
 
     # the worker's counters (health and the benchmark read them; the engine process reports its own)
@@ -87,6 +143,7 @@ class Batcher:
     tokens = property(lambda self: self.worker.tokens)
     busy_s = property(lambda self: self.worker.busy_s)
     cpu_s = property(lambda self: self.worker.cpu_s)
+    restarts, ready = 0, True  # a thread of this process: never replaced
 
     def start(self) -> None:
         self._thread.start()
@@ -101,6 +158,9 @@ class Batcher:
     def prepare(self, loaded) -> None:
         """Nothing to load: the worker decodes with the LoadedModel each job names."""
 
+    def check_available(self) -> None:
+        """Always: the worker is a thread of this process (its loop survives every failing job)."""
+
     async def generate(self, loaded, context: list[int], *, on_token=None, **sampling) -> Generated:
         """Decode one turn (sampling: temperature, top_p, max_tokens, seed, top_logprobs); `on_token(id,
         logprob, top)` runs in the worker thread for each kept token."""
@@ -108,15 +168,23 @@ class Batcher:
         job = Job(loaded, context, deliver=deliver, on_token=on_token, **sampling)
         self.worker.submit(job)
         try:
-            return await future
-        except asyncio.CancelledError:
+            return await within(future, self.timeout_s)
+        except (asyncio.CancelledError, DeadlineExceeded):
             job.gone = True  # read by the worker before its next step: the row leaves the batch
             raise
 
     async def score(self, loaded, ids: list[int], *, top_k: int) -> SequenceScores:
         future, deliver = worker_future()
         self.worker.submit(ScoreJob(loaded, ids, top_k, deliver))
-        return await future
+        return await within(future, self.timeout_s)
+
+
+async def within(future: asyncio.Future, timeout_s: float):
+    """`future`'s result, or DeadlineExceeded once `timeout_s` has passed (the future is cancelled)."""
+    try:
+        return await asyncio.wait_for(future, timeout_s)
+    except TimeoutError:
+        raise DeadlineExceeded(f"not answered within {timeout_s:g}s (serve.request_timeout_s)") from None
 
 
 class SeedStream:
@@ -149,10 +217,14 @@ class Worker:
 
     COUNTERS = ("batches", "rows", "tokens", "busy_s", "cpu_s")
 
-    def __init__(self, *, window_s: float, max_batch: int):
+    def __init__(self, *, window_s: float, max_batch: int, on_models: Callable[[tuple], None] | None = None):
         self.window_s = window_s
         self.max_batch = max_batch
-        self._queue: queue.Queue[Job | ScoreJob | None] = queue.Queue()
+        # called in the worker's thread with the LoadedModels rows are decoded with, each time that set changes:
+        # how the engine process hears what it must keep loaded (a message, never a read of this loop's dict)
+        self.on_models = on_models
+        self._reported: tuple = ()
+        self._queue: queue.Queue[Job | ScoreJob | Ping | None] = queue.Queue()
         self._running: dict[int, tuple[object, ContinuousBatch]] = {}  # id(LoadedModel) -> (it, its batch)
         self._jobs: dict[int, Job] = {}  # id(Request) -> its job
         self._waiting: list[Job] = []  # admitted when their model's batch has room
@@ -162,28 +234,46 @@ class Worker:
         self.busy_s = 0.0  # wall time the worker spent decoding or scoring (the benchmark reads it)
         self.cpu_s = 0.0  # CPU time of the worker thread meanwhile: busy minus this is time it waited for the GIL
 
-    def submit(self, job: Job | ScoreJob | None) -> None:
+    def submit(self, job: Job | ScoreJob | Ping | None) -> None:
         """Queue a job; None stops the loop (every job still waiting fails)."""
         self._queue.put(job)
 
-    def models(self) -> list[object]:
-        """The LoadedModels rows are being decoded with (the engine process keeps them loaded)."""
-        return [loaded for loaded, _ in self._running.values()]
-
     def run(self) -> None:
+        """Step every running batch until stopped. A failure is a job's or a batch's, never the loop's."""
         while True:
             arrived = self._take(wait=not self._running and not self._waiting)
             if arrived is None:  # stopped (whoever still waited heard so)
                 return
             wall, cpu = time.perf_counter(), time.thread_time()
             for job in [*self._waiting, *arrived]:
-                self._admit(job)
+                try:
+                    self._admit(job)
+                except Exception as exc:  # noqa: BLE001  this job's own failure: it fails alone
+                    self._drop([job], exc)
             for key, (loaded, batch) in list(self._running.items()):
-                self._step(loaded, batch)
+                try:
+                    self._step(loaded, batch)
+                except Exception as exc:  # noqa: BLE001  the batch could neither step nor be rebuilt: its rows fail
+                    self._drop([self._jobs[id(r)] for r in batch.requests() if id(r) in self._jobs], exc)
+                    batch = None
                 if not batch:
                     del self._running[key]
+            self._report_models()
             self.busy_s += time.perf_counter() - wall
             self.cpu_s += time.thread_time() - cpu
+
+    def _drop(self, jobs: list[Job], exc: Exception) -> None:
+        log.warning("the decoder dropped %d request(s): %s: %s", len(jobs), type(exc).__name__, exc)
+        self._waiting = [j for j in self._waiting if j not in jobs]
+        self._jobs = {k: j for k, j in self._jobs.items() if j not in jobs}
+        for job in jobs:
+            _hand(job, None, exc)
+
+    def _report_models(self) -> None:
+        models = tuple(loaded for loaded, _ in self._running.values())
+        if self.on_models is not None and [id(m) for m in models] != [id(m) for m in self._reported]:
+            self._reported = models
+            self.on_models(models)
 
     def _take(self, *, wait: bool) -> list[Job] | None:
         """What arrived since the last step (scoring run at once); None once stopped. An idle worker waits for a
@@ -206,6 +296,8 @@ class Worker:
                 return None
             if isinstance(job, ScoreJob):
                 self._score(job)
+            elif isinstance(job, Ping):
+                _hand_ping(job)
             else:
                 arrived.append(job)
 
@@ -228,6 +320,8 @@ class Worker:
         if len(batch) >= self.max_batch:
             self._waiting.append(job)
             return
+        if job.stop:
+            job.watch = StopStrings(job.loaded.tokenizer, job.stop, job.loaded.chat.im_end_id)
         request = Request(
             job.context,
             job.temperature,
@@ -244,6 +338,8 @@ class Worker:
     def _on_token(self, job: Job):
         def kept(token_id: int, logprob: float, top: list) -> None:
             self.tokens += 1
+            if job.watch is not None:
+                job.watch.add(token_id)
             if job.on_token is not None:
                 job.on_token(token_id, logprob, top)
 
@@ -265,7 +361,9 @@ class Worker:
             self._isolate(loaded, batch, exc)
             return
         self.batches += 1
-        for request in done:
+        ended = [r for r in batch.requests() if (w := self._jobs[id(r)].watch) is not None and w.hit is not None]
+        batch.remove(ended)  # a stop string ends its row's turn as the end token would
+        for request in [*done, *ended]:
             self._finish(request, loaded.chat.im_end_id)
 
     def _isolate(self, loaded, batch: ContinuousBatch, exc: Exception) -> None:
@@ -284,9 +382,11 @@ class Worker:
             _hand(self._jobs.pop(id(request)), None, error)
 
     def _finish(self, request: Request, end_id: int) -> None:
+        job = self._jobs.pop(id(request))
         stopped = bool(request.ids) and request.ids[-1] == end_id
-        out = Generated(list(request.ids), [finite(float(v)) for v in request.logprobs], stopped, request.top)
-        _hand(self._jobs.pop(id(request)), out, None)
+        hit = job.watch.hit if job.watch is not None and not stopped else None
+        logprobs = [finite(float(v)) for v in request.logprobs]
+        _hand(job, Generated(list(request.ids), logprobs, stopped, request.top, stop_string=hit), None)
 
     def _score(self, job: ScoreJob) -> None:
         try:
@@ -298,7 +398,19 @@ class Worker:
 
 
 def _hand(job: Job | ScoreJob, result, exc) -> None:
-    job.deliver(result, exc)
+    """Hand a job its answer; a `deliver` that raises (its pipe gone, a result that cannot be pickled) is logged:
+    the loop goes on."""
+    try:
+        job.deliver(result, exc)
+    except Exception:
+        log.exception("a decoder result could not be handed over")
+
+
+def _hand_ping(ping: Ping) -> None:
+    try:
+        ping.answer()
+    except Exception:
+        log.exception("a heartbeat could not be answered")
 
 
 def _settle(future: asyncio.Future, result, exc) -> None:

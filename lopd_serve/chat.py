@@ -26,15 +26,27 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
 from lopd_core.traces import DiskFull
+from lopd_serve.admission import decoder_error
+from lopd_serve.batching import DeadlineExceeded, Unavailable
 from lopd_serve.conversation import parse_messages, reply
-from lopd_serve.deps import Config, Decoder, Holder, RecordedTrajectories, Sessions, Store, authorized, ensure_room
+from lopd_serve.deps import (
+    Admitted,
+    Config,
+    Decoder,
+    Holder,
+    RecordedTrajectories,
+    Sessions,
+    Store,
+    authorized,
+    ensure_room,
+)
 from lopd_serve.logprobs import chat_logprobs
-from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest
+from lopd_serve.protocol import ApiError, ChatRequest, SamplingRequest, ignored_warning
 from lopd_serve.responses import (
     AssistantMessage,
     ChatChoice,
@@ -66,6 +78,7 @@ class Turn:
     loaded: object
     tools_key: str
     sampling: SamplingRequest
+    slot: object  # its admission slot, holding the session's lock (admission.Slot): released when answered
 
 
 def _session_name(req: ChatRequest, request: Request) -> str | None:
@@ -90,14 +103,20 @@ async def chat_completions(
     holder: Holder,
     store: Store,
     recorded: RecordedTrajectories,
+    admission: Admitted,
+    response: Response,
 ):
+    warning = ignored_warning(req)  # unknown fields, ignored: named in a header of the answer
+    response.headers.update(warning)
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     # parsing, rendering and tokenizing run in a worker thread: a large request (even one refused for its
     # length once tokenized) must not hold the event loop, and with it health checks and every stream
     parsed = await asyncio.to_thread(parse_messages, req, max_messages=cfg.max_messages)
     ensure_room(store)
     session = sessions.get(_session_name(req, request), client=request.client.host if request.client else "")
-    await session.lock.acquire()  # released when the turn is answered (or its stream ends)
+    # 429 beyond the queue's bound, 503 past the deadline for the session's previous turn; released when the turn
+    # is answered (or its stream ends)
+    slot = await admission.turn(session.lock)
     streaming = False
     try:
         loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
@@ -111,17 +130,18 @@ async def chat_completions(
                 "context_length_exceeded",
                 param="messages",
             )
-        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling)
+        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling, slot)
         if req.stream:
-            response = StreamingResponse(
-                _stream(turn, decoder, store, recorded, request), media_type="text/event-stream"
+            decoder.check_available()  # a stream's 503 comes with its status, before the stream starts
+            stream = StreamingResponse(
+                _stream(turn, decoder, store, recorded, request), media_type="text/event-stream", headers=warning
             )
             streaming = True  # the stream releases the lock when it ends
-            return response
+            return stream
         return await _record(turn, await _answer(turn, decoder, request), store, recorded)
     finally:
         if not streaming:
-            session.lock.release()
+            slot.release()
 
 
 async def _answer(turn: Turn, decoder, request: Request):
@@ -149,6 +169,7 @@ async def _generate(turn: Turn, decoder, on_token=None):
         max_tokens=s.max_tokens,
         seed=s.seed,
         top_logprobs=s.top_logprobs,
+        stop=s.stop,
         on_token=on_token,
     )
 
@@ -165,6 +186,7 @@ async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
         declared=declared,
         tool_choice=req.tool_choice,
         parallel=req.parallel_tool_calls is not False,
+        stop_string=out.stop_string,
     )
     segment = plan.segment
     prompt_length = len(segment) if plan.turn == 0 else 0
@@ -203,6 +225,7 @@ def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length:
             "top_p": turn.sampling.top_p,
             "max_tokens": turn.sampling.max_tokens,
             "seed": turn.sampling.seed,
+            **({"stop": list(turn.sampling.stop)} if turn.sampling.stop else {}),
         },
         "time": time.time(),
     }
@@ -293,7 +316,7 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
         job = asyncio.ensure_future(_generate(turn, decoder, on_token))
         watch = asyncio.ensure_future(_cancel_when_gone(request, job))
         yield chunks.event({"role": "assistant", "content": ""})
-        text = _Text(loaded.tokenizer, loaded.chat.im_end_id)
+        text = _Text(loaded.tokenizer, loaded.chat.im_end_id, turn.sampling.stop)
         pending: list = []  # log-prob entries of tokens not sent yet (a token may add no text of its own)
         while not (job.done() and tokens.empty()):
             getter = asyncio.ensure_future(tokens.get())
@@ -312,6 +335,9 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
                 pending = []
         if job.cancelled():  # the client went away: nothing is recorded, the session does not advance
             return
+        if job.exception() is not None:  # nothing recorded; the client hears why, then [DONE]
+            yield _error_event(job.exception())
+            return
         async for event in _closing(turn, job.result(), store, recorded, chunks, text, pending, live):
             yield event
     finally:
@@ -319,7 +345,18 @@ async def _stream(turn: Turn, decoder, store, recorded, request: Request):
             job.cancel()
         if watch is not None:
             watch.cancel()
-        turn.session.lock.release()
+        turn.slot.release()
+
+
+def _error_event(exc: BaseException) -> str:
+    """A stream's failure as OpenAI's error object in one event, then [DONE]: a decoder that cannot answer
+    (503: retry) or a request the model could not decode."""
+    if isinstance(exc, Unavailable | DeadlineExceeded):
+        error = decoder_error(exc)
+        info = ErrorInfo(message=error.message, type=error.kind, code=error.code)
+    else:
+        info = ErrorInfo(message=f"{type(exc).__name__}: {exc}", type="server_error", code="decoding_failed")
+    return f"data: {json.dumps(ErrorResponse(error=info).model_dump())}\n\ndata: [DONE]\n\n"
 
 
 async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pending: list, live: bool):
@@ -353,10 +390,13 @@ async def _closing(turn: Turn, out, store, recorded, chunks: _Chunks, text, pend
 
 class _Text:
     """The turn's text grown token by token: each new piece is what decoding the longer prefix adds, sent only
-    once it decodes cleanly (a byte-level token may be half a character)."""
+    once it decodes cleanly (a byte-level token may be half a character). With stop strings, the text's last
+    characters that could still begin one are held back, and nothing from a stop string on is ever sent (OpenAI
+    leaves the stop string out of the message)."""
 
-    def __init__(self, tokenizer, end_id: int):
-        self.tokenizer, self.end_id = tokenizer, end_id
+    def __init__(self, tokenizer, end_id: int, stop: tuple[str, ...] = ()):
+        self.tokenizer, self.end_id, self.stop = tokenizer, end_id, stop
+        self.hold = max(map(len, stop), default=1) - 1
         self.ids: list[int] = []
         self.shown = ""
 
@@ -365,7 +405,11 @@ class _Text:
             return ""
         self.ids.append(token_id)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
-        if not text.startswith(self.shown) or len(text) <= len(self.shown) or text.endswith("\ufffd"):
+        if text.endswith("\ufffd"):
+            return ""
+        cut = min((i for s in self.stop if (i := text.find(s)) >= 0), default=len(text) - self.hold)
+        text = text[: max(cut, 0)]
+        if not text.startswith(self.shown) or len(text) <= len(self.shown):
             return ""
         piece, self.shown = text[len(self.shown) :], text
         return piece

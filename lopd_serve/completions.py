@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
-from lopd_serve.deps import Config, Decoder, Holder, authorized
+from lopd_serve.deps import Admitted, Config, Decoder, Holder, authorized
 from lopd_serve.logprobs import completion_logprobs, prompt_logprobs
-from lopd_serve.protocol import ApiError, CompletionRequest
+from lopd_serve.protocol import ApiError, CompletionRequest, ignored_warning
 from lopd_serve.responses import Completion, CompletionChoice, Usage
 
 router = APIRouter(dependencies=[Depends(authorized)])
@@ -67,23 +67,31 @@ def _check_fits(req: CompletionRequest, cfg, loaded, ids: list[int], max_tokens:
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder) -> Completion:
+async def completions(
+    req: CompletionRequest, cfg: Config, decoder: Decoder, holder: Holder, admission: Admitted, response: Response
+) -> Completion:
+    response.headers.update(ignored_warning(req))  # unknown fields, ignored: named in a header of the answer
     sampling = req.to_sampling(cfg, decoder.draw_seed)
     loaded = holder.current  # kept to the end of the request even if a swap happens meanwhile
     ids = await asyncio.to_thread(_prompt_ids, req, loaded)  # a long text prompt is tokenized off the loop
     _check_fits(req, cfg, loaded, ids, sampling.max_tokens)
-    out = await decoder.generate(
-        loaded,
-        ids,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        max_tokens=sampling.max_tokens,
-        seed=sampling.seed,
-        top_logprobs=sampling.top_logprobs,
-    )
-    scores = None
-    if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
-        scores = await decoder.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
+    slot = admission.enter()  # 429 at once beyond the queue's bound
+    try:
+        out = await decoder.generate(
+            loaded,
+            ids,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            top_logprobs=sampling.top_logprobs,
+            stop=sampling.stop,
+        )
+        scores = None
+        if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
+            scores = await decoder.score(loaded, ids, top_k=max(req.prompt_logprobs or 0, req.logprobs or 0))
+    finally:
+        slot.release()
     return Completion(
         model=loaded.name,
         system_fingerprint=loaded.version,
@@ -94,7 +102,10 @@ async def completions(req: CompletionRequest, cfg: Config, decoder: Decoder, hol
 
 def _choice(req: CompletionRequest, tok, ids: list[int], out, scores) -> CompletionChoice:
     text = tok.decode(out.token_ids, skip_special_tokens=req.skip_special_tokens)
-    choice = CompletionChoice(text=text, finish_reason="stop" if out.stopped else "length")
+    if out.stop_string is not None and out.stop_string in text:  # the ids keep every sampled token (vLLM's)
+        text = text[: text.index(out.stop_string)]
+    finish = "stop" if out.stopped or out.stop_string is not None else "length"
+    choice = CompletionChoice(text=text, finish_reason=finish)
     if req.logprobs is not None:
         shown, lps, top = list(out.token_ids), list(out.logprobs), list(out.top)
         if req.echo:  # the prompt's tokens first, scored; its first token has no log-prob

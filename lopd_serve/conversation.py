@@ -319,14 +319,26 @@ def _action_ids(chat, text: str, calls: tuple[Call, ...], n: int) -> list[int]:
         raise refused from None
 
 
-def reply(chat, sampled: list[int], *, stopped: bool, declared: set[str], tool_choice: str | None, parallel=True):
-    """The OpenAI assistant message for a sampled turn, its finish_reason and its key. Calls to declared tools
+def reply(
+    chat,
+    sampled: list[int],
+    *,
+    stopped: bool,
+    declared: set[str],
+    tool_choice: str | None,
+    parallel=True,
+    stop_string: str | None = None,
+):
+    """The OpenAI assistant message for a sampled turn, its finish_reason and its key. A turn a stop string ended
+    is its text up to the stop string (left out, as OpenAI does), finish_reason "stop". Calls to declared tools
     (unless tool_choice is "none"), one or several, become `tool_calls`, with the text beside them as content;
     anything else, a turn with a call to an undeclared tool or a malformed one included, is content: the server
     never runs a tool, and never invents one the client did not declare. With `parallel` false (the request's
     `parallel_tool_calls`), a turn holding several calls returns the first (as vLLM does); the trace keeps every
     sampled token."""
     text = chat.decode_action(sampled)
+    if stop_string is not None and stop_string in text:
+        text = text[: text.index(stop_string)]
     found = parse_calls(text)
     if found and found[1] and all(name in declared for name, _ in found[1]) and tool_choice != "none":
         content, calls = found[0], found[1] if parallel else found[1][:1]
@@ -343,5 +355,5 @@ def reply(chat, sampled: list[int], *, stopped: bool, declared: set[str], tool_c
             ],
         }
         return message, "tool_calls", message_key("assistant", content, tuple(calls))
-    finish = "stop" if stopped else "length"
+    finish = "stop" if stopped or stop_string is not None else "length"
     return {"role": "assistant", "content": text}, finish, message_key("assistant", text)

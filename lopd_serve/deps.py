@@ -2,8 +2,9 @@
 
 Why: vLLM's OpenAI server keeps its engine client and handlers on `app.state` and gives each route what it needs
 through a dependency, so a route's signature says what it reads and the app factory passes nothing down by hand.
-`create_app` (app.py) sets the state once: the settings (`cfg`), the decoder (`batcher`), the session table, the
-model holder, the trace store, the recorded trajectories feedback may label, and the two keys.
+`create_app` (app.py) sets the state once: the settings (`cfg`), the decoder (`batcher`), the admission count,
+the session table, the model holder, the trace store, the recorded trajectories feedback may label, and the two
+keys.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from lopd_core.traces import StoreFull, TraceStore
+from lopd_serve.admission import Admission
 from lopd_serve.batching import Batcher
 from lopd_serve.config import ServeConfig
 from lopd_serve.engine_process import EngineProcess
@@ -46,12 +48,17 @@ def _recorded(request: Request) -> Recorded:
     return request.app.state.recorded
 
 
+def _admission(request: Request) -> Admission:
+    return request.app.state.admission
+
+
 Config = Annotated[ServeConfig, Depends(_config)]
 Decoder = Annotated[Batcher | EngineProcess, Depends(_batcher)]
 Sessions = Annotated[SessionTable, Depends(_sessions)]
 Holder = Annotated[ModelHolder, Depends(_holder)]
 Store = Annotated[TraceStore, Depends(_store)]
 RecordedTrajectories = Annotated[Recorded, Depends(_recorded)]
+Admitted = Annotated[Admission, Depends(_admission)]
 
 
 def _bearer(request: Request, expected: str) -> bool:

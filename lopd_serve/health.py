@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from lopd_serve.deps import Decoder, Holder, Sessions, Store, authorized
+from lopd_serve.deps import Admitted, Decoder, Holder, Sessions, Store, authorized
 from lopd_serve.protocol import ApiError
-from lopd_serve.responses import EngineStatus, Health, ModelCard, ModelList, StoreStatus
+from lopd_serve.responses import EngineStatus, Health, ModelCard, ModelList, QueueStatus, StoreStatus
 
 router = APIRouter()
 
 
 @router.get("/health", response_model_exclude_none=True)
-async def health(request: Request, holder: Holder, sessions: Sessions, decoder: Decoder, store: Store) -> Health:
+async def health(
+    request: Request, holder: Holder, sessions: Sessions, decoder: Decoder, store: Store, admission: Admitted
+) -> Health:
     try:
         authorized(request)
     except ApiError:
@@ -25,8 +27,14 @@ async def health(request: Request, holder: Holder, sessions: Sessions, decoder: 
         batches=decoder.batches,
         batched_requests=decoder.rows,
         engine=EngineStatus(
-            busy_s=round(decoder.busy_s, 3), cpu_s=round(decoder.cpu_s, 3), steps=decoder.batches, tokens=decoder.tokens
+            busy_s=round(decoder.busy_s, 3),
+            cpu_s=round(decoder.cpu_s, 3),
+            steps=decoder.batches,
+            tokens=decoder.tokens,
+            restarts=decoder.restarts,
+            ready=decoder.ready,
         ),
+        queue=QueueStatus(admitted=admission.active, limit=admission.limit, refused=admission.refused),
         store=StoreStatus(dir=str(store.dir), bytes=store.total_bytes, max_bytes=store.max_bytes),
     )
 

@@ -1,16 +1,20 @@
 """The OpenAI chat-completions and completions protocols as pydantic models, and their error shape.
 
-Only what `lopd serve` honours is accepted: a field it does not know is refused (400 `unsupported_field`), and
-one it would have to ignore silently (`n` > 1, `stop`, a non-text `response_format`, penalties) is refused by a
-validator of the request model, a 400 `unsupported` naming it; values are strictly typed (the `Strict` base) and
-an explicit null is the field left out. The limits that depend on the server's settings (max_tokens, top-k
-log-probs) are checked in one place, `to_sampling`, which turns a request into what the decoder is asked for.
+Only what `lopd serve` honours is served as asked. An unknown top-level field is ignored with a `Warning` header
+and a log line (as vLLM does), unless ignoring it would change what was asked (REFUSED_UNKNOWN: a 400
+`unsupported_field` naming it); an unknown field inside a message is refused. A known field the server would have
+to ignore (`n` > 1, a non-text `response_format`, penalties) is refused by a validator of the request model, a 400
+`unsupported` naming it. Values are strictly typed (the `Strict` base) and an explicit null is the field left out.
+The limits that depend on the server's settings (max_tokens, top-k log-probs) are checked in one place,
+`to_sampling`, which turns a request into what the decoder is asked for.
 Errors are OpenAI's object `{"error": {"message", "type", "code", "param"}}` (responses.ErrorResponse) with a 4xx
 status.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,16 +34,44 @@ from pydantic_core import PydanticCustomError
 
 from lopd_serve.responses import ErrorInfo, ErrorResponse
 
+log = logging.getLogger("lopd.serve")
+
 
 class ApiError(Exception):
+    """An error in OpenAI's shape; `retry_after_s` adds a Retry-After header (a 429 or 503 the client may retry)."""
+
     def __init__(
-        self, status: int, message: str, code: str, *, kind: str = "invalid_request_error", param: str | None = None
+        self,
+        status: int,
+        message: str,
+        code: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        retry_after_s: float | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
+        response = error_response(self.status, self.message, self.code, kind=self.kind, param=self.param)
+        if self.retry_after_s is not None:
+            response.headers["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+        return response
+
+
+def ignored_warning(req: SamplingFields) -> dict[str, str]:
+    """The headers that tell a client which of its fields were ignored (none: {}), and the log line that tells the
+    operator. A `Warning` header (RFC 7234's code 299, a persistent warning): SDKs expose response headers."""
+    ignored = req.ignored_fields()
+    if not ignored:
+        return {}
+    named = ", ".join(ignored[:MAX_WARNED]) + (
+        f" and {len(ignored) - MAX_WARNED} more" if len(ignored) > MAX_WARNED else ""
+    )
+    log.warning("ignored unknown request fields: %s", named)
+    return {"warning": f'299 lopd "unknown fields ignored: {named.replace(chr(34), chr(39))}"'}
 
 
 def error_response(
@@ -198,17 +230,62 @@ class SamplingRequest:
     max_tokens: int
     seed: int  # the request's, else one drawn from the server's seeded stream; below 2**63
     top_logprobs: int  # top-k log-probs per sampled token (0: none)
+    stop: tuple[str, ...] = ()  # stop strings: the first the sampled text holds ends the turn
 
 
 class StreamOptions(Strict):
     include_usage: bool = False  # a last chunk with the usage and no choices, before [DONE] (OpenAI's)
 
 
+# Fields of OpenAI's and vLLM's request APIs (and the deprecated `functions`) that this server does not implement
+# and whose meaning it would change by ignoring them: a 400 naming them. Any other unknown top-level field is
+# ignored, with a `Warning` header and a log line (as vLLM does): SDKs add fields faster than servers learn them.
+REFUSED_UNKNOWN = frozenset(
+    {
+        "functions",
+        "function_call",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "verbosity",
+        "best_of",
+        "use_beam_search",
+        "suffix",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "length_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "bad_words",
+        "allowed_token_ids",
+        "logits_processors",
+        "truncate_prompt_tokens",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "documents",
+    }
+)
+MAX_STOP, MAX_STOP_CHARS = 4, 256  # stop strings per request (OpenAI's limit), characters per stop string
+MAX_WARNED = 16  # unknown fields named in the warning header; beyond, a count
+
+
 class SamplingFields(Strict):
     """The fields chat and completions requests share, and the one place their limits are checked. Fields that
     would change what the model samples in a way the server does not implement are accepted only at their no-op
-    value, so a client that sends its library's defaults is served and one that asks for more is told."""
+    value, so a client that sends its library's defaults is served and one that asks for more is told. An unknown
+    top-level field is kept aside (`ignored_fields`) unless REFUSED_UNKNOWN names it; nested objects stay strict
+    (a message's unknown field would be text the model never saw)."""
 
+    model_config = ConfigDict(extra="allow", strict=True)
     _utf8 = model_validator(mode="before")(utf8_text)
     _temperature = field_validator("temperature")(effective_temperature)
     model: str = ""
@@ -239,10 +316,14 @@ class SamplingFields(Strict):
 
     @field_validator("stop")
     @classmethod
-    def _no_stop(cls, stop):
-        if stop:
-            raise unsupported("stop sequences are not supported (a turn ends at the model's end token)")
+    def _stop_strings(cls, stop):
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP or not all(0 < len(s) <= MAX_STOP_CHARS for s in strings):
+            raise ValueError(f"at most {MAX_STOP} stop strings of 1 to {MAX_STOP_CHARS} characters")
         return stop
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(dict.fromkeys(self.stop or ()))
 
     @field_validator("stream_options")
     @classmethod
@@ -250,6 +331,22 @@ class SamplingFields(Strict):
         if options is not None and not info.data.get("stream"):
             raise unsupported("stream_options needs stream: true")
         return options
+
+    @model_validator(mode="after")
+    def _meaningful_unknowns(self):
+        refused = sorted(k for k, v in (self.model_extra or {}).items() if k in REFUSED_UNKNOWN and v is not None)
+        if refused:
+            raise PydanticCustomError(
+                "unsupported_field",
+                f"unsupported field{'s' if len(refused) > 1 else ''} {', '.join(refused)}: lopd serve does not "
+                "implement it, and ignoring it would serve something else than asked",
+                {"code": "unsupported_field", "param": refused[0]},
+            )
+        return self
+
+    def ignored_fields(self) -> list[str]:
+        """The unknown fields this request sent, ignored (each as printable ASCII, at most 64 characters)."""
+        return sorted(json.dumps(k)[1:-1][:64] for k in self.model_extra or {})
 
     def asked_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -282,7 +379,10 @@ class SamplingFields(Strict):
                 param="max_tokens",
             )
         seed = self.seed if self.seed is not None else draw_seed()
-        return SamplingRequest(self.temperature, self.top_p, max_tokens, seed % 2**63, self.sampled_top_logprobs())
+        top_logprobs = self.sampled_top_logprobs()
+        return SamplingRequest(
+            self.temperature, self.top_p, max_tokens, seed % 2**63, top_logprobs, self.stop_strings()
+        )
 
 
 SAMPLER_LOGPROBS = "(the recorded log-probs are the sampler's)"

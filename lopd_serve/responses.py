@@ -165,6 +165,14 @@ class EngineStatus(BaseModel):
     cpu_s: float  # its CPU time meanwhile
     steps: int  # decoding steps (one forward each over the rows present)
     tokens: int  # tokens kept for requests
+    restarts: int = 0  # engine processes replaced (died, or stopped answering its heartbeat)
+    ready: bool = True  # false while an engine process is being replaced (requests get 503)
+
+
+class QueueStatus(BaseModel):
+    admitted: int  # requests decoding or waiting for a row (or for their session's previous turn)
+    limit: int  # serve.max_batch + serve.max_queue: beyond, 429
+    refused: int  # 429s answered since the start
 
 
 class Health(BaseModel):
@@ -176,6 +184,7 @@ class Health(BaseModel):
     batches: int | None = None
     batched_requests: int | None = None
     engine: EngineStatus | None = None
+    queue: QueueStatus | None = None
     store: StoreStatus | None = None
 
 

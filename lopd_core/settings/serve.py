@@ -66,6 +66,26 @@ class ServeConfig(Section):
         10.0, help="how long the first request of a batch waits for others to join", check=non_negative()
     )
     max_batch: int = setting(16, help="requests decoded together", check=positive())
+    max_queue: int = setting(
+        64,
+        help="requests that may wait for a row beyond the max_batch decoding; beyond, 429 with Retry-After at once",
+        check=at_least(0),
+    )
+    request_timeout_s: float = setting(
+        300.0,
+        help="a request's deadline for its session's turn and in the decoder (waiting included); past it, 503 with "
+        "Retry-After, never an unbounded wait",
+        check=positive(),
+    )
+    engine_heartbeat_s: float = setting(
+        1.0, help="how often the server pings its engine process (engine: process)", check=positive()
+    )
+    engine_timeout_s: float = setting(
+        30.0,
+        help="an engine process silent this long (a model load aside) is killed and replaced; meanwhile requests get "
+        "503 with Retry-After",
+        check=positive(),
+    )
     engine: str = setting(
         "process",
         help="where the decoder runs: process (its own, so the HTTP layer's Python never holds up decoding; "

@@ -1,6 +1,8 @@
-"""Request types as strict as `/v1/feedback`'s (issue #39 item 6): a field the server would ignore is refused
-with a 400 naming it, a value of the wrong JSON type is refused rather than coerced, the fields OpenAI makes
-nullable accept null, and what is accepted is implemented (`stream_options.include_usage`)."""
+"""Request types as strict as `/v1/feedback`'s (issue #39 item 6): a field whose meaning the server would
+change by ignoring it is refused with a 400 naming it, a value of the wrong JSON type is refused rather than
+coerced, the fields OpenAI makes nullable accept null, and what is accepted is implemented
+(`stream_options.include_usage`). Any other unknown top-level field is answered, ignored, and named in a
+`Warning` header and a log line, as vLLM does (issue #47 item 4)."""
 
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ def _refused(response, field: str, code: str = "unsupported_field") -> str:
     return error["message"]
 
 
-def test_unknown_and_ignored_fields_are_refused_by_name(live):
+def test_fields_the_server_would_silently_change_are_refused_by_name(live):
     cases = [
         ({"messages": USER, "max_tokens": 2, "functions": [{"name": "f"}]}, "functions", "unsupported_field"),
-        ({"messages": USER, "max_tokens": 2, "temprature": 0.5}, "temprature", "unsupported_field"),
+        ({"messages": USER, "max_tokens": 2, "top_k": 5}, "top_k", "unsupported_field"),
         ({"messages": [{"role": "user", "content": "hi", "nmae": "x"}], "max_tokens": 2}, "nmae", "unsupported_field"),
         (
             {"messages": [{"role": "user", "content": "hi", "name": "ann"}], "max_tokens": 2},
@@ -49,7 +51,8 @@ def test_unknown_and_ignored_fields_are_refused_by_name(live):
     for body, field, code in cases:
         _refused(_post(live, body), field, code)
     both = _post(live, {"messages": USER, "max_tokens": 2, "functions": [], "function_call": "auto"})
-    assert "functions" in _refused(both, "function_call")  # every unknown field is named, not only the first
+    assert "functions" in _refused(both, "function_call")  # every such field is named, not only the first
+    assert both.json()["error"]["param"] == "function_call"
     _refused(_post(live, {"prompt": [1, 2], "max_tokens": 1, "best_of": 2}, "/completions"), "best_of")
     _refused(
         _post(live, {"prompt": [1, 2], "max_tokens": 1, "include_stop_str_in_output": False}, "/completions"),
@@ -138,3 +141,27 @@ def test_tool_messages_answer_the_calls_they_name(live):
         {"role": "tool", "tool_call_id": "a", "content": "1"},
     ]
     assert _post(live, {"messages": either_order, "tools": tools, "max_tokens": 2}).status_code == 200
+
+
+def test_other_unknown_fields_are_ignored_with_a_warning(live, caplog):
+    body = {"messages": USER, "max_tokens": 2, "temprature": 0.5, "metadata": {"k": "v"}, "service_tier": "auto"}
+    with caplog.at_level("WARNING", logger="lopd.serve"):
+        answer = _post(live, body)
+        streamed = _post(live, {**body, "stream": True})
+        completion = _post(live, {"prompt": [1, 2], "max_tokens": 1, "prompt_cache_key": "x"}, "/completions")
+    expected = '299 lopd "unknown fields ignored: metadata, service_tier, temprature"'
+    assert answer.status_code == 200 and answer.headers["warning"] == expected
+    assert streamed.status_code == 200 and streamed.headers["warning"] == expected
+    assert completion.status_code == 200 and "prompt_cache_key" in completion.headers["warning"]
+    assert "ignored unknown request fields: metadata, service_tier, temprature" in caplog.text
+    assert "warning" not in _post(live, {"messages": USER, "max_tokens": 2}).headers
+    # a name that is no header text (a quote, a newline, non-ASCII) is escaped, and a flood of them is counted
+    odd = _post(live, {"messages": USER, "max_tokens": 2, 'x"\nq\u00e9': 1})
+    assert (
+        odd.status_code == 200 and odd.headers["warning"] == """299 lopd "unknown fields ignored: x\\'\\nq\\u00e9\""""
+    )
+    flood = _post(live, {"messages": USER, "max_tokens": 2, **{f"f{k:02d}": 1 for k in range(20)}})
+    assert flood.status_code == 200 and flood.headers["warning"].endswith('f15 and 4 more"')
+    # the turn is served and recorded as without them
+    records = [r for r in read_records(live.app.state.store.dir) if r.get("kind") == "turn"]
+    assert len(records) == 5 and records[0]["sampling"]["temperature"] == 1.0
