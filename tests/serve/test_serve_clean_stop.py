@@ -20,6 +20,8 @@ def test_sigterm_under_load_stops_serve(tmp_path, tiny_checkpoints):
     argv = ["serve", "--model", str(model), "--port", str(port), "--store", str(tmp_path / "traces"), "--device", "cpu"]
     proc, lines = start(argv + ["--set", f"serve.stop_grace_s={GRACE_S}"], tmp_path, marker), []
     assert read_until(proc, "serving", 900, lines), "".join(lines)
+    # "serving" is logged before uvicorn binds and the engine starts: wait for /health (bounded) before the load
+    assert _healthy(f"http://127.0.0.1:{port}/health", 600), "".join(lines[-40:])
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "x", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 64}
     stop, answered = threading.Event(), []
@@ -35,7 +37,9 @@ def test_sigterm_under_load_stops_serve(tmp_path, tiny_checkpoints):
     workers = [threading.Thread(target=load, daemon=True) for _ in range(8)]
     for w in workers:
         w.start()
-    time.sleep(5)
+    deadline = time.monotonic() + 120  # under load on a busy 2-core machine a first answer may take a while
+    while not any(code == 200 for code in answered) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert any(code == 200 for code in answered), answered[:20]
     code, seconds = terminate(proc)
     stop.set()
@@ -43,3 +47,17 @@ def test_sigterm_under_load_stops_serve(tmp_path, tiny_checkpoints):
     assert code == 143, "".join(lines[-40:])
     assert seconds < GRACE_S + 5
     assert not settle(marker), settle(marker)
+
+
+def _healthy(url: str, within_s: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
