@@ -112,7 +112,7 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
     assert ra.keys() == rb.keys()
     for k in ra:
         if k != "step_seconds":
-            assert rb[k] == pytest.approx(ra[k], rel=2e-5, abs=1e-7), k
+            assert rb[k] == pytest.approx(ra[k], rel=2e-5, abs=1e-7, nan_ok=True), k  # replay_kl: NaN without replay
     assert chunked.state.beta == pytest.approx(whole.state.beta, rel=1e-6)
     for k in ("margin_success", "margin_failure", "latent_norm"):
         assert out_b.diagnostics[k] == pytest.approx(out_a.diagnostics[k], rel=1e-5, abs=1e-6), k
