@@ -14,8 +14,9 @@ The interval is the two-stage (summary-statistic) analysis of a mixed model with
 the mean of its S cells' d with its standard error s / √S; over worlds, the mean of the worlds' means (each world
 one stratum, weighed alike) with Welch–Satterthwaite degrees of freedom; a Student-t interval at 95 %, two-sided.
 In a balanced nested design this is the mixed model's exact inference for the fixed effect. The cells' variance is
-floored at the variance their tasks alone give (σ²_task / n, from the cells' own success rates): with few seeds two
-runs can agree by chance, and a zero spread must not read as certainty. A bootstrap over seeds
+floored at the variance their tasks alone give (σ²_task / n: the paired per-task differences' variance where the
+runs left per-task outcomes, else the unpaired bound from the cells' success rates, as for the curve's points):
+with few seeds two runs can agree by chance, and a zero spread must not read as certainty. A bootstrap over seeds
 was not chosen: with S = 3–5 it resamples from 3–5 values, its percentile interval is too narrow by about
 √((S − 1)/S) and has no t quantile, so it declares verdicts that more seeds overturn.
 
@@ -126,13 +127,37 @@ def task_variances(a: dict, b: dict, n: int) -> dict[str, float]:
     return {w: statistics.fmean(v) for w, v in per_world.items()}
 
 
-def _compare(a: dict, b: dict, n: int) -> Difference:
-    return two_level_interval(cell_differences(a, b), n, task_variances(a, b, n))
+def _compare(a: dict, b: dict, n: int, paired: dict[str, float] | None = None) -> Difference:
+    floor = task_variances(a, b, n)
+    floor.update(paired or {})  # the paired variance where per-task outcomes give it, else the unpaired bound
+    return two_level_interval(cell_differences(a, b), n, floor)
+
+
+def paired_task_variances(a: list[dict], b: list[dict], split: str, mode: str) -> dict[str, float]:
+    """Per world, the mean over cells of var(per-task a − b) / n, from the runs' per-task outcomes (the same
+    tasks and sampling seeds in a cell); worlds where a cell lacks them are left out (task_variances' bound)."""
+    from lopd_core.gate import paired_differences
+    from lopd_core.outcomes import outcomes_path, read_outcomes
+
+    def by_cell(runs):
+        return {(r.get("world"), r.get("seed")): outcomes_path(r["eval"]) for r in runs if r.get("eval")}
+
+    left, right, per_world = by_cell(a), by_cell(b), {}
+    for key in sorted(set(left) & set(right)):
+        if not (left[key].exists() and right[key].exists()):
+            return {}
+        frames = [read_outcomes(p) for p in (right[key], left[key])]
+        frames = [f[(f["split"] == split) & (f["mode"] == mode)] for f in frames]
+        d = paired_differences(frames[0], frames[1], "success_rate")["d"]
+        if len(d) > 1:
+            per_world.setdefault(key[0], []).append(float(d.var(ddof=1)) / len(d))
+    return {w: statistics.fmean(v) for w, v in per_world.items()}
 
 
 def compare_final(a: list[dict], b: list[dict], split: str, mode: str) -> Difference:
     tasks = min((r["final"][split][mode]["n"] for r in a + b if split in r["final"]), default=0)
-    return _compare(final_values(a, split, mode), final_values(b, split, mode), tasks)
+    paired = paired_task_variances(a, b, split, mode)
+    return _compare(final_values(a, split, mode), final_values(b, split, mode), tasks, paired)
 
 
 def compare_at_mark(a: list[dict], b: list[dict], mark: int, mode: str, curve_n: int) -> Difference:
