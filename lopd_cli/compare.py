@@ -27,7 +27,9 @@ def cmd_compare(params: Params, args) -> int:
         from flows.compare import report_from_disk
 
         paths = report_from_disk(
-            args.params, args.overrides, command=f"lopd compare --report-only {' '.join(args.overrides)}"
+            args.params,
+            args.overrides,
+            command="lopd compare --report-only" + "".join(f" --set {shlex.quote(o)}" for o in args.overrides),
         )
         print(Path(paths["md"]).read_text())
         return 0

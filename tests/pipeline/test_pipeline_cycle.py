@@ -92,7 +92,7 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     assert model.config.model_type == "qwen3" and tokenizer.chat_template
     assert "lineage" in (export / "README.md").read_text().lower()
     page = (project / "reports/cycles/index.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "https://" not in page
+    assert page.count("data:image/png;base64,") == 6 and "https://" not in page
 
     second = cycle("cycle.min_gain=1.0")  # nothing changed: every expensive stage comes from the cache
     out = capsys.readouterr().out
