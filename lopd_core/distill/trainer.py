@@ -234,14 +234,7 @@ class Distiller:
             sample_seed(self.params.seed, s, first + i // cfg.samples_per_task, i % cfg.samples_per_task)
             for i in range(len(requests))
         ]
-        sampling = Sampling(
-            temperature=ro.temperature,
-            top_p=ro.top_p,
-            max_new_tokens=ro.max_new_tokens,
-            max_context=ro.max_context - self.splice_room,
-            max_observation_tokens=ro.max_observation_tokens,
-            served=ServedBackend.from_settings(ro),
-        )
+        sampling = self.rollout_sampling(served=ServedBackend.from_settings(ro))
         return rollout(
             self.student,
             self.codec,
@@ -290,20 +283,26 @@ class Distiller:
             f"{self.method.name} from here (baselines.switch_fraction={self.params.baselines.switch_fraction:g})"
         )
 
-    def _measure_teacher(self) -> None:
-        """lopd_rl_annealed: the latent teacher plays `baselines.anneal_check_n` train-split tasks once, sampled
-        as the rollouts are (anneal.py); its episodes are counted apart from the training rollouts."""
+    def rollout_sampling(self, *, served) -> Sampling:
+        """The rollouts' sampling (the `rollout` section), room left for the latents' splice; `served`: the
+        OpenAI-compatible backend that plays them, None in-process."""
         ro = self.params.rollout
-        tasks = deployment_tasks(
-            self.params.envs, "train", self.params.baselines.anneal_check_n, self.params.seed + R.REFRESH_SEED_OFFSET
-        )
-        sampling = Sampling(
+        return Sampling(
             temperature=ro.temperature,
             top_p=ro.top_p,
             max_new_tokens=ro.max_new_tokens,
             max_context=ro.max_context - self.splice_room,
             max_observation_tokens=ro.max_observation_tokens,
+            served=served,
         )
+
+    def _measure_teacher(self) -> None:
+        """lopd_rl_annealed: the latent teacher plays `baselines.anneal_check_n` train-split tasks once, sampled
+        as the rollouts are (anneal.py); its episodes are counted apart from the training rollouts."""
+        tasks = deployment_tasks(
+            self.params.envs, "train", self.params.baselines.anneal_check_n, self.params.seed + R.REFRESH_SEED_OFFSET
+        )
+        sampling = self.rollout_sampling(served=None)  # the teacher plays in-process, with its latents
         with self.sharding.gathered():
             self.state.teacher_level = AN.teacher_level(self.models, tasks, sampling, seed=self.params.seed)
         self.state.check_episodes += len(tasks)
