@@ -89,7 +89,7 @@ def test_task_files_splits_order_repeats_and_held_out_caps(tmp_path):
     [
         ("{not json", ":3: not JSON"),
         ('["a"]', ":3: a task must be a JSON object"),
-        ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, test_id"),
+        ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, val, test_id"),
         ('{"split": "train", "instruction": ""}', "instruction must be a non-empty string"),
         ('{"split": "train", "instruction": "x", "max_turns": 0, "state": {}, "checks": []}', "max_turns must be"),
         ('{"split": "train", "instruction": "x", "state": {}, "checks": [{"op": "exec"}]}', "unknown check op 'exec'"),
@@ -150,9 +150,11 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
         "test_id",
         "test_ood",
         "pretrain_test",
+        "test_final",
         "test_id+experience",
         "test_ood+experience",
         "pretrain_test+experience",
+        "test_final+experience",
     }
 
 
