@@ -17,8 +17,9 @@ nearest bank rows are retrieved as in training (no self-retrieval), and the froz
 A teacher that does not play better than `base` cannot lift the student by distillation, however the
 distillation is tuned. Why `val` by default: this probe chooses between composers and their options, and a choice
 made on test_id (the split the gate and the headline figures read) would make those figures look better than a
-fresh draw would (winner's curse); test_final is refused, since no choice may read it. Needs the base, the bank and φ0 (`lopd base`, `lopd bank`, `lopd coldstart`). Prints a
-markdown table and JSON (success with 95 % interval, mean reward, per condition and mode).
+fresh draw would (winner's curse); test_final is refused, since no choice may read it. Needs the base, the bank
+and φ0 (`lopd base`, `lopd bank`, `lopd coldstart`). Prints a markdown table and JSON (success with 95 % interval,
+mean reward, per condition and mode).
 """
 
 from __future__ import annotations
