@@ -3,7 +3,8 @@
 Instance `i` of a split depends only on (seed, split, i), so a larger `n` extends a smaller one. Families
 cycle evenly and, within a family, difficulty levels 1..3 cycle. As in toolworld, train, val, test_id and
 test_final (val and test_final from the train families too) are disjoint by content: an instance's content hash
-sends it to exactly one of them (lopd_core/envs/held_out.py).
+sends it to exactly one of them (lopd_core/envs/held_out.py). val and test_final are carved out of train only in a
+deployment task set; drawn for the pretraining worlds (the warm start, the cold start) train is what it always was.
 Expected outputs come from calling the family's reference function here (our code, never model output); every
 value passes through JSON, the form in which the sandbox reports results.
 """
@@ -16,7 +17,7 @@ import json
 import random
 
 from lopd_core.envs.base import SPLITS, Task
-from lopd_core.envs.held_out import MAX_ATTEMPTS, takes
+from lopd_core.envs.held_out import MAX_ATTEMPTS, is_deployment_set, refuse_pretraining, takes
 
 from .families_lists import FAMILIES as LIST_FAMILIES
 from .families_numbers import FAMILIES as NUMBER_FAMILIES
@@ -99,9 +100,14 @@ def build_task(
     )
 
 
-def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_ATTEMPTS) -> list[Task]:
+def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_ATTEMPTS, *, worlds=None) -> list[Task]:
+    """`n` tasks of `split`. `worlds`: the worlds of the stream they are drawn for (codegen has none of its own):
+    the pretraining worlds' train tasks are not carved, the deployment sets' are (held_out.py says why)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    carved = is_deployment_set(worlds)
+    if not carved:
+        refuse_pretraining(split, ENV_NAME)
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     families = families_for(split)
@@ -112,7 +118,7 @@ def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_AT
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{ENV_NAME}|{seed}|{split}|{i}|{attempt}")
             tests = _draw_tests(family, level, rng)
-            if split == "test_ood" or takes(split, _content_key(family, level, tests)):
+            if split == "test_ood" or takes(split, _content_key(family, level, tests), carved):
                 break
         else:
             raise RuntimeError(f"could not draw a {split} instance of {family.name}")

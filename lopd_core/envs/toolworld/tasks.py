@@ -3,9 +3,10 @@
 Instance ``i`` of a split depends only on (seed, split, i), so a larger ``n`` extends a
 smaller one. Worlds and templates cycle together, and every (world, template) pair comes in turn. train, val,
 test_id and test_final draw from disjoint rng streams *and* are disjoint by content: every instance's
-content hash assigns it to exactly one of them (``held_out.py``: 1 in 8 to test_id, and of the rest 1 in 32 to
-val and 1 in 32 to test_final), so no held-out task can equal a train task, or another held-out split's, for any
-seed or size. Each task's ``max_turns`` is the number of
+content hash assigns it to exactly one of them (``held_out.py``: 1 in 8 to test_id, and of the rest, in a named
+world, 1 in 32 to val and 1 in 32 to test_final), so no held-out task can equal a train task, or another held-out
+split's, for any seed or size. In a pretraining world nothing is carved: its train tasks (the warm start's) are
+the ones they always were, and val / test_final are refused there. Each task's ``max_turns`` is the number of
 calls its oracle needs + 2 (one for the answer, one spare); generation replays the oracle
 and fails loudly if a template ever produces an instance its oracle cannot solve.
 
@@ -24,7 +25,7 @@ import math
 import random
 
 from ..base import SPLITS, Task
-from ..held_out import MAX_ATTEMPTS, takes
+from ..held_out import CARVED_SPLITS, MAX_ATTEMPTS, is_deployment_world, refuse_pretraining, takes
 from .templates import TEMPLATES, Template
 from .worlds import WORLDS, conventions_for
 
@@ -89,6 +90,8 @@ def make_toolworld_tasks(split: str, n: int, seed: int, worlds: dict[str, dict] 
     names = list(table)
     if not names:
         raise ValueError(f"no worlds to draw {split} tasks from")
+    if split in CARVED_SPLITS and not all(is_deployment_world(w) for w in names):
+        refuse_pretraining(split, ENV_NAME)
     period = math.lcm(len(names), len(templates))
     tasks = []
     for i in range(n):
@@ -100,7 +103,7 @@ def make_toolworld_tasks(split: str, n: int, seed: int, worlds: dict[str, dict] 
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{ENV_NAME}|{seed}|{split}|{i}|{attempt}")
             draft = tpl.generate(rng, world, table)
-            if split == "test_ood" or takes(split, _content_key(tpl, world, draft)):
+            if split == "test_ood" or takes(split, _content_key(tpl, world, draft), is_deployment_world(world)):
                 break
         else:
             raise RuntimeError(f"could not draw a {split} instance of {tpl.name}")
