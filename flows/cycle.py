@@ -75,11 +75,14 @@ def cycle_flow(
 def _run_cycles(params: Params, cycles: int, tracker: AnyTracker) -> list[dict]:
     """The cycles, one after the other, sharing `tracker` (one MlflowClient for the whole command)."""
     root = Path(params.cycle.dir)
+    history = read_json(root / "history.json", [])
+    # before the base is built or fetched: a split the first gate would outrun (a small task file at the default
+    # eval.n_per_split) stops the command now; each cycle checks its own again
+    gate_flow.check_fresh_tasks(params, gate_flow.gate_start(history, params.eval.n_per_split))
     tracker.close_abandoned_runs()
     base = S.base_flow(params)
     state = read_json(root / "champion.json", None)
     champion = Champion(**state) if state else Champion(model=base)
-    history = read_json(root / "history.json", [])
     records = []
     for _ in range(cycles):
         record = run_one_cycle(params, tracker, champion, base, number=len(history) + 1, history=history)

@@ -151,8 +151,8 @@ def batch_tasks(params: Params, env: str, split: str) -> list[Task]:
             f"eval.batch {batch} needs tasks {batch * n}..{(batch + 1) * n - 1} of {env}'s {split!r} split, which "
             f"holds {len(tasks)}: at eval.n_per_split = {n} that is {max(len(tasks) // n - 1, 0)} gate batch(es) "
             "after the report's batch 0, and `lopd cycle` plays each cycle's gate on a batch no earlier cycle read. "
-            "Add held-out tasks to the environment's task file, lower eval.n_per_split, or start a new lineage "
-            "(another cycle.dir)"
+            f"Add held-out tasks to the environment's task file, lower eval.n_per_split (at most "
+            f"{len(tasks) // (batch + 1)} fits this batch), or start a new lineage (another cycle.dir)"
         )
     return tasks[batch * n :]
 

@@ -71,11 +71,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
     params = load_params(args.params, args.overrides)
+    # drawn before the model loads: a mix that has no such split stops here (lopd_core/envs/mix.py)
+    tasks = deployment_tasks(params.envs, args.split, args.n, params.seed + EVAL_SEED_OFFSET)
     torch.manual_seed(params.seed)
     model, tokenizer = load_policy(params.model)
     model.eval()
     codec = ChatCodec(tokenizer)
-    tasks = deployment_tasks(params.envs, args.split, args.n, params.seed + EVAL_SEED_OFFSET)
     with open_bank(params) as bank:
         retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
         texts = make_retriever(bank, retrieval)(tasks)
