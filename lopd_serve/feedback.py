@@ -4,6 +4,11 @@ A label judges the turns it was given: the record keeps how many (`turns`), and 
 new trajectory (sessions.py `plan_turn`), so a label never covers turns nobody judged. A label may land only on
 a trajectory this process recorded for that session (among the latest `Recorded.cap`), so a client cannot label
 another's conversation by guessing its id.
+
+After a rotation (`lopd serve store rotate`), a label for a trajectory that a later turn carried on into the live
+store lands on the trajectory that carries it (the answer names it). One for an archived trajectory nothing carried
+on yet is written to the live store all the same: nothing is lost, but a reader of either store alone skips it with
+a warning (its turns are in the archive).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ def _check_reward(fb: Feedback) -> None:
 async def feedback(fb: Feedback, sessions: Sessions, store: Store, recorded: RecordedTrajectories) -> FeedbackAnswer:
     _check_reward(fb)
     session = sessions.find(fb.session)
-    trajectory_id = fb.trajectory_id or (session.trajectory_id if session else "")
+    # a trajectory a rotation archived and a later turn carried on: the label lands on the carrier (sessions.py)
+    trajectory_id = recorded.current(fb.trajectory_id or (session.trajectory_id if session else ""))
     if not trajectory_id:
         raise ApiError(
             404,
