@@ -153,7 +153,7 @@ def cmd_rotate(params, args) -> int:
             print(f"lopd serve store rotate: the server at {root} writes {served}, not {args.dir}", file=sys.stderr)
             return 2
         answer = httpx.post(root + "/admin/store/rotate", headers=headers, timeout=120)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # nothing listens there, or something that is not `lopd serve`
         print(
             f"lopd serve store rotate: no server answers at {root}: a rotation is done by the running server "
             "(`lopd serve`; or pass --url); with none running nothing writes the store, and its segments may be "

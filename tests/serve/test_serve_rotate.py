@@ -18,7 +18,7 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
     from lopd_cli.main import main
 
     store = tmp_path / "traces"
-    talks = {s: [{"role": "user", "content": f"[cobalt] hello from {s}"}] for s in ("a", "b", "c")}
+    talks = {s: [{"role": "user", "content": f"[cobalt] hello from {s}"}] for s in ("a", "b", "c", "e")}
     first: dict[str, dict] = {}
     with make_server(tiny_checkpoints[0], store) as live:
         for s, talk in talks.items():  # two turns each
@@ -29,17 +29,20 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
 
         assert main(["serve", "store", "rotate", str(store), "--url", live.root]) == 0
         printed = capsys.readouterr().out
-        assert "archive" in printed and "2 open sessions" in printed  # b and c; a was judged
+        assert "archive" in printed and "3 open sessions" in printed  # b, c and e; a was judged
+        assert httpx.get(live.root + "/health").json()["store"]["bytes"] == 0  # the bound's room back at once
 
-        after = {s: ask(live, s, talks[s]) for s in ("b", "c")}  # the conversations go on
+        after = {s: ask(live, s, talks[s]) for s in ("b", "c", "e")}  # the conversations go on
         fresh = ask(live, "d", [{"role": "user", "content": "a new one"}])
         assert label(live, "b").json()["turns"] == 3
         # a label naming the archived trajectory lands on the one that carries it on
         old_c = first["c"]["lopd"]["trajectory_id"]
         relabel = label(live, "c", trajectory_id=old_c, reward=0.5, success=False).json()
         assert relabel == {"ok": True, "trajectory_id": after["c"]["lopd"]["trajectory_id"], "turns": 3}
-        health = httpx.get(live.root + "/health").json()
-        assert health["store"]["bytes"] < 50_000  # the live store holds only what came after
+
+    with make_server(tiny_checkpoints[0], store) as again:  # a restart goes on in the trajectory that carries e
+        talks["e"] += [after["e"]["choices"][0]["message"], {"role": "user", "content": "and after a restart"}]
+        assert ask(again, "e", talks["e"])["lopd"]["trajectory_id"] == after["e"]["lopd"]["trajectory_id"]
 
     archives = list((store / "archive").iterdir())
     assert len(archives) == 1 and printed.strip().endswith("history") and str(archives[0]) in printed
@@ -47,9 +50,12 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
         warnings.simplefilter("error")  # no torn line, no label without its turns
         archived = read_traces(archives[0]).set_index("trajectory_id")
         kept = read_traces(store).set_index("trajectory_id")
-    assert sorted(archived["session"]) == ["a", "b", "c"] and (archived["num_turns"] == 2).all()
+    assert sorted(archived["session"]) == ["a", "b", "c", "e"] and (archived["num_turns"] == 2).all()
     assert archived["labeled"].tolist() == [s == "a" for s in archived["session"]]
-    assert sorted(kept["session"]) == ["b", "c", "d"] and kept.loc[fresh["lopd"]["trajectory_id"], "origin"] == "new"
+    assert (
+        sorted(kept["session"]) == ["b", "c", "d", "e"] and kept.loc[fresh["lopd"]["trajectory_id"], "origin"] == "new"
+    )
+    assert kept.loc[after["e"]["lopd"]["trajectory_id"], "num_turns"] == 4
     for s in ("b", "c"):
         row, parent = kept.loc[after[s]["lopd"]["trajectory_id"]], first[s]["lopd"]["trajectory_id"]
         assert row["origin"] == "rotated" and row["parent"] == parent and row["num_turns"] == 3 and row["labeled"]
