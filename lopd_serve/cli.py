@@ -226,6 +226,10 @@ def add_serve_parsers(sub, add_common) -> None:
     )
     snap.set_defaults(func=cmd_snapshot, resolve_envs=False)
 
+    _add_store_parser(inner, add_common)
+
+
+def _add_store_parser(inner, add_common) -> None:
     store = inner.add_parser(
         "store",
         help="check a trace store for bad lines, quarantine them (repair), or rotate a running server's store",

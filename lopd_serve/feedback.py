@@ -6,9 +6,10 @@ a trajectory this process recorded for that session (among the latest `Recorded.
 another's conversation by guessing its id.
 
 After a rotation (`lopd serve store rotate`), a label for a trajectory that a later turn carried on into the live
-store lands on the trajectory that carries it (the answer names it). One for an archived trajectory nothing carried
-on yet is written to the live store all the same: nothing is lost, but a reader of either store alone skips it with
-a warning (its turns are in the archive).
+store lands on the trajectory that carries it (the answer names it); one for the archived trajectory its session is
+still on is preceded by a turn 0 that carries it whole into the live store (sessions.carry_for_label), and lands
+there. One for an archived trajectory whose session is gone (closed, or gone on in another trajectory) is written
+to the live store all the same: nothing is lost, but a reader of either store alone skips it with a warning.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi import APIRouter, Depends
 from lopd_serve.deps import RecordedTrajectories, Sessions, Store, authorized, ensure_room
 from lopd_serve.protocol import ApiError, Feedback
 from lopd_serve.responses import FeedbackAnswer
+from lopd_serve.sessions import carry_for_label
 
 router = APIRouter(dependencies=[Depends(authorized)])
 
@@ -60,6 +62,8 @@ async def feedback(fb: Feedback, sessions: Sessions, store: Store, recorded: Rec
             param="trajectory_id",
         )
     ensure_room(store, feedback=True)  # labels of conversations already answered may pass the bound (its reserve)
+    if session is not None and session.trajectory_id == trajectory_id and recorded.epoch(trajectory_id) != store.epoch:
+        trajectory_id = await carry_for_label(store, recorded, session)  # its turns archived: carried on first
     turns = recorded.turns(trajectory_id)
     record = {
         "kind": "feedback",

@@ -41,6 +41,7 @@ class _Trajectory:
     judged_turns: int = -1  # the turns its latest label judged (-1: none)
     prompt_length: int = 0
     started: float = 0.0
+    head: dict = field(default_factory=dict)  # tools, tokenizer, last finish reason
     broken: bool = False  # a turn came out of order: not continued
     last_time: float = 0.0
 
@@ -75,6 +76,7 @@ def _read_trajectories(store_dir: Path) -> tuple[dict[str, _Trajectory], dict[st
             traj = trajectories[tid] = _Trajectory(rec["session"], rec["model_version"])
             traj.tools_key = json.dumps(rec.get("tools") or [], sort_keys=True)
             traj.prompt_length, traj.started = rec["prompt_length"], float(rec.get("started", rec["time"]))
+            traj.head = {"tools": rec.get("tools") or [], "tokenizer": rec.get("tokenizer")}
         if traj.broken or rec["turn"] != traj.turns:
             traj.broken = True
             continue
@@ -92,6 +94,7 @@ def _read_trajectories(store_dir: Path) -> tuple[dict[str, _Trajectory], dict[st
                 given = replies.setdefault(rec["session"], [])
                 given.append(reply_digest(recorded_keys([rec["messages"][-1]])[-1]))
                 del given[:-REPLIES_KEPT]
+        traj.head["finish_reason"] = rec["finish_reason"]
         traj.turns += 1 + rec.get("carried_turns", 0)  # a turn 0 after a rotation carries its parent's turns
         traj.last_time = float(rec["time"])
     return trajectories, latest, replies
@@ -131,6 +134,8 @@ def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Rec
             epoch=epoch,
             prompt_length=traj.prompt_length,
             started=traj.started,
+            messages=list(traj.messages),
+            head=traj.head,
         )
         rebuilt += 1
     return rebuilt

@@ -54,6 +54,8 @@ class Session:
     epoch: int = 0  # the store epoch its trajectory's turn 0 was written in (a rotation since: it is archived)
     prompt_length: int = 0  # its trajectory's prompt (what a turn 0 carrying it records)
     started: float = 0.0  # wall-clock time of its trajectory's turn 0
+    messages: list[dict] = field(default_factory=list)  # its trajectory's messages as recorded
+    head: dict = field(default_factory=dict)  # its tools, tokenizer and last finish reason (`carry_for_label`)
 
     def advance(self, plan: Plan, segment: TrajectoryIds, *, version: str, tools_key: str, keys: list[str]) -> None:
         """Take the recorded turn as the session's state: a new trajectory replaces the old one."""
@@ -239,6 +241,11 @@ async def keep_turn(
         written = record(plan)
         epoch = await asyncio.to_thread(store.append, written)
     plan.epoch, plan.started = epoch, plan.started or float(written["time"])
+    if plan.turn == 0:  # what a label after a rotation carries it on with (carry_for_label)
+        session.messages = []
+        session.head = {"tools": written.get("tools") or [], "tokenizer": written.get("tokenizer")}
+    session.messages = session.messages + written["messages"]
+    session.head["finish_reason"] = written["finish_reason"]
     if plan.origin == "rotated":
         recorded.carry(plan.parent, plan.trajectory_id)
     recorded.add(plan.trajectory_id, session.id, turns=plan.turns_after, epoch=epoch)
@@ -292,3 +299,39 @@ class Recorded:
 
     def __len__(self) -> int:
         return len(self._owner)
+
+
+async def carry_for_label(store: TraceStore, recorded: Recorded, session: Session) -> str:
+    """A label for the session's trajectory that a rotation archived before anything carried it on: write, in the
+    live store, the turn 0 of a trajectory that carries it whole (as `carried` does, with no turn of its own) and
+    return its id, which the label then lands on. Under the session's lock, so no turn of it is in flight."""
+    async with session.lock:
+        archived = session.trajectory_id
+        if session.epoch == store.epoch or not session.messages or recorded.current(archived) != archived:
+            return recorded.current(archived)  # a turn carried it meanwhile (or nothing to carry it with)
+        carrier = "traj-" + uuid.uuid4().hex
+        record = {
+            "kind": "turn",
+            "trajectory_id": carrier,
+            "turn": 0,
+            "session": session.id,
+            "origin": "rotated",
+            "parent": archived,
+            "model_version": session.version,
+            "tokenizer": session.head.get("tokenizer"),
+            "prompt_length": session.prompt_length,
+            "token_ids": session.ids.token_ids,
+            "action_mask": session.ids.action_mask,
+            "sample_logprobs": session.ids.sample_logprobs,
+            "finish_reason": session.head["finish_reason"],
+            "messages": session.messages,
+            "time": time.time(),
+            "tools": session.head.get("tools") or [],
+            "carried_turns": session.num_turns - 1,  # the record is the last of them: no turn of its own
+            "started": session.started,
+        }
+        session.epoch = await asyncio.to_thread(store.append, record)
+        session.trajectory_id = carrier
+        recorded.carry(archived, carrier)
+        recorded.add(carrier, session.id, turns=session.num_turns, epoch=session.epoch)
+        return carrier

@@ -18,7 +18,7 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
     from lopd_cli.main import main
 
     store = tmp_path / "traces"
-    talks = {s: [{"role": "user", "content": f"[cobalt] hello from {s}"}] for s in ("a", "b", "c", "e")}
+    talks = {s: [{"role": "user", "content": f"[cobalt] hello from {s}"}] for s in ("a", "b", "c", "e", "f")}
     first: dict[str, dict] = {}
     with make_server(tiny_checkpoints[0], store) as live:
         for s, talk in talks.items():  # two turns each
@@ -29,7 +29,7 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
 
         assert main(["serve", "store", "rotate", str(store), "--url", live.root]) == 0
         printed = capsys.readouterr().out
-        assert "archive" in printed and "3 open sessions" in printed  # b, c and e; a was judged
+        assert "archive" in printed and "4 open sessions" in printed  # b, c, e and f; a was judged
         assert httpx.get(live.root + "/health").json()["store"]["bytes"] == 0  # the bound's room back at once
 
         after = {s: ask(live, s, talks[s]) for s in ("b", "c", "e")}  # the conversations go on
@@ -39,6 +39,9 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
         old_c = first["c"]["lopd"]["trajectory_id"]
         relabel = label(live, "c", trajectory_id=old_c, reward=0.5, success=False).json()
         assert relabel == {"ok": True, "trajectory_id": after["c"]["lopd"]["trajectory_id"], "turns": 3}
+        # a label for a conversation that ended before the rotation: carried on whole into the live store first
+        late = label(live, "f").json()
+        assert late["trajectory_id"] != first["f"]["lopd"]["trajectory_id"] and late["turns"] == 2
 
     with make_server(tiny_checkpoints[0], store) as again:  # a restart goes on in the trajectory that carries e
         talks["e"] += [after["e"]["choices"][0]["message"], {"role": "user", "content": "and after a restart"}]
@@ -50,10 +53,11 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
         warnings.simplefilter("error")  # no torn line, no label without its turns
         archived = read_traces(archives[0]).set_index("trajectory_id")
         kept = read_traces(store).set_index("trajectory_id")
-    assert sorted(archived["session"]) == ["a", "b", "c", "e"] and (archived["num_turns"] == 2).all()
+    assert sorted(archived["session"]) == ["a", "b", "c", "e", "f"] and (archived["num_turns"] == 2).all()
     assert archived["labeled"].tolist() == [s == "a" for s in archived["session"]]
     assert (
-        sorted(kept["session"]) == ["b", "c", "d", "e"] and kept.loc[fresh["lopd"]["trajectory_id"], "origin"] == "new"
+        sorted(kept["session"]) == ["b", "c", "d", "e", "f"]
+        and kept.loc[fresh["lopd"]["trajectory_id"], "origin"] == "new"
     )
     assert kept.loc[after["e"]["lopd"]["trajectory_id"], "num_turns"] == 4
     for s in ("b", "c"):
@@ -68,6 +72,9 @@ def test_sessions_mid_conversation_rotate_and_go_on_with_nothing_lost(tiny_check
         served = after[s]["prompt_token_ids"] + after[s]["choices"][0]["token_ids"]
         assert list(row["token_ids"][: len(served)]) == served and len(row["token_ids"]) - len(served) <= 1
     assert kept.loc[after["c"]["lopd"]["trajectory_id"], "reward"] == 0.5
+    carrier, parent = kept.loc[late["trajectory_id"]], archived.loc[first["f"]["lopd"]["trajectory_id"]]
+    assert carrier["origin"] == "rotated" and carrier["num_turns"] == 2 and carrier["success"]
+    assert list(carrier["token_ids"]) == list(parent["token_ids"]) and carrier["messages"] == parent["messages"]
 
 
 def test_rotate_without_a_server_is_one_line(tmp_path, capsys):
