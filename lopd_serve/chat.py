@@ -59,7 +59,7 @@ from lopd_serve.responses import (
     LopdTurn,
     Usage,
 )
-from lopd_serve.sessions import plan_turn
+from lopd_serve.sessions import keep_turn, plan_turn
 
 SESSION_HEADER = "x-session-id"
 MAX_SESSION_NAME = 256  # the bound of `user` and of feedback's `session` (protocol.py)
@@ -189,21 +189,23 @@ async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
         stop_string=out.stop_string,
     )
     segment = plan.segment
-    prompt_length = len(segment) if plan.turn == 0 else 0
     segment.add_action(out.token_ids, out.logprobs)
     if not out.stopped:
         segment.add_forced([loaded.chat.im_end_id])  # closed by the server, as the engine closes a turn
-    await asyncio.to_thread(store.append, _turn_record(turn, segment, message, finish, prompt_length))
-    recorded.add(plan.trajectory_id, session.id, turns=plan.turn + 1)
+    # written as planned, or as a turn 0 carrying the trajectory when a rotation archived it (sessions.keep_turn)
+    plan = turn.plan = await keep_turn(
+        store, recorded, session, plan, lambda p: _turn_record(turn, p, message, finish), messages=len(req.messages)
+    )
     session.advance(
-        plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
+        plan, plan.segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
     )
     return _completion(turn, out, message, finish)
 
 
-def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length: int) -> dict:
+def _turn_record(turn: Turn, plan, message: dict, finish: str) -> dict:
     """The store's `turn` record (lopd_core/traces/schema.py): what the turn added, token for token."""
-    req, plan, loaded = turn.req, turn.plan, turn.loaded
+    req, loaded = turn.req, turn.loaded
+    segment, prompt_length = plan.segment, plan.prompt_length if plan.turn == 0 else 0
     request_messages = [m.model_dump(exclude_none=True) for m in req.messages]
     record = {
         "kind": "turn",
@@ -231,6 +233,8 @@ def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length:
     }
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
+    if plan.carried:  # the turns of its parent it carries whole (after a rotation: sessions.carried)
+        record.update(carried_turns=plan.carried, started=plan.started)
     return record
 
 
