@@ -61,6 +61,7 @@ def build_models(
     phases: tuple[MethodSpec, ...],
     base,
     tokenizer,
+    *,
     retriever: Retriever,
     composer: Composer,
     teacher_base=None,
