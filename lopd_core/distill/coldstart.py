@@ -92,14 +92,9 @@ def train_coldstart(
         batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
         mine = D.shard_range(len(batch))
         with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
+            mine_batch = batch[mine.start : mine.stop]
             row, applied = _coldstart_step(
-                reader,
-                composer,
-                opt,
-                batch[mine.start : mine.stop],
-                retriever,
-                kl_weight=kl_weight,
-                nll_weight=nll_weight,
+                reader, composer, opt, mine_batch, retriever, kl_weight=kl_weight, nll_weight=nll_weight
             )
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
         _record(run, row, applied, steps, log=log, label=label)

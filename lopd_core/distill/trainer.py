@@ -49,7 +49,7 @@ from lopd_core.distill import replay as RP
 from lopd_core.distill import teacher_refresh as R
 from lopd_core.distill import trace_source as TS
 from lopd_core.distill import update as U
-from lopd_core.distill.build import build_models, check_top_k, splice_room
+from lopd_core.distill.build import build_models, check_processes, check_top_k, splice_room
 from lopd_core.distill.composer import Composer
 from lopd_core.distill.dashboard import UpdateResult
 from lopd_core.distill.inputs import Retriever, StepSetup
@@ -90,11 +90,7 @@ class Distiller:
         """`method`: the method resolved once by the distill driver (`methods.resolve_method`); None resolves
         params' own (a Distiller built by hand, as the tests and benchmarks build one)."""
         D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
-        if D.world_size() > params.lopd.tasks_per_step:
-            raise ValueError(
-                f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
-                f"number of processes ({D.world_size()}): every rank needs a task per step"
-            )
+        check_processes(params.lopd)
         params.lopd.check()  # the rules across keys, also for a section built by hand
         check_top_k(params.lopd, base)
         torch.manual_seed(params.seed)

@@ -70,9 +70,8 @@ def timed(sums: S.StepSums, phase: str):
 
 @dataclass(frozen=True)
 class UpdateParts:
-    """What every function of one update reads: the setup, the models, the step's batch, the teacher's context and
-    the sums the chunks add to. Fixed for the update (the models' weights and the sums change, not which they are),
-    so each function below takes this and what is its own (a chunk's rows, a pass's scores)."""
+    """What every function of one update reads, fixed for the update (the weights and the sums change, not which
+    they are): each function below takes this and what is its own (a chunk's rows, a pass's scores)."""
 
     setup: StepSetup
     models: StepModels
@@ -257,9 +256,8 @@ def student_backward(
 def student_backward_keeping_old(
     parts: UpdateParts, chunk: list[int], sbatch: ScoringBatch, targets: S.StudentTargets | None
 ) -> S.StudentOld | None:
-    """`student_backward`, then from its logits the pre-update student's entropy into the sums and its detached
-    log-probs where the composer's loss reads them (on the teacher's top-k ids; None without a teacher), so no
-    (n, V) tensor outlives this call."""
+    """`student_backward`, then the pre-update student's entropy into the sums and its detached log-probs on the
+    teacher's top-k ids for the composer's loss (None without a teacher): no (n, V) tensor outlives this call."""
     s_lp_old = torch.log_softmax(student_backward(parts, chunk, sbatch, targets), dim=-1)  # (n, V), freed on return
     parts.sums.add_student_entropy(s_lp_old)
     return None if targets is None else S.StudentOld.of(s_lp_old, targets.topk_ids, sbatch.action_ids)
