@@ -377,9 +377,11 @@ class Worker:
                 failed.append((request, alone))
         failed = failed or [(request, exc) for request in batch.requests()]
         batch.remove([request for request, _ in failed])
-        batch.rebuild()
+        # Answered before the rebuild: a rebuild that raises fails the rows still in the batch (the caller's
+        # guard), and these rows, already out of it, would otherwise wait for their deadline.
         for request, error in failed:
             _hand(self._jobs.pop(id(request)), None, error)
+        batch.rebuild()
 
     def _finish(self, request: Request, end_id: int) -> None:
         job = self._jobs.pop(id(request))
