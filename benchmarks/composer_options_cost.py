@@ -82,7 +82,9 @@ def main() -> None:
         for name, phi in phis.items():  # interleaved: drift in the machine hits every composer alike
             started = time.perf_counter()
             phi.train()
-            _coldstart_step(reader, phi, opts[name], batch, lambda ts: [found[t.task_id] for t in ts], 1.0, 0.0)
+            _coldstart_step(
+                reader, phi, opts[name], batch, lambda ts: [found[t.task_id] for t in ts], kl_weight=1.0, nll_weight=0.0
+            )
             fit_s = time.perf_counter() - started
             phi.eval()
             encoder = ExperienceEncoder(TeacherView(model), tokenizer, max_tokens=params.composer.max_experience_tokens)

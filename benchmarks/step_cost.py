@@ -61,8 +61,8 @@ from dataclasses import replace
 import lopd_core  # noqa: F401
 from lopd_core.config import load_params
 from lopd_core.distill import losses as L
+from lopd_core.distill.batch import chunk_group, micro_batches
 from lopd_core.distill.models import make_student_and_teacher
-from lopd_core.distill.step import chunk_group, micro_batches
 from lopd_core.distill.teacher import action_logits, build_batch
 from lopd_core.distill.trainer import Distiller
 from lopd_core.drivers.coldstart import new_composer

@@ -34,6 +34,7 @@ from dataclasses import replace
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import Params, TinyModelConfig
 from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.checkpoints import plain_data
 from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
@@ -169,7 +170,7 @@ def main() -> None:
     if not args.out:
         parser.error("give a file to save the fingerprint to, or --compare A B")
     with tempfile.TemporaryDirectory(prefix="lopd-fingerprint-") as tmp:
-        torch.save(trainer_mod.plain_data(fingerprint(tmp), "fingerprint"), args.out)
+        torch.save(plain_data(fingerprint(tmp), "fingerprint"), args.out)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def create_app(cfg: ServeConfig, holder: ModelHolder, store: TraceStore) -> Fast
     app.state.sessions = SessionTable(cfg.max_sessions, idle_s=900.0, per_client=cfg.max_sessions_per_client)
     app.state.recorded = Recorded(cap=RECORDED_PER_SESSION * cfg.max_sessions)  # feedback targets, the latest
     # a restarted server goes on with the conversations its store holds (resume.py)
-    resumed = resume_sessions(store.dir, app.state.sessions, app.state.recorded)
+    resumed = resume_sessions(store.dir, app.state.sessions, app.state.recorded, epoch=store.epoch)
     if resumed:
         log.warning("resumed %d sessions from %s", resumed, store.dir)
     app.state.api_key, app.state.reload_key = key, cfg.reload_key()

@@ -44,8 +44,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lopd_core.rollout.constrained import Constrained
 from lopd_core.rollout.continuous import ContinuousBatch, Request, probe
 from lopd_core.rollout.scoring import SequenceScores, score_sequence
+from lopd_core.rollout.turn_grammar import OutputConstraint
 from lopd_serve.logprobs import finite
 
 log = logging.getLogger("lopd.serve")
@@ -76,6 +78,7 @@ class Job:
     top_logprobs: int = 0
     on_token: Callable[[int, float, list], None] | None = None  # called in the worker per kept token
     stop: tuple[str, ...] = ()  # stop strings (OpenAI's `stop`): the first the text holds ends the turn
+    constraint: OutputConstraint | None = None  # what the turn must be (a JSON answer, a tool call): masked decoding
     gone: bool = False  # its request was cancelled (the client went away): it leaves its batch
     watch: StopStrings | None = None  # set by the worker when it admits a job with stop strings
 
@@ -322,6 +325,9 @@ class Worker:
             return
         if job.stop:
             job.watch = StopStrings(job.loaded.tokenizer, job.stop, job.loaded.chat.im_end_id)
+        constrained = None
+        if job.constraint is not None:  # the masks of the valid tokens, step by step (built here, like the watch)
+            constrained = Constrained(job.constraint, job.loaded.tokenizer, job.loaded.chat.im_end_id)
         request = Request(
             job.context,
             job.temperature,
@@ -330,6 +336,7 @@ class Worker:
             torch.Generator().manual_seed(job.seed),
             top_logprobs=job.top_logprobs,
             on_token=self._on_token(job),
+            constraint=constrained,
         )
         self._jobs[id(request)] = job
         batch.add(request)
@@ -377,9 +384,11 @@ class Worker:
                 failed.append((request, alone))
         failed = failed or [(request, exc) for request in batch.requests()]
         batch.remove([request for request, _ in failed])
-        batch.rebuild()
+        # Answered before the rebuild: a rebuild that raises fails the rows still in the batch (the caller's
+        # guard), and these rows, already out of it, would otherwise wait for their deadline.
         for request, error in failed:
             _hand(self._jobs.pop(id(request)), None, error)
+        batch.rebuild()
 
     def _finish(self, request: Request, end_id: int) -> None:
         job = self._jobs.pop(id(request))

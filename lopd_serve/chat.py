@@ -14,6 +14,10 @@ recorded: the client never received the turn, so the session does not advance pa
 cannot be written (a full disk: DiskFull) is answered 507, or, streaming, with an error event: it is not kept and
 the session does not advance.
 
+`tool_choice` "required" or a named function, and a JSON `response_format`, constrain the decoding (structured.py):
+the decoder samples only tokens that keep the turn a valid call or JSON answer; the trace records the constraint
+under `sampling.constraint`, beside every sampled id.
+
 `logprobs` / `top_logprobs` return the sampled tokens' log-probs (the end-of-turn token included when sampled);
 `return_token_ids` adds `prompt_token_ids` and `choices[].token_ids` (vLLM's names).
 """
@@ -30,6 +34,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
 from lopd_core.model.chat import is_embedded_format
+from lopd_core.rollout.turn_grammar import OutputConstraint
 from lopd_core.traces import DiskFull
 from lopd_serve.admission import decoder_error
 from lopd_serve.batching import DeadlineExceeded, Unavailable
@@ -59,7 +64,8 @@ from lopd_serve.responses import (
     LopdTurn,
     Usage,
 )
-from lopd_serve.sessions import plan_turn
+from lopd_serve.sessions import keep_turn, plan_turn
+from lopd_serve.structured import check_writable, is_answer_only, output_constraint
 
 SESSION_HEADER = "x-session-id"
 MAX_SESSION_NAME = 256  # the bound of `user` and of feedback's `session` (protocol.py)
@@ -79,6 +85,7 @@ class Turn:
     tools_key: str
     sampling: SamplingRequest
     slot: object  # its admission slot, holding the session's lock (admission.Slot): released when answered
+    constraint: OutputConstraint | None = None  # what the turn must be (a call, a JSON answer); None: free text
 
 
 def _session_name(req: ChatRequest, request: Request) -> str | None:
@@ -120,6 +127,9 @@ async def chat_completions(
     streaming = False
     try:
         loaded = holder.current  # this request's model, kept to the end even if a swap happens meanwhile
+        constraint = output_constraint(req, loaded.chat)
+        if constraint is not None:
+            await asyncio.to_thread(check_writable, constraint, loaded.tokenizer)
         tools_key = json.dumps(parsed.tools, sort_keys=True)
         plan = await asyncio.to_thread(plan_turn, session, parsed, tools_key, loaded.chat, loaded.version)
         if len(plan.context) + sampling.max_tokens > cfg.max_context:
@@ -130,7 +140,7 @@ async def chat_completions(
                 "context_length_exceeded",
                 param="messages",
             )
-        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling, slot)
+        turn = Turn(req, session, parsed, plan, loaded, tools_key, sampling, slot, constraint)
         if req.stream:
             decoder.check_available()  # a stream's 503 comes with its status, before the stream starts
             stream = StreamingResponse(
@@ -170,6 +180,7 @@ async def _generate(turn: Turn, decoder, on_token=None):
         seed=s.seed,
         top_logprobs=s.top_logprobs,
         stop=s.stop,
+        constraint=turn.constraint,
         on_token=on_token,
     )
 
@@ -187,23 +198,26 @@ async def _record(turn: Turn, out, store, recorded) -> ChatCompletion:
         tool_choice=req.tool_choice,
         parallel=req.parallel_tool_calls is not False,
         stop_string=out.stop_string,
+        verbatim=is_answer_only(turn.constraint),
     )
     segment = plan.segment
-    prompt_length = len(segment) if plan.turn == 0 else 0
     segment.add_action(out.token_ids, out.logprobs)
     if not out.stopped:
         segment.add_forced([loaded.chat.im_end_id])  # closed by the server, as the engine closes a turn
-    await asyncio.to_thread(store.append, _turn_record(turn, segment, message, finish, prompt_length))
-    recorded.add(plan.trajectory_id, session.id, turns=plan.turn + 1)
+    # written as planned, or as a turn 0 carrying the trajectory when a rotation archived it (sessions.keep_turn)
+    plan = turn.plan = await keep_turn(
+        store, recorded, session, plan, lambda p: _turn_record(turn, p, message, finish), messages=len(req.messages)
+    )
     session.advance(
-        plan, segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
+        plan, plan.segment, version=loaded.version, tools_key=turn.tools_key, keys=turn.parsed.keys + [reply_key]
     )
     return _completion(turn, out, message, finish)
 
 
-def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length: int) -> dict:
+def _turn_record(turn: Turn, plan, message: dict, finish: str) -> dict:
     """The store's `turn` record (lopd_core/traces/schema.py): what the turn added, token for token."""
-    req, plan, loaded = turn.req, turn.plan, turn.loaded
+    req, loaded = turn.req, turn.loaded
+    segment, prompt_length = plan.segment, plan.prompt_length if plan.turn == 0 else 0
     request_messages = [m.model_dump(exclude_none=True) for m in req.messages]
     record = {
         "kind": "turn",
@@ -226,11 +240,14 @@ def _turn_record(turn: Turn, segment, message: dict, finish: str, prompt_length:
             "max_tokens": turn.sampling.max_tokens,
             "seed": turn.sampling.seed,
             **({"stop": list(turn.sampling.stop)} if turn.sampling.stop else {}),
+            **({"constraint": turn.constraint.record()} if turn.constraint is not None else {}),
         },
         "time": time.time(),
     }
     if plan.turn == 0:
         record["tools"] = turn.parsed.tools
+    if plan.carried:  # the turns of its parent it carries whole (after a rotation: sessions.carried)
+        record.update(carried_turns=plan.carried, started=plan.started)
     return record
 
 

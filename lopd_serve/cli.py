@@ -4,6 +4,7 @@
     lopd serve client [--url URL] [--n N] [--concurrency C] [--split S]   play toolworld through the endpoint
     lopd serve snapshot --out FILE [--store DIR] [--as-trajectories]      the store as one parquet (a DVC out)
     lopd serve store check|repair [DIR]           list the lines readers refuse; quarantine them
+    lopd serve store rotate [DIR] [--url URL]     ask the running server to move its segments into an archive
 
 Settings come from params.yaml's `serve` section (lopd_core/settings/serve.py; `--set serve.KEY=VALUE` like every
 command) and the flags, which override it; the API key from the environment variable `serve.api_key_env`
@@ -107,6 +108,8 @@ def cmd_store(params, args) -> int:
     from lopd_core.traces import TraceStoreError
     from lopd_core.traces.repair import check_store, repair_store
 
+    if args.action == "rotate":
+        return cmd_rotate(params, args)
     store = Path(args.dir or _config(params, args).store_dir)
     if not store.is_dir():
         print(f"lopd serve store: no trace store at {store} (a folder that `lopd serve` writes)", file=sys.stderr)
@@ -128,6 +131,47 @@ def cmd_store(params, args) -> int:
         )
         return 1 if problems else 0
     print(f"{len(problems)} lines quarantined" + (f"; report: {report}" if problems else ": the store was clean"))
+    return 0
+
+
+def cmd_rotate(params, args) -> int:
+    """Ask the running server (loopback, serve.port, or --url) to rotate its store: only the store's writer can move
+    its segments without a reader seeing a turn whose turn 0 left (lopd_core/traces/store.py). With DIR, the
+    server's store must be that folder (its /health names it), so a rotation never lands on another server's."""
+    from pathlib import Path
+
+    import httpx
+
+    cfg = _config(params, args)
+    root = (args.url or f"http://127.0.0.1:{cfg.port}").rstrip("/").removesuffix("/v1")
+    key = cfg.reload_key() or cfg.api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        health = httpx.get(root + "/health", headers=headers, timeout=10).json()
+        served = (health.get("store") or {}).get("dir")
+        if args.dir and served and Path(served).resolve() != Path(args.dir).resolve():
+            print(f"lopd serve store rotate: the server at {root} writes {served}, not {args.dir}", file=sys.stderr)
+            return 2
+        answer = httpx.post(root + "/admin/store/rotate", headers=headers, timeout=120)
+    except (httpx.HTTPError, ValueError):  # nothing listens there, or something that is not `lopd serve`
+        print(
+            f"lopd serve store rotate: no server answers at {root}: a rotation is done by the running server "
+            "(`lopd serve`; or pass --url); with none running nothing writes the store, and its segments may be "
+            "moved away whole",
+            file=sys.stderr,
+        )
+        return 1
+    body = answer.json()
+    if answer.status_code != 200:
+        print(f"lopd serve store rotate: {answer.status_code} {body.get('error', {}).get('message')}", file=sys.stderr)
+        return 1
+    if body["archive"] is None:
+        print(f"{body['store']}: no record since the last rotation, nothing moved")
+    else:
+        print(
+            f"{body['store']}: {len(body['segments'])} segments ({body['bytes']} bytes) -> {body['archive']}; "
+            f"{body['sessions_carried_on']} open sessions go on in trajectories that carry their history"
+        )
     return 0
 
 
@@ -182,8 +226,18 @@ def add_serve_parsers(sub, add_common) -> None:
     )
     snap.set_defaults(func=cmd_snapshot, resolve_envs=False)
 
-    store = inner.add_parser("store", help="check a trace store for bad lines, or quarantine them (repair)")
+    _add_store_parser(inner, add_common)
+
+
+def _add_store_parser(inner, add_common) -> None:
+    store = inner.add_parser(
+        "store",
+        help="check a trace store for bad lines, quarantine them (repair), or rotate a running server's store",
+    )
     add_common(store)
-    store.add_argument("action", choices=("check", "repair"))
+    store.add_argument("action", choices=("check", "repair", "rotate"))
     store.add_argument("dir", nargs="?", default=None, help="the store folder (default serve.store_dir)")
+    store.add_argument(
+        "--url", default=None, help="rotate: the running server (default http://127.0.0.1:PORT, serve.port)"
+    )
     store.set_defaults(func=cmd_store, resolve_envs=False)

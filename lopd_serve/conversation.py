@@ -328,18 +328,24 @@ def reply(
     tool_choice: str | None,
     parallel=True,
     stop_string: str | None = None,
+    verbatim: bool = False,
 ):
     """The OpenAI assistant message for a sampled turn, its finish_reason and its key. A turn a stop string ended
-    is its text up to the stop string (left out, as OpenAI does), finish_reason "stop". Calls to declared tools
+    is its text up to the stop string (left out, as OpenAI does), finish_reason "stop". A `verbatim` turn (a
+    constrained JSON answer) is its text as it decodes: no call syntax is read into it. Calls to declared tools
     (unless tool_choice is "none"), one or several, become `tool_calls`, with the text beside them as content;
     anything else, a turn with a call to an undeclared tool or a malformed one included, is content: the server
     never runs a tool, and never invents one the client did not declare. With `parallel` false (the request's
     `parallel_tool_calls`), a turn holding several calls returns the first (as vLLM does); the trace keeps every
     sampled token."""
-    text = chat.decode_action(sampled)
+    if verbatim:
+        ids = sampled[:-1] if sampled and sampled[-1] == chat.im_end_id else sampled
+        text = chat.tokenizer.decode(ids, skip_special_tokens=False)
+    else:
+        text = chat.decode_action(sampled)
     if stop_string is not None and stop_string in text:
         text = text[: text.index(stop_string)]
-    found = parse_calls(text)
+    found = None if verbatim else parse_calls(text)
     if found and found[1] and all(name in declared for name, _ in found[1]) and tool_choice != "none":
         content, calls = found[0], found[1] if parallel else found[1][:1]
         message = {

@@ -78,22 +78,23 @@ def authorized(request: Request) -> None:
 
 
 def may_reload(request: Request) -> None:
-    """Reload has its own key: a chat client must not choose what the server serves. Behind an API key and
-    without a reload key, reload is off; a keyless loopback server reloads for its local callers."""
+    """Reload (and the store's rotation) has its own key: a chat client must not choose what the server serves.
+    Behind an API key and without a reload key, the admin routes are off; a keyless loopback server serves them
+    to its local callers."""
     key, reload_key = request.app.state.api_key, request.app.state.reload_key
     env = request.app.state.cfg.reload_key_env
     if reload_key is not None:
         if not _bearer(request, reload_key):
             raise ApiError(
                 401,
-                f"/admin/reload needs the reload key (Authorization: Bearer KEY, from {env})",
+                f"{request.url.path} needs the reload key (Authorization: Bearer KEY, from {env})",
                 "invalid_reload_key",
                 kind="authentication_error",
             )
     elif key is not None:
         raise ApiError(
             403,
-            f"/admin/reload is off behind an API key: set a reload key in {env}",
+            f"{request.url.path} is off behind an API key: set a reload key in {env}",
             "reload_off",
             kind="permission_error",
         )

@@ -4,6 +4,12 @@ A label judges the turns it was given: the record keeps how many (`turns`), and 
 new trajectory (sessions.py `plan_turn`), so a label never covers turns nobody judged. A label may land only on
 a trajectory this process recorded for that session (among the latest `Recorded.cap`), so a client cannot label
 another's conversation by guessing its id.
+
+After a rotation (`lopd serve store rotate`), a label for a trajectory that a later turn carried on into the live
+store lands on the trajectory that carries it (the answer names it); one for the archived trajectory its session is
+still on is preceded by a turn 0 that carries it whole into the live store (sessions.carry_for_label), and lands
+there. One for an archived trajectory whose session is gone (closed, or gone on in another trajectory) is written
+to the live store all the same: nothing is lost, but a reader of either store alone skips it with a warning.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from fastapi import APIRouter, Depends
 from lopd_serve.deps import RecordedTrajectories, Sessions, Store, authorized, ensure_room
 from lopd_serve.protocol import ApiError, Feedback
 from lopd_serve.responses import FeedbackAnswer
+from lopd_serve.sessions import carry_for_label
 
 router = APIRouter(dependencies=[Depends(authorized)])
 
@@ -37,7 +44,8 @@ def _check_reward(fb: Feedback) -> None:
 async def feedback(fb: Feedback, sessions: Sessions, store: Store, recorded: RecordedTrajectories) -> FeedbackAnswer:
     _check_reward(fb)
     session = sessions.find(fb.session)
-    trajectory_id = fb.trajectory_id or (session.trajectory_id if session else "")
+    # a trajectory a rotation archived and a later turn carried on: the label lands on the carrier (sessions.py)
+    trajectory_id = recorded.current(fb.trajectory_id or (session.trajectory_id if session else ""))
     if not trajectory_id:
         raise ApiError(
             404,
@@ -54,6 +62,8 @@ async def feedback(fb: Feedback, sessions: Sessions, store: Store, recorded: Rec
             param="trajectory_id",
         )
     ensure_room(store, feedback=True)  # labels of conversations already answered may pass the bound (its reserve)
+    if session is not None and session.trajectory_id == trajectory_id and recorded.epoch(trajectory_id) != store.epoch:
+        trajectory_id = await carry_for_label(store, recorded, session)  # its turns archived: carried on first
     turns = recorded.turns(trajectory_id)
     record = {
         "kind": "feedback",

@@ -3,10 +3,10 @@
 Only what `lopd serve` honours is served as asked. An unknown top-level field is ignored with a `Warning` header
 and a log line (as vLLM does), unless ignoring it would change what was asked (REFUSED_UNKNOWN: a 400
 `unsupported_field` naming it); an unknown field inside a message is refused. A known field the server would have
-to ignore (`n` > 1, a non-text `response_format`, penalties) is refused by a validator of the request model, a 400
-`unsupported` naming it. Values are strictly typed (the `Strict` base) and an explicit null is the field left out.
-The limits that depend on the server's settings (max_tokens, top-k log-probs) are checked in one place,
-`to_sampling`, which turns a request into what the decoder is asked for.
+to ignore (`n` > 1, penalties, a JSON schema keyword outside the enforced subset) is refused by a validator of the
+request model, a 400 `unsupported` naming it. Values are strictly typed (the `Strict` base) and an explicit null is
+the field left out. The limits that depend on the server's settings (max_tokens, top-k log-probs) are checked in
+one place, `to_sampling`, which turns a request into what the decoder is asked for.
 Errors are OpenAI's object `{"error": {"message", "type", "code", "param"}}` (responses.ErrorResponse) with a 4xx
 status.
 """
@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from lopd_core.rollout.json_schema import SchemaError, compile_schema
 from lopd_serve.responses import ErrorInfo, ErrorResponse
 
 log = logging.getLogger("lopd.serve")
@@ -221,6 +222,61 @@ class Tool(Strict):
     function: FunctionDef
 
 
+class ToolChoiceFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """OpenAI's `{"type": "function", "function": {"name": ...}}`: the turn is a call of that tool."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class JsonSchemaFormat(Strict):
+    """OpenAI's `response_format.json_schema`. The schema is compiled as it is validated: a keyword outside the
+    enforced subset (lopd_core/rollout/json_schema.py, `compile_schema`) is a 400 naming it, never ignored."""
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # the enforced subset is enforced either way
+
+    _storable = field_validator("schema_")(storable_json)
+
+    @field_validator("schema_")
+    @classmethod
+    def _enforced(cls, schema):
+        if schema is None:
+            return schema
+        try:
+            node = compile_schema(schema)
+        except SchemaError as exc:
+            raise unsupported(f"{exc} (lopd serve refuses a schema it would not enforce)") from None
+        if node.kind != "object":
+            raise unsupported('the answer is a JSON object: the schema needs "type": "object"')
+        return schema
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema goes with type "json_schema", and only with it')
+        return self
+
+    def answer_schema(self) -> dict | None:
+        """The schema the answer must meet (json_object: any JSON object); None for text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema.schema_ is None:
+            return {"type": "object"}
+        return self.json_schema.schema_
+
+
 @dataclass(frozen=True)
 class SamplingRequest:
     """What one request asks the decoder for, every limit checked (`to_sampling`)."""
@@ -268,6 +324,7 @@ REFUSED_UNKNOWN = frozenset(
         "guided_grammar",
         "structured_outputs",
         "chat_template",
+        "response_format",  # /v1/completions (chat completions enforce it)
         "chat_template_kwargs",
         "add_generation_prompt",
         "continue_final_message",
@@ -393,10 +450,11 @@ class ChatRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
+    # "required" or a named function: the turn is a call (constrained decoding, lopd_serve/structured.py)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # None/true: a turn may hold several calls; false: the first only
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None  # json_object / json_schema: a JSON answer (constrained)
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
@@ -405,12 +463,31 @@ class ChatRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, response_format):
-        if response_format and response_format.get("type") not in (None, "text"):
-            raise unsupported("only text is supported")
-        return response_format
+    @model_validator(mode="after")
+    def _declared_choice(self):
+        """tool_choice "required" or a named function needs tools; a named one, a declared tool (OpenAI's 400s)."""
+        choice, declared = self.tool_choice, [t.function.name for t in self.tools or ()]
+        if choice == "required" and not declared:
+            raise PydanticCustomError(
+                "invalid_tool_choice",
+                'tool_choice "required" needs tools',
+                {"code": "invalid_tool_choice", "param": "tool_choice"},
+            )
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in declared:
+            raise PydanticCustomError(
+                "invalid_tool_choice",
+                f"tool_choice names {choice.function.name!r}, which is not among the declared tools {declared}",
+                {"code": "invalid_tool_choice", "param": "tool_choice"},
+            )
+        return self
+
+    def forced_tools(self) -> tuple[str, ...]:
+        """The tools the turn must call one of (tool_choice "required" or a named function), else ()."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return (self.tool_choice.function.name,)
+        if self.tool_choice == "required":
+            return tuple(t.function.name for t in self.tools)
+        return ()
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod

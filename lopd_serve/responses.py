@@ -197,3 +197,15 @@ class FeedbackAnswer(BaseModel):
 class ReloadAnswer(BaseModel):
     model_version: str
     changed: bool
+
+
+class StoreRotation(BaseModel):
+    """What `POST /admin/store/rotate` did: the segments it moved into `archive` (None: the live store held no
+    record, nothing moved), and how many open sessions go on in a trajectory that carries their history."""
+
+    store: str
+    archive: str | None
+    segments: list[str]
+    bytes: int
+    epoch: int
+    sessions_carried_on: int

@@ -39,6 +39,9 @@ class _Trajectory:
     messages: list[dict] = field(default_factory=list)
     turns: int = 0
     judged_turns: int = -1  # the turns its latest label judged (-1: none)
+    prompt_length: int = 0
+    started: float = 0.0
+    head: dict = field(default_factory=dict)  # tools, tokenizer, last finish reason
     broken: bool = False  # a turn came out of order: not continued
     last_time: float = 0.0
 
@@ -72,6 +75,8 @@ def _read_trajectories(store_dir: Path) -> tuple[dict[str, _Trajectory], dict[st
                 continue  # its turn 0 is in a segment moved away: nothing to continue
             traj = trajectories[tid] = _Trajectory(rec["session"], rec["model_version"])
             traj.tools_key = json.dumps(rec.get("tools") or [], sort_keys=True)
+            traj.prompt_length, traj.started = rec["prompt_length"], float(rec.get("started", rec["time"]))
+            traj.head = {"tools": rec.get("tools") or [], "tokenizer": rec.get("tokenizer")}
         if traj.broken or rec["turn"] != traj.turns:
             traj.broken = True
             continue
@@ -89,17 +94,19 @@ def _read_trajectories(store_dir: Path) -> tuple[dict[str, _Trajectory], dict[st
                 given = replies.setdefault(rec["session"], [])
                 given.append(reply_digest(recorded_keys([rec["messages"][-1]])[-1]))
                 del given[:-REPLIES_KEPT]
-        traj.turns += 1
+        traj.head["finish_reason"] = rec["finish_reason"]
+        traj.turns += 1 + rec.get("carried_turns", 0)  # a turn 0 after a rotation carries its parent's turns
         traj.last_time = float(rec["time"])
     return trajectories, latest, replies
 
 
-def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Recorded) -> int:
-    """Fill `sessions` and `recorded` from the store at `store_dir`; returns how many sessions were rebuilt."""
+def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Recorded, *, epoch: int = 0) -> int:
+    """Fill `sessions` and `recorded` from the store at `store_dir` (in its rotation `epoch`: every trajectory
+    continued is whole in it); returns how many sessions were rebuilt."""
     trajectories, latest, replies = _read_trajectories(Path(store_dir))
     for tid, traj in sorted(trajectories.items(), key=lambda item: item[1].last_time):
         if not traj.broken:
-            recorded.add(tid, traj.session, turns=traj.turns)
+            recorded.add(tid, traj.session, turns=traj.turns, epoch=epoch)
     now_wall, now = time.time(), time.monotonic()
     named = sorted(
         ((s, trajectories[t]) for s, t in latest.items() if not trajectories[t].broken), key=lambda st: st[1].last_time
@@ -124,6 +131,11 @@ def resume_sessions(store_dir: str | Path, sessions: SessionTable, recorded: Rec
             last_used=now - max(now_wall - traj.last_time, 0.0),
             labeled=judged,
             judged=tid if judged else "",
+            epoch=epoch,
+            prompt_length=traj.prompt_length,
+            started=traj.started,
+            messages=list(traj.messages),
+            head=traj.head,
         )
         rebuilt += 1
     return rebuilt

@@ -102,6 +102,7 @@ _COMPOSER_CODE = (
     "lopd_core/distill/composer.py",
     "lopd_core/distill/encoder_lora.py",
     "lopd_core/distill/losses.py",
+    "lopd_core/distill/lru.py",
     "lopd_core/distill/models.py",
     "lopd_core/distill/reading.py",
     "lopd_core/distill/teacher.py",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from lopd_core.distill.lru import LRUCache
 from lopd_core.envs import Task, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.methods import MethodSpec
@@ -22,16 +23,20 @@ from lopd_core.methods import MethodSpec
 # (tasks, trajectories, retrieved texts per task, samples per task) -> the text per trajectory (None: no signal)
 ContextBuilder = Callable[[list[Task], list, list[list[str]], int], list[str | None]]
 
-_GOLDEN: dict[str, str] = {}
+# the oracle's texts by task (the oracle is deterministic per task), bounded: a run streams new tasks for as long
+# as it lasts (lru.py)
+_GOLDEN: LRUCache[str, str] = LRUCache()
 
 
 def golden_text(task: Task) -> str:
     """The oracle's solution of `task` as an experience text (cached: the oracle is deterministic per task)."""
     key = task.to_json()
-    if key not in _GOLDEN:
+    text = _GOLDEN.get(key)
+    if text is None:
         _, _, env = run_oracle(task)
-        _GOLDEN[key] = format_experience(task.instruction, env.episode)
-    return _GOLDEN[key]
+        text = format_experience(task.instruction, env.episode)
+        _GOLDEN.put(key, text)
+    return text
 
 
 def sibling_texts(trajs: list, group_size: int) -> list[str | None]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from lopd_core import distributed as D
 from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
 from lopd_core.distill import baselines as B
@@ -30,6 +31,15 @@ def load_composer(path: str | Path, model, cfg) -> Composer:
     if path and Path(path).exists():
         CP.load_weights(composer, path)
     return composer
+
+
+def check_processes(lopd) -> None:
+    """lopd.tasks_per_step against the processes of the run (after `D.setup()`): every rank needs a task per step."""
+    if D.world_size() > lopd.tasks_per_step:
+        raise ValueError(
+            f"lopd.tasks_per_step: got {lopd.tasks_per_step}, expected at least the "
+            f"number of processes ({D.world_size()}): every rank needs a task per step"
+        )
 
 
 def check_top_k(lopd, model) -> None:
@@ -61,6 +71,7 @@ def build_models(
     phases: tuple[MethodSpec, ...],
     base,
     tokenizer,
+    *,
     retriever: Retriever,
     composer: Composer,
     teacher_base=None,

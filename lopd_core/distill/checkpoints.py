@@ -193,7 +193,9 @@ def restore(models: StepModels, payload: dict, folder: Path) -> DistillState:
     else:
         models.trainable.load_state_dict(payload["trainable"])
         models.opt_theta.load_state_dict(payload["opt_theta"])
-    models.composer.load_state_dict(payload["composer"])
+    # φ's configuration is not in its state (composer.PhiConfig): the resume's settings check holds it equal (the
+    # composer section is among RESUME_SETTINGS); a checkpoint from before kept query_conditioned as a buffer there
+    models.composer.load_state_dict({k: v for k, v in payload["composer"].items() if k != "query_conditioned"})
     models.opt_phi.load_state_dict(payload["opt_phi"])
     if models.ema is not None and payload.get("ema") is not None:
         models.ema.load_state_dict(payload["ema"])

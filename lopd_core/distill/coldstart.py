@@ -92,11 +92,12 @@ def train_coldstart(
         batch = rng.sample(successes, min(batch_size, len(successes)))  # the same draw on every rank
         mine = D.shard_range(len(batch))
         with shards.gathered():  # each rank encodes and reads its own experiences: passes differ per rank
+            mine_batch = batch[mine.start : mine.stop]
             row, applied = _coldstart_step(
-                reader, composer, opt, batch[mine.start : mine.stop], retriever, kl_weight, nll_weight
+                reader, composer, opt, mine_batch, retriever, kl_weight=kl_weight, nll_weight=nll_weight
             )
         row = {"step": step, **row, "step_seconds": time.perf_counter() - started}
-        _record(run, row, applied, steps, log, label)
+        _record(run, row, applied, steps, log=log, label=label)
     if run.skipped_updates:
         log(f"{label}: {run.skipped_updates} of {steps} updates skipped as non-finite")
     if csv_path is not None and D.is_main():
@@ -121,7 +122,7 @@ def _frozen_reader(base, tokenizer, max_experience_tokens: int, sharding: str):
     return reader, SH.Sharding([], SH.shard_lm(base))
 
 
-def _record(run: ColdstartRun, row: dict, applied: bool, steps: int, log, label: str = "coldstart") -> None:
+def _record(run: ColdstartRun, row: dict, applied: bool, steps: int, *, log, label: str = "coldstart") -> None:
     """Keep a step's row; count and say a skipped (non-finite) update; print progress every ten steps."""
     run.rows.append(row)
     step = row["step"]
@@ -150,7 +151,7 @@ class _Reader:
 
 
 def _coldstart_step(
-    reader: _Reader, composer: Composer, opt, batch: list, retriever, kl_weight: float, nll_weight: float = 1.0
+    reader: _Reader, composer: Composer, opt, batch: list, retriever, *, kl_weight: float, nll_weight: float = 1.0
 ) -> tuple[dict, bool]:
     """One update on this rank's share of a batch; returns the row's figures and whether the step was applied."""
     base = reader.base

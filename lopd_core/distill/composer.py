@@ -9,8 +9,10 @@ the frozen teacher reads latents of the same scale as the token embeddings it wa
 Two of the official composer's choices are options here, each behind a setting (docs/composer.md has their
 figures): `composer.query_conditioned` encodes each experience with the current task's instruction in front of
 it, so the states (and the latents) depend on the query; `composer.encoder_lora_rank` reads with a LoRA of the
-base that belongs to φ (encoder_lora.py). Both are recorded in φ's saved state, so a φ is always read the way it
-was fitted. The resampler's width is its own setting (`hidden_size`, 0 = the LM's width), projected in and out,
+base that belongs to φ (encoder_lora.py). Both are part of φ's configuration (`PhiConfig`: its shape and how it
+reads), which `save_composer` writes as JSON beside the weights (as PEFT's adapter_config.json) and `load_weights`
+checks against the settings, naming the field that differs, so a φ is always read the way it was fitted. The
+resampler's width is its own setting (`hidden_size`, 0 = the LM's width), projected in and out,
 so a large LM does not force a large composer. Shapes: E experiences, L experience tokens, K queries, D LM
 width, C composer width.
 """
@@ -18,12 +20,17 @@ width, C composer width.
 from __future__ import annotations
 
 import hashlib
+import json
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from lopd_core.distill.encoder_lora import EncoderLoRA
+from lopd_core.distill.encoder_lora import EncoderLoRA, lora_fingerprint
+from lopd_core.distill.lru import DEFAULT_CAPACITY, LRUCache
+from lopd_core.outputs import atomic_write, write_file
 
 
 class ResamplerBlock(nn.Module):
@@ -47,6 +54,35 @@ class ResamplerBlock(nn.Module):
         return queries + self.mlp(self.norm_mlp(queries))
 
 
+@dataclass(frozen=True)
+class PhiConfig:
+    """φ's configuration: its shape and how it reads. Saved as JSON beside its weights (`save_composer`) and checked
+    on load (`load_weights`): weights of the same shapes read another way (other heads, the query in front or not)
+    would load without a complaint and mean something else."""
+
+    lm_width: int  # D: the LM's hidden size, the latents' width
+    num_queries: int  # K: latents per experience
+    width: int  # C: the resampler's width (composer.hidden_size; 0 there is D)
+    num_layers: int
+    num_heads: int
+    query_conditioned: bool  # each experience read with its task's instruction in front
+    encoder_lora_rank: int  # 0: the encoder reads the frozen base's states
+    encoder_lora_scale: float  # the LoRA's α / r (0.0 without one)
+
+
+# Where each field of PhiConfig comes from, for the error that names a mismatch.
+PHI_CONFIG_SOURCES = {
+    "lm_width": "the model's hidden_size",
+    "num_queries": "composer.num_queries",
+    "width": "composer.hidden_size (0: the model's hidden_size)",
+    "num_layers": "composer.num_layers",
+    "num_heads": "composer.num_heads",
+    "query_conditioned": "composer.query_conditioned",
+    "encoder_lora_rank": "composer.encoder_lora_rank",
+    "encoder_lora_scale": "the encoder LoRA's scale α / r",
+}
+
+
 class Composer(nn.Module):
     def __init__(
         self,
@@ -68,15 +104,23 @@ class Composer(nn.Module):
         self.blocks = nn.ModuleList(ResamplerBlock(width, num_heads) for _ in range(num_layers))
         self.norm_out = nn.LayerNorm(width)
         self.proj_out = nn.Linear(width, lm_width)
-        self.register_buffer("embedding_norm", torch.tensor(float(embedding_norm)))
-        # how φ reads: saved with its weights, so a fitted φ cannot be read another way by accident
-        self.register_buffer("query_conditioned", torch.tensor(bool(query_conditioned)))
+        self.register_buffer("embedding_norm", torch.tensor(float(embedding_norm)))  # of the base: a measure
         self.encoder_lora = encoder_lora
+        self.config = PhiConfig(
+            lm_width=lm_width,
+            num_queries=num_queries,
+            width=width,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            query_conditioned=bool(query_conditioned),
+            encoder_lora_rank=encoder_lora.rank if encoder_lora is not None else 0,
+            encoder_lora_scale=float(encoder_lora.scale) if encoder_lora is not None else 0.0,
+        )
 
     @property
     def reads_query(self) -> bool:
         """Whether each experience is encoded with its task's instruction in front of it."""
-        return bool(self.query_conditioned)
+        return self.config.query_conditioned
 
     def forward(self, states: Tensor, state_mask: Tensor) -> Tensor:
         """states (E, L, D) and state_mask (E, L; 1 = real token) -> latents (E, K, D) at the embedding norm."""
@@ -95,24 +139,36 @@ def mean_embedding_norm(model) -> float:
 
 
 class ExperienceEncoder:
-    """Frozen last-layer states of experience texts, cached by content (the base never changes during a run).
+    """Frozen last-layer states of experience texts, cached by content (the base never changes during a run; a
+    teacher refresh that replaces it clears the cache).
 
-    The cache holds CPU tensors keyed by a hash of the text (and of the task's instruction in front of it, for a
-    query-conditioned composer), so it survives across steps and can be reused by cold start and distillation
-    alike. Read through an encoder LoRA that is training (the cold start, the fit), states are computed afresh
-    with their graph and never cached; a fixed LoRA's states are cached like the base's (one LoRA per encoder:
-    distillation keeps φ's LoRA fixed, and φ0's is the same).
+    The cache holds CPU tensors keyed by a hash of the text, of the task's instruction in front of it (for a
+    query-conditioned composer) and of the encoder LoRA's weights (encoder_lora.py, `fingerprint`), so it
+    survives across steps, can be reused by cold start and distillation alike, and never serves states read
+    under other LoRA weights. It is bounded (lru.py: the least recently used encoding goes first). Read through
+    an encoder LoRA that is training (the cold start, the fit), states are computed afresh with their graph and
+    never cached.
     """
 
-    def __init__(self, teacher_view, tokenizer, *, max_tokens: int = 256, batch_size: int = 16):
+    def __init__(
+        self,
+        teacher_view,
+        tokenizer,
+        *,
+        max_tokens: int = 256,
+        batch_size: int = 16,
+        cache_capacity: int = DEFAULT_CAPACITY,
+    ):
         self.view, self.tokenizer = teacher_view, tokenizer  # lopd_core.distill.models.TeacherView
         self.max_tokens, self.batch_size = max_tokens, batch_size
-        self.cache: dict[str, Tensor] = {}
+        self.cache: LRUCache[str, Tensor] = LRUCache(cache_capacity)
         self.hits = self.misses = 0
 
     @staticmethod
-    def key(text: str, query: str = "") -> str:
-        return hashlib.sha1((f"{query}\x00{text}" if query else text).encode()).hexdigest()
+    def key(text: str, query: str = "", lora: str = "") -> str:
+        """The cache key of `text` read with `query` in front, through the LoRA of fingerprint `lora` ("": none)."""
+        parts = (f"{query}\x00{text}" if query else text) + (f"\x00lora:{lora}" if lora else "")
+        return hashlib.sha1(parts.encode()).hexdigest()
 
     def _ids(self, text: str, query: str) -> tuple[list[int], int]:
         """The encoder's input for one experience and where its own tokens start (after the query, if any)."""
@@ -143,9 +199,13 @@ class ExperienceEncoder:
             return self._states(base, pairs)
 
     @torch.no_grad()
-    def _encode_missing(self, pairs: list[tuple[str, str]], lora: EncoderLoRA | None = None) -> None:
-        for (text, query), states in zip(pairs, self._read(pairs, lora)):
-            self.cache[self.key(text, query)] = states.cpu()
+    def _encode_missing(self, pairs: list[tuple[str, str]], lora: EncoderLoRA | None) -> dict[str, Tensor]:
+        """The states of `pairs`, read and cached, by key."""
+        fingerprint = lora_fingerprint(lora)
+        fresh = {self.key(t, q, fingerprint): states.cpu() for (t, q), states in zip(pairs, self._read(pairs, lora))}
+        for key, states in fresh.items():
+            self.cache.put(key, states)
+        return fresh
 
     def encode(
         self, texts: list[str], queries: list[str] | None = None, lora: EncoderLoRA | None = None
@@ -156,12 +216,16 @@ class ExperienceEncoder:
         if lora is not None and lora.trains():
             states = self._read(pairs, lora)  # φ's encoder is learning: fresh, with the graph to its LoRA
         else:
-            missing = list(dict.fromkeys(p for p in pairs if self.key(*p) not in self.cache))
+            fingerprint = lora_fingerprint(lora)
+            keys = [self.key(text, query, fingerprint) for text, query in pairs]
+            # this call's states held apart from the cache: one call may read more texts than the cache keeps
+            found = {k: v for k in dict.fromkeys(keys) if (v := self.cache.get(k)) is not None}
+            missing = list(dict.fromkeys(p for p, k in zip(pairs, keys) if k not in found))
             self.misses += len(missing)
             self.hits += len(pairs) - len(missing)
             if missing:
-                self._encode_missing(missing, lora)
-            states = [self.cache[self.key(*p)] for p in pairs]
+                found.update(self._encode_missing(missing, lora))
+            states = [found[k] for k in keys]
         return pad_states(states)
 
 
@@ -221,21 +285,69 @@ def build_composer(cfg, model) -> Composer:
     )
 
 
-def load_weights(composer: Composer, path, *, refit: bool = False) -> None:
-    """φ's saved state into `composer`; a φ fitted to read another way than the settings say is refused (its
-    latents would mean something else) unless `refit`: the start of a fit, which teaches it the new reading."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict):
-        state.setdefault("query_conditioned", torch.tensor(False))  # a φ saved before the option read no query
-        if refit:
-            state["query_conditioned"] = torch.tensor(composer.reads_query)
-        if composer.encoder_lora is not None and not any(k.startswith("encoder_lora.") for k in state):
-            # a φ fitted without an encoder LoRA (φ0) starts one at zero: it reads exactly as it did
-            state.update({f"encoder_lora.{k}": v for k, v in composer.encoder_lora.state_dict().items()})
-    wanted = composer.reads_query
-    composer.load_state_dict(state)
-    if composer.reads_query != wanted:
+def config_path(path: str | Path) -> Path:
+    """Where φ's configuration lies beside its weights: phi0.pt -> phi0.config.json."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.config.json")
+
+
+def save_composer(composer: Composer, path: str | Path) -> Path:
+    """φ's weights at `path` and its configuration as JSON beside them (`config_path`), each written atomically;
+    the configuration first, so weights on disk always have theirs."""
+    write_file(config_path(path), json.dumps(asdict(composer.config), indent=2) + "\n")
+    with atomic_write(path) as f:
+        torch.save(composer.state_dict(), f)
+    return Path(path)
+
+
+def saved_config(path: str | Path) -> PhiConfig:
+    """The configuration saved beside the φ at `path`. A φ without one (saved before configurations were
+    recorded) is refused, not guessed at: its weights do not say how many heads it attends with."""
+    where = config_path(path)
+    if not where.is_file():
         raise ValueError(
-            f"fitted with composer.query_conditioned={composer.reads_query}, the settings say {wanted}: "
-            "refit it (`lopd coldstart`, `lopd fit`) or change the setting"
+            f"no {where.name} beside it: a φ saved before its configuration was recorded beside its weights, "
+            "whose reading cannot be checked; rebuild it (`lopd coldstart`, `lopd fit`)"
         )
+    try:
+        saved = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where.name}: unreadable ({exc})") from None
+    names = [f.name for f in fields(PhiConfig)]
+    if not isinstance(saved, dict) or set(saved) != set(names):
+        got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"{where.name}: expected the fields {names}, got {got}")
+    return PhiConfig(**saved)
+
+
+def check_config(saved: PhiConfig, composer: Composer, *, refit: bool = False) -> None:
+    """Refuse to read a φ saved as `saved` into `composer` (built from the settings) where a field differs, naming
+    the first one. Two differences are allowed: a φ without an encoder LoRA into one with a LoRA (the LoRA starts
+    at zero, so it reads exactly as fitted), and with `refit`, another query_conditioned (the start of a fit,
+    which teaches it the new reading)."""
+    wanted = composer.config
+    allowed = set()
+    if saved.encoder_lora_rank == 0:
+        allowed |= {"encoder_lora_rank", "encoder_lora_scale"}
+    if refit:
+        allowed.add("query_conditioned")
+    for name in (f.name for f in fields(PhiConfig)):
+        had, want = getattr(saved, name), getattr(wanted, name)
+        if had != want and name not in allowed:
+            raise ValueError(
+                f"{name}: fitted with {had}, the settings give {want} (from {PHI_CONFIG_SOURCES[name]}): "
+                "refit it (`lopd coldstart`, `lopd fit`) or change the setting"
+            )
+
+
+def load_weights(composer: Composer, path, *, refit: bool = False) -> None:
+    """φ's saved weights into `composer`, after its saved configuration is checked against `composer`'s
+    (`check_config`: a φ fitted to another shape or reading is refused, its latents would mean something else)."""
+    saved = saved_config(path)
+    check_config(saved, composer, refit=refit)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and composer.encoder_lora is not None and saved.encoder_lora_rank == 0:
+        # a φ fitted without an encoder LoRA (φ0) starts one at zero (B = 0): it reads exactly as it did
+        lora = composer.encoder_lora.state_dict()
+        state.update({f"encoder_lora.{k}": torch.zeros_like(v) if k.startswith("b.") else v for k, v in lora.items()})
+    composer.load_state_dict(state)

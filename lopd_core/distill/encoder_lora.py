@@ -9,11 +9,15 @@ the student with its own adapter switched off), so nothing may be injected into 
 
 Which weights it trains: the cold start and the in-world fit train all of φ, this included. Distillation keeps it
 as the fit left it — the encoder's states are cached per experience there (composer.py, ExperienceEncoder), and a
-changing encoder would make every cached state stale — and trains the resampler only.
+changing encoder would make every cached state stale — and trains the resampler only. Every cache of what the
+encoder reads has the LoRA's `fingerprint` in its key all the same, so a cache can never serve states (or latents)
+read under other LoRA weights: after a fit, a refit, a loaded checkpoint or a LoRA edited by hand, the next read
+misses.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -50,6 +54,7 @@ class EncoderLoRA(nn.Module):
             nn.Parameter(torch.randn(rank, shapes[n][1], generator=draw) / shapes[n][1] ** 0.5) for n in self.names
         )
         self.b = nn.ParameterList(nn.Parameter(torch.zeros(shapes[n][0], rank)) for n in self.names)
+        self._fingerprint: tuple[tuple, str] | None = None  # (the weights' versions, their digest)
 
     @classmethod
     def for_model(cls, lm, rank: int) -> EncoderLoRA:
@@ -58,6 +63,20 @@ class EncoderLoRA(nn.Module):
         if not shapes:
             raise ValueError(f"composer.encoder_lora_rank: the model has none of the projections {LORA_TARGETS}")
         return cls(shapes, rank)
+
+    def fingerprint(self) -> str:
+        """A digest of the rank, the scale and every weight's bytes: equal for equal LoRAs, different after any
+        change. Hashed again only when a weight changed since the last call: an optimizer step, `load_state_dict`
+        and an edit under `torch.no_grad()` each bump a tensor's version counter, and `.to()` gives it new storage
+        (an edit through `.data` does neither: nothing in the project edits the LoRA that way)."""
+        versions = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if self._fingerprint is None or self._fingerprint[0] != versions:
+            digest = hashlib.sha1(f"{self.rank}:{self.scale}:{','.join(self.names)}".encode())
+            for p in self.parameters():
+                digest.update(str(p.dtype).encode())
+                digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            self._fingerprint = (versions, digest.hexdigest())
+        return self._fingerprint[1]
 
     def trains(self) -> bool:
         """Whether reading with it now builds a graph to its weights (training, gradients on)."""
@@ -84,3 +103,8 @@ class EncoderLoRA(nn.Module):
             return output + ((x @ a.T) @ b.T * self.scale).to(output.dtype)
 
         return add_update
+
+
+def lora_fingerprint(lora: EncoderLoRA | None) -> str:
+    """What a cache key carries for the encoder's LoRA: its fingerprint, or "" for the frozen base alone."""
+    return "" if lora is None else lora.fingerprint()

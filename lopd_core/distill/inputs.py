@@ -21,6 +21,8 @@ import torch
 from lopd_core.distill.anneal import step_scale
 from lopd_core.distill.batch import RolloutBatch, rollout_batch
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents
+from lopd_core.distill.encoder_lora import lora_fingerprint
+from lopd_core.distill.lru import DEFAULT_CAPACITY, LRUCache
 from lopd_core.distill.models import TeacherView
 from lopd_core.distill.replay import IsReplay, never_replay
 from lopd_core.distill.state import DistillState
@@ -145,25 +147,32 @@ class StepSetup:
 
 class AnchorLatents:
     """φ0, fixed, and its latents per experience (and query: `StepModels.queries_of`), cached: the target of the
-    composer's anchor term."""
+    composer's anchor term. The cache is bounded (lru.py) and keyed by φ0's encoder LoRA fingerprint too
+    (encoder_lora.py): latents read under other LoRA weights are never served."""
 
-    def __init__(self, composer: Composer, encoder: ExperienceEncoder):
+    def __init__(self, composer: Composer, encoder: ExperienceEncoder, *, cache_capacity: int = DEFAULT_CAPACITY):
         self.composer = copy.deepcopy(composer).eval().requires_grad_(False)
         self.encoder = encoder
-        self.cache: dict[tuple[str, str], torch.Tensor] = {}  # (query, experience) -> φ0's (K, D) latents
+        # (φ0's LoRA fingerprint, query, experience) -> φ0's (K, D) latents
+        self.cache: LRUCache[tuple[str, str, str], torch.Tensor] = LRUCache(cache_capacity)
 
     def __call__(self, experiences: list[list[str]], queries: list[str] | None = None) -> list[torch.Tensor]:
         """c_φ0 per task: (J·K, D), from the latents of each experience (read with its task's query, if any)."""
-        units = [(q, t) for q, texts in zip(queries or [""] * len(experiences), experiences) for t in texts]
-        missing = list(dict.fromkeys(u for u in units if u not in self.cache))
+        lora = lora_fingerprint(self.composer.encoder_lora)
+        units = [(lora, q, t) for q, texts in zip(queries or [""] * len(experiences), experiences) for t in texts]
+        # this call's latents held apart from the cache: one call may read more than the cache keeps
+        found = {u: v for u in dict.fromkeys(units) if (v := self.cache.get(u)) is not None}
+        missing = list(dict.fromkeys(u for u in units if u not in found))
         if missing:
-            asked = None if queries is None else [q for q, _ in missing]
+            asked = None if queries is None else [q for _, q, _ in missing]
             with torch.no_grad():
-                fresh = compose_latents(self.composer, self.encoder, [[t] for _, t in missing], asked)
-            self.cache.update(zip(missing, fresh))
+                fresh = compose_latents(self.composer, self.encoder, [[t] for _, _, t in missing], asked)
+            for unit, latents in zip(missing, fresh):
+                self.cache.put(unit, latents)
+                found[unit] = latents
         out, start = [], 0
         for texts in experiences:
-            rows = [self.cache[u] for u in units[start : start + len(texts)]]
+            rows = [found[u] for u in units[start : start + len(texts)]]
             out.append(torch.cat(rows) if rows else torch.zeros((0, self.composer.proj_out.out_features)))
             start += len(texts)
         return out

@@ -13,10 +13,9 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
+from lopd_core.distill.composer import save_composer
 from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
 from lopd_core.distill.models import export_student, replicated_copy
 from lopd_core.distill.state import DistillState
@@ -131,6 +130,6 @@ def export(distiller: Distiller, out_dir: str | Path) -> Path:
     if D.is_main():  # replicas are identical: one copy on disk
         out.mkdir(parents=True, exist_ok=True)
         export_student(trainable, student, distiller.tokenizer, out)
-        torch.save(distiller.composer.state_dict(), out.parent / "composer.pt")
+        save_composer(distiller.composer, out.parent / "composer.pt")
     D.barrier()
     return out

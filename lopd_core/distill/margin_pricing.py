@@ -10,9 +10,9 @@ import torch
 from lopd_core import distributed as D
 from lopd_core.distill import margin as MG
 from lopd_core.distill import step as S
+from lopd_core.distill.batch import RolloutBatch, micro_batches
 from lopd_core.distill.inputs import Retriever, StepModels, StepSetup
 from lopd_core.distill.state import DistillState
-from lopd_core.distill.step import micro_batches
 from lopd_core.distill.teacher import action_logits, build_batch
 
 
@@ -63,7 +63,7 @@ def seed_gap(
                     [ids[i] for i in chunk],
                     [masks[i] for i in chunk],
                     [latents[i] for i in chunk],
-                    [keys[i] for i in chunk],
+                    keys=[keys[i] for i in chunk],
                 )
                 total += float((sums / counts.clamp(min=1))[counts > 0].sum())
                 n += int((counts > 0).sum())
@@ -71,7 +71,9 @@ def seed_gap(
     return (total / n if n else math.nan), int(n)
 
 
-def _chunk_gaps(setup: StepSetup, models: StepModels, ids, masks, latents, keys) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_gaps(
+    setup: StepSetup, models: StepModels, ids, masks, latents, *, keys
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of a chunk: Σ over its action tokens of log p_T,φ0(a) − log p_S(a), and its action tokens."""
     with models.teacher_lm(setup.method.teacher.weights) as lm:
         scores = S.score_teacher(
@@ -94,7 +96,7 @@ def _chunk_gaps(setup: StepSetup, models: StepModels, ids, masks, latents, keys)
     return sums, torch.bincount(scores.token_traj_index, minlength=len(ids))
 
 
-def price_on_batch(setup: StepSetup, state: DistillState, batch: S.RolloutBatch, gap_sums: torch.Tensor, log) -> None:
+def price_on_batch(setup: StepSetup, state: DistillState, batch: RolloutBatch, gap_sums: torch.Tensor, log) -> None:
     """`lopd.margin: auto` with nothing stored to price on: this step's successes (the first step's, whose
     teacher pass ran with φ0's latents against the initial student, the same gap as on stored ones).
     `gap_sums` (B,): per trajectory, Σ over its action tokens of log p_T,φ − log p_S,old."""

@@ -54,6 +54,7 @@ def score_actions_shared(
     model,
     token_ids: list[list[int]],
     action_masks: list[list[int]],
+    *,
     context: list[Tensor] | None = None,
     framing: Framing | None = None,
     context_keys: list[Hashable] | None = None,

@@ -42,13 +42,13 @@ def text_embeddings(lm, tokenizer, texts: list[list[str]], rooms: list[int] | No
 
 def reading_kl(
     lm,
-    tokenizer,
-    framing: Framing,
     ids: list[list[int]],
     masks: list[list[int]],
     latents: list[Tensor],
     texts: list[list[str]],
     *,
+    tokenizer,
+    framing: Framing,
     max_context: int,
 ) -> tuple[Tensor, int]:
     """Σ over the rows' action tokens of KL(p_text ‖ p_latent) (graph to `latents`) and how many tokens that is.

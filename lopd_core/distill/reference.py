@@ -20,6 +20,7 @@ from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
 from lopd_core.distill import margin_pricing as P
 from lopd_core.distill import step as S
+from lopd_core.distill.batch import RolloutBatch
 from lopd_core.distill.composer import compose_latents
 from lopd_core.distill.dashboard import ComposerStep, UpdateResult, step_result
 from lopd_core.distill.inputs import StepModels, StepSetup
@@ -88,7 +89,7 @@ def reference_update(
     loss_phi = L.composer_loss(kl_phi, delta_bar, beta=beta, margin=margin, anchor=anchor, anchor_weight=weight)
     loss_phi = loss_phi + setup.text_kl_weight * kl_text
     # ---- the optimizer steps: θ on loss_θ, φ on loss_φ
-    grad_theta, grad_phi = optimizer_steps(setup, models, state, loss_theta, loss_phi if trains_phi else None, log)
+    grad_theta, grad_phi = optimizer_steps(setup, models, state, loss_theta, loss_phi if trains_phi else None, log=log)
     # ---- 5. dual ascent on β (only for a composer that learns)
     if trains_phi and math.isfinite(float(delta_bar.detach())):
         state.beta = L.dual_ascent(beta, margin=margin, delta_bar=float(delta_bar.detach()), lr=setup.beta_lr)
@@ -128,7 +129,7 @@ def teacher_inputs(setup: StepSetup, models: StepModels, tasks: list[Task], traj
 
 
 def teacher_scores(
-    setup: StepSetup, models: StepModels, batch: S.RolloutBatch, latents, texts, *, graph: bool
+    setup: StepSetup, models: StepModels, batch: RolloutBatch, latents, texts, *, graph: bool
 ) -> S.TeacherScores:
     """The teacher's pass over the whole batch, each row with its own context; the graph to φ when `graph`."""
     with models.teacher_lm(setup.method.teacher.weights) as lm, torch.set_grad_enabled(graph):
@@ -149,26 +150,26 @@ def teacher_scores(
         )
 
 
-def reading_term(setup: StepSetup, models: StepModels, batch: S.RolloutBatch, latents, experiences) -> torch.Tensor:
+def reading_term(setup: StepSetup, models: StepModels, batch: RolloutBatch, latents, experiences) -> torch.Tensor:
     """KL(p_text ‖ p_latent), a token mean over the reading rows (reading.py), with its graph to φ."""
     picked = reading_rows(len(batch), setup.samples_per_task, setup.text_kl_rows)
     ids, masks = batch.rows(picked)
     with models.teacher_lm(setup.method.teacher.weights) as lm:
         kl_sum, n = reading_kl(
             lm,
-            models.tokenizer,
-            models.framing,
             ids,
             masks,
             [latents[i] for i in picked],
             [experiences[i] for i in picked],
+            tokenizer=models.tokenizer,
+            framing=models.framing,
             max_context=setup.max_context,
         )
     return kl_sum / max(n, 1)
 
 
 def optimizer_steps(
-    setup: StepSetup, models: StepModels, state: DistillState, loss_theta, loss_phi, log
+    setup: StepSetup, models: StepModels, state: DistillState, loss_theta, loss_phi, *, log
 ) -> tuple[float, float]:
     """Back-propagate both losses, clip, step θ (and SDPO's EMA teacher after it), then φ; returns the gradient
     norms before clipping. `loss_phi` None: φ does not learn. A non-finite loss or norm skips that step."""

@@ -32,15 +32,6 @@ from torch import Tensor
 from lopd_core import distributed as D
 from lopd_core.distill import losses as L
 from lopd_core.distill import pg_losses as PG
-from lopd_core.distill.batch import (  # noqa: F401  re-exported: the step's phases are read from here
-    ComposerScale,
-    RolloutBatch,
-    chunk_group,
-    composer_chunks,
-    composer_scale,
-    micro_batches,
-    rollout_batch,
-)
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 
@@ -139,7 +130,9 @@ def score_teacher(
     backward), and the logits only with `keep_logits` (the full-vocabulary student loss reads them).
     The graph follows the caller's grad mode: run under torch.no_grad() when nothing back-propagates."""
     if share_prompt:  # each task's prompt and latents once for its samples (prefix.py)
-        scored = score_actions_shared(lm, token_ids, action_masks, context, framing, context_keys)
+        scored = score_actions_shared(
+            lm, token_ids, action_masks, context=context, framing=framing, context_keys=context_keys
+        )
         logits, action_ids, rows = scored.logits, scored.action_ids, scored.token_traj_index
     else:
         batch = build_batch(lm, token_ids, action_masks, context, framing)

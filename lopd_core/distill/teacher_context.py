@@ -17,7 +17,7 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.distill import baselines as B
-from lopd_core.distill import step as S
+from lopd_core.distill.batch import RolloutBatch
 from lopd_core.distill.inputs import StepModels, StepSetup
 from lopd_core.envs import Task
 
@@ -38,7 +38,7 @@ class TeacherContext:
 
 
 def teacher_context(
-    setup: StepSetup, models: StepModels, tasks: list[Task], trajs: list, batch: S.RolloutBatch
+    setup: StepSetup, models: StepModels, tasks: list[Task], trajs: list, batch: RolloutBatch
 ) -> TeacherContext:
     """Retrieve, and compose latents once per distinct experience text (module docstring)."""
     spec, group, device = setup.method, setup.samples_per_task, models.device
@@ -98,7 +98,7 @@ def context_embeddings(
 
 
 def rows_context(
-    setup: StepSetup, models: StepModels, lm, context: TeacherContext, ids: list[list[int]], rows: list[int]
+    setup: StepSetup, models: StepModels, lm, context: TeacherContext, ids: list[list[int]], *, rows: list[int]
 ):
     """The contexts the teacher splices into `rows` (whose ids are `ids`), and the keys that tell a shared
     prompt pass which rows read the same context; (None, None) for a teacher that reads nothing."""

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from lopd_core.config import Params
 from lopd_core.distill.composer import Composer
+from lopd_core.distill.encoder_lora import lora_fingerprint
+from lopd_core.distill.lru import LRUCache
 from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
 from lopd_core.envs import Task
 from lopd_core.evaluation import eval_sampling, eval_shards, shard_requests, summarize
@@ -40,9 +42,11 @@ def teacher_in_play(
     eval.modes, with `model` as the frozen base and `composer` writing its latents."""
     results: dict = {}
     shards = [s for s in eval_shards(params) if not s.experience and s.split in splits]
-    cache: dict[tuple[str, str], tuple] = {}
+    # one split's requests and latents, played in every mode: eval_shards lists a split's modes one after another,
+    # so one entry serves them all and the last split's latents are let go (a whole split's: the largest cache)
+    cache: LRUCache[tuple[str, str, str], tuple] = LRUCache(capacity=1)
     for shard in shards:
-        key = (shard.env, shard.split)
+        key = (shard.env, shard.split, lora_fingerprint(composer.encoder_lora))
         if key not in cache:
             plain = shard_requests(params, shard)
             texts = retrieve([r.task for r in plain])
@@ -55,8 +59,8 @@ def teacher_in_play(
                 queries=[r.task.instruction for r in plain],
             )
             with_text = [RolloutRequest(r.task, experiences=tuple(x)) for r, x in zip(plain, texts)]
-            cache[key] = plain, with_text, latents
-        plain, with_text, latents = cache[key]
+            cache.put(key, (plain, with_text, latents))
+        plain, with_text, latents = cache.get(key)
         sampling = eval_sampling(params, shard.mode)
         ro, seed = params.rollout, params.seed
         played = {

@@ -132,6 +132,7 @@ def refresh_check(
     baselines,
     scorer: Callable[[object], CheckScore],
     out: UpdateResult,
+    *,
     log,
 ) -> None:
     """The held-out check after this step, and θ̄ ← student where the student is ahead (module docstring). The

@@ -43,31 +43,20 @@ from lopd_core import methods as M
 from lopd_core.config import Params
 from lopd_core.distill import anneal as AN
 from lopd_core.distill import checkpoints as C
-from lopd_core.distill import losses as L  # noqa: F401  re-exported: tests patch the losses through it
 from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing as P
 from lopd_core.distill import replay as RP
 from lopd_core.distill import teacher_refresh as R
 from lopd_core.distill import trace_source as TS
 from lopd_core.distill import update as U
-from lopd_core.distill.build import build_models, check_top_k, load_composer, splice_room  # noqa: F401  re-exported
-from lopd_core.distill.checkpoints import (  # noqa: F401  re-exported
-    RESUME_FREE,
-    RESUME_SETTINGS,
-    CheckpointError,
-    plain_data,
-    read_checkpoint,
-    resume_settings,
-    settings_differences,
-)
+from lopd_core.distill.build import build_models, check_processes, check_top_k, splice_room
 from lopd_core.distill.composer import Composer
-from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow, UpdateResult  # noqa: F401
-from lopd_core.distill.inputs import Retriever, StepModels, StepSetup  # noqa: F401  re-exported
+from lopd_core.distill.dashboard import UpdateResult
+from lopd_core.distill.inputs import Retriever, StepSetup
 from lopd_core.distill.reference import reference_update
 from lopd_core.distill.state import DistillState
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
-from lopd_core.errors import TrainingDiverged  # noqa: F401  re-exported: callers catch it from here
 from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, ServedBackend, rollout
 
@@ -101,11 +90,7 @@ class Distiller:
         """`method`: the method resolved once by the distill driver (`methods.resolve_method`); None resolves
         params' own (a Distiller built by hand, as the tests and benchmarks build one)."""
         D.setup()  # joins the process group under `accelerate launch`; a no-op in one process
-        if D.world_size() > params.lopd.tasks_per_step:
-            raise ValueError(
-                f"lopd.tasks_per_step: got {params.lopd.tasks_per_step}, expected at least the "
-                f"number of processes ({D.world_size()}): every rank needs a task per step"
-            )
+        check_processes(params.lopd)
         params.lopd.check()  # the rules across keys, also for a section built by hand
         check_top_k(params.lopd, base)
         torch.manual_seed(params.seed)
@@ -125,7 +110,14 @@ class Distiller:
             params.envs, cfg.replay_worlds, per_step=cfg.replay_per_step, steps=cfg.steps, seed=params.seed
         )
         self.models = build_models(
-            params, self.phases, base, tokenizer, retriever, composer, teacher_base, self.replay.is_replay
+            params,
+            self.phases,
+            base,
+            tokenizer,
+            retriever=retriever,
+            composer=composer,
+            teacher_base=teacher_base,
+            is_replay=self.replay.is_replay,
         )
         self.state = DistillState(beta=self.cfg.beta_init, rollouts=initial_rollouts)
         self._use_phase(0)
@@ -319,7 +311,7 @@ class Distiller:
         return R.greedy_score(lm, self.codec, self._check_tasks, self.params.rollout, seed=self.params.seed)
 
     def _refresh_check(self, out: UpdateResult) -> None:
-        R.refresh_check(self.models, self.state, self.params.baselines, self.refresh_scorer, out, self.log)
+        R.refresh_check(self.models, self.state, self.params.baselines, self.refresh_scorer, out, log=self.log)
 
     # ---- checkpoints (checkpoints.py) -------------------------------------------------------------------
     def checkpoint_path(self) -> Path:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -35,11 +36,19 @@ from lopd_core.distill import baselines as B
 from lopd_core.distill import losses as L
 from lopd_core.distill import margin_pricing as P
 from lopd_core.distill import step as S
+from lopd_core.distill.batch import (
+    ComposerScale,
+    RolloutBatch,
+    chunk_group,
+    composer_chunks,
+    composer_scale,
+    micro_batches,
+)
 from lopd_core.distill.dashboard import ComposerStep, UpdateResult, step_result
 from lopd_core.distill.inputs import StepModels, StepSetup
 from lopd_core.distill.reading import reading_kl, reading_rows
 from lopd_core.distill.state import DistillState
-from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.distill.teacher import ScoringBatch, action_logits, build_batch
 from lopd_core.distill.teacher_context import (
     TeacherContext,
     check_teacher_rows,
@@ -59,6 +68,18 @@ def timed(sums: S.StepSums, phase: str):
         sums.seconds[phase] += time.perf_counter() - started
 
 
+@dataclass(frozen=True)
+class UpdateParts:
+    """What every function of one update reads, fixed for the update (the weights and the sums change, not which
+    they are): each function below takes this and what is its own (a chunk's rows, a pass's scores)."""
+
+    setup: StepSetup
+    models: StepModels
+    batch: RolloutBatch
+    context: TeacherContext
+    sums: S.StepSums
+
+
 def grad_norm(params, max_norm: float) -> float:
     return float(SH.full_value(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)))
 
@@ -73,14 +94,15 @@ def update(
     with timed(sums, "teacher"):
         context = teacher_context(setup, models, tasks, trajs, batch)  # 2a. latents once per distinct experience
     beta = state.beta  # the β of this step's composer loss (the row's `beta`)
+    parts = UpdateParts(setup, models, batch, context, sums)
 
     chunks = step_chunks(setup, batch.token_ids)
     picked = composer_picks(setup, len(chunks), state.step)
-    scale = S.composer_scale(batch, chunks, picked)
+    scale = composer_scale(batch, chunks, picked)
     models.opt_theta.zero_grad(set_to_none=True)
     for c, chunk in enumerate(chunks):  # 2-4 on each micro-batch, gradients accumulated
-        run_chunk(setup, models, batch, context, chunk, sums, beta=beta, scale=scale, train_composer=c in picked)
-    kl_text = reading_backward(setup, models, batch, context, sums)  # 4'. the reading term, into the latents' grad
+        run_chunk(parts, chunk, beta=beta, scale=scale, train_composer=c in picked)
+    kl_text = reading_backward(parts)  # 4'. the reading term, into the latents' grad
     totals = sums.reduced()
     if setup.margin(state) is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
         P.price_on_batch(setup, state, batch, sums.gap, log)
@@ -89,7 +111,7 @@ def update(
     with timed(sums, "student"):
         grad_theta = step_student(setup, models, state, totals["distill"], log)  # 3. once, on the accumulated grad
     with timed(sums, "composer"):
-        composer = step_composer(setup, models, state, context, totals, beta, margin, kl_text, log)  # 4. one backward
+        composer = step_composer(parts, state, totals, beta=beta, margin=margin, kl_text=kl_text, log=log)  # 4.
     delta_bar = totals["delta"]
     if setup.method.composer.trainable and math.isfinite(delta_bar):  # 5. β only acts on a composer that learns
         state.beta = L.dual_ascent(beta, margin=margin, delta_bar=delta_bar, lr=setup.beta_lr)
@@ -112,57 +134,50 @@ def update(
 
 def step_chunks(setup: StepSetup, token_ids: list[list[int]]) -> list[list[int]]:
     """The rows of each micro-batch (`lopd.micro_batch`; a task's samples together where they share a prompt)."""
-    group = S.chunk_group(setup.samples_per_task, setup.share_prompt)
-    return S.micro_batches([len(i) for i in token_ids], setup.micro_batch, group)
+    group = chunk_group(setup.samples_per_task, setup.share_prompt)
+    return micro_batches([len(i) for i in token_ids], setup.micro_batch, group)
 
 
 def composer_picks(setup: StepSetup, n_chunks: int, step: int) -> set[int]:
     """Which chunks train the composer this step (`lopd.composer_fraction`), seeded by (seed, step)."""
-    return S.composer_chunks(n_chunks, setup.composer_fraction, setup.seed * 1_000_003 + step)
+    return composer_chunks(n_chunks, setup.composer_fraction, setup.seed * 1_000_003 + step)
 
 
 # ---- steps 2-4 on a chunk -------------------------------------------------------------------------------------
 
 
-def run_chunk(
-    setup: StepSetup,
-    models: StepModels,
-    batch: S.RolloutBatch,
-    context: TeacherContext,
-    chunk: list[int],
-    sums: S.StepSums,
-    *,
-    beta: float,
-    scale: S.ComposerScale,
-    train_composer: bool,
-) -> None:
+def run_chunk(parts: UpdateParts, chunk: list[int], *, beta: float, scale: ComposerScale, train_composer: bool) -> None:
     """Steps 2-4 on one chunk, gradients accumulated. A function so that every tensor of the chunk (logits,
     log-probs, padded inputs) is released when it returns, before the next chunk starts."""
+    setup, batch, sums = parts.setup, parts.batch, parts.sums
     with timed(sums, "student"):
-        sbatch = build_batch(models.student, *batch.rows(chunk))
+        sbatch = build_batch(parts.models.student, *batch.rows(chunk))
     graph = setup.method.needs_composer and setup.method.composer.trainable and train_composer
     if not setup.teacher_pass:  # GRPO without a reference KL: the student alone
         with timed(sums, "student"):
-            student_backward(setup, models, batch, context, chunk, sbatch, None, sums, keep_old=True)
+            student_backward_keeping_old(parts, chunk, sbatch, None)
     elif setup.low_memory:
-        chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, beta=beta, scale=scale, graph=graph)
+        chunk_low_memory(parts, chunk, sbatch, beta=beta, scale=scale, graph=graph)
     else:
         with timed(sums, "teacher"):
-            scores = score_rows(setup, models, batch, context, chunk, sums, graph=graph)
+            scores = score_rows(parts, chunk, graph=graph)
         with timed(sums, "student"):
             targets = scores.targets(keep_logits=setup.student_loss.reads_teacher_logits)
-            s_old = student_backward(setup, models, batch, context, chunk, sbatch, targets, sums, keep_old=True)
+            s_old = student_backward_keeping_old(parts, chunk, sbatch, targets)
         with timed(sums, "composer"):
             composer_backward(batch, chunk, scores, s_old, sums, beta=beta, scale=scale)
 
 
-def chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, *, beta, scale, graph) -> None:
+def chunk_low_memory(
+    parts: UpdateParts, chunk: list[int], sbatch: ScoringBatch, *, beta: float, scale: ComposerScale, graph: bool
+) -> None:
     """The low-memory order (`lopd.low_memory`): s_old from a no-grad student forward first, so each teacher
     pass (`lopd.teacher_micro_batch` consecutive rows; 0 = the whole chunk) is consumed by the composer's
     backward before the next, and the student's graph is built only after the last. Peak memory is the
     larger of the two graphs rather than both, for one more student forward per chunk (and one more
     resampler forward, `teacher_context`). The chunk's action tokens are ordered row by row, so a pass's
     tokens are a contiguous slice of the student's."""
+    setup, models, batch, sums = parts.setup, parts.models, parts.batch, parts.sums
     with timed(sums, "student"), torch.no_grad():
         s_lp_old = torch.log_softmax(action_logits(models.student, sbatch), dim=-1)  # (n, V)
     size = setup.teacher_micro_batch or len(chunk)
@@ -170,7 +185,7 @@ def chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, *, beta
     for k in range(0, len(chunk), size):
         part = chunk[k : k + size]
         with timed(sums, "teacher"):
-            scores = score_rows(setup, models, batch, context, part, sums, graph=graph)
+            scores = score_rows(parts, part, graph=graph)
         n = scores.action_ids.shape[0]
         with timed(sums, "composer"):
             part_lp_old = s_lp_old[offset : offset + n]  # (n, V) this pass's tokens
@@ -184,26 +199,16 @@ def chunk_low_memory(setup, models, batch, context, chunk, sbatch, sums, *, beta
         raise RuntimeError("teacher passes and the student chunk disagree on the action tokens")
     del s_lp_old  # the composer is done with it: not alive through the student's backward
     with timed(sums, "student"):
-        student_backward(
-            setup, models, batch, context, chunk, sbatch, S.StudentTargets.cat(targets), sums, keep_old=False
-        )
+        student_backward(parts, chunk, sbatch, S.StudentTargets.cat(targets))
 
 
-def score_rows(
-    setup: StepSetup,
-    models: StepModels,
-    batch: S.RolloutBatch,
-    context: TeacherContext,
-    rows: list[int],
-    sums: S.StepSums,
-    *,
-    graph: bool,
-) -> S.TeacherScores:
+def score_rows(parts: UpdateParts, rows: list[int], *, graph: bool) -> S.TeacherScores:
     """Step 2 on `rows` with this method's teacher weights and context; the graph to the latents is kept
     when `graph` (for step 4). The baselines' teachers read text or nothing in the same slot."""
-    ids, masks = batch.rows(rows)
+    setup, models = parts.setup, parts.models
+    ids, masks = parts.batch.rows(rows)
     with models.teacher_lm(setup.method.teacher.weights) as lm, nullcontext() if graph else torch.no_grad():
-        ctx, keys = rows_context(setup, models, lm, context, ids, rows)
+        ctx, keys = rows_context(setup, models, lm, parts.context, ids, rows=rows)
         check_teacher_rows(setup, ids, ctx)
         scores = S.score_teacher(
             lm,
@@ -217,26 +222,16 @@ def score_rows(
             temperature=setup.method.teacher.temperature,
             keep_logits=setup.student_loss.reads_teacher_logits,
         )
-    sums.add_teacher(scores)
+    parts.sums.add_teacher(scores)
     return scores
 
 
 def student_backward(
-    setup: StepSetup,
-    models: StepModels,
-    batch: S.RolloutBatch,
-    context: TeacherContext,
-    chunk: list[int],
-    sbatch,
-    targets: S.StudentTargets | None,
-    sums: S.StepSums,
-    *,
-    keep_old: bool,
-):
-    """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. With `keep_old` (the
-    low-memory order took them earlier), adds the pre-update student's entropy to the sums and returns its
-    detached log-probs where the composer's loss reads them (on the teacher's top-k ids; None without a
-    teacher), so no (n, V) tensor outlives this call."""
+    parts: UpdateParts, chunk: list[int], sbatch: ScoringBatch, targets: S.StudentTargets | None
+) -> torch.Tensor:
+    """Step 3 on a chunk: forward, loss (its share of the batch's token mean), backward. Returns the student's
+    (n, V) logits, detached (the low-memory order, which took s_old before, lets them go at once)."""
+    setup, models, batch, context, sums = parts.setup, parts.models, parts.batch, parts.context, parts.sums
     device = sbatch.action_ids.device
     s_logits = action_logits(models.student, sbatch)  # (n, V)
     rows = torch.tensor(chunk, dtype=torch.long, device=device)[sbatch.token_traj_index]  # (n,) trajectory
@@ -255,22 +250,28 @@ def student_backward(
     share = per_token.sum() / context.n_signal
     share.backward()
     sums.shares["distill"] += float(share.detach())
-    if not keep_old:
-        return None
-    s_lp_old = torch.log_softmax(s_logits.detach(), dim=-1)  # (n, V), freed on return
-    sums.add_student_entropy(s_lp_old)
+    return s_logits.detach()
+
+
+def student_backward_keeping_old(
+    parts: UpdateParts, chunk: list[int], sbatch: ScoringBatch, targets: S.StudentTargets | None
+) -> S.StudentOld | None:
+    """`student_backward`, then the pre-update student's entropy into the sums and its detached log-probs on the
+    teacher's top-k ids for the composer's loss (None without a teacher): no (n, V) tensor outlives this call."""
+    s_lp_old = torch.log_softmax(student_backward(parts, chunk, sbatch, targets), dim=-1)  # (n, V), freed on return
+    parts.sums.add_student_entropy(s_lp_old)
     return None if targets is None else S.StudentOld.of(s_lp_old, targets.topk_ids, sbatch.action_ids)
 
 
 def composer_backward(
-    batch: S.RolloutBatch,
+    batch: RolloutBatch,
     rows: list[int],
     scores: S.TeacherScores,
     s_old: S.StudentOld,
     sums: S.StepSums,
     *,
     beta: float,
-    scale: S.ComposerScale,
+    scale: ComposerScale,
 ) -> None:
     """Step 4 on the rows of one teacher pass: this pass's piece of loss_φ — its shares of KL(sg[p_S,old] ‖
     p_T,φ) and δ̄ (module docstring) — backward through the frozen teacher to the latent leaf; the teacher's
@@ -309,11 +310,10 @@ def step_student(setup: StepSetup, models: StepModels, state: DistillState, dist
     return grad
 
 
-def composer_anchor_backward(
-    setup: StepSetup, models: StepModels, context: TeacherContext, beta: float, margin: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def composer_anchor_backward(parts: UpdateParts, *, beta: float, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The anchor's piece of loss_φ (with m) and the latents' accumulated gradient, one backward through the
     resampler. Returns the step's latents (Σ J_τ·K, D) and this rank's share of the anchor, detached."""
+    setup, models, context = parts.setup, parts.models, parts.context
     width = models.latent_width
     order = [s for ss in context.slots for s in ss]  # per trajectory, as the teacher read them
     anchor_share = len(order) / max(D.global_sum([len(order)])[0], 1)  # this rank's rows of the anchor's mean
@@ -335,11 +335,10 @@ def composer_anchor_backward(
 
 
 def step_composer(
-    setup: StepSetup,
-    models: StepModels,
+    parts: UpdateParts,
     state: DistillState,
-    context: TeacherContext,
     totals: dict[str, float],
+    *,
     beta: float,
     margin: float,
     kl_text: float,
@@ -347,12 +346,13 @@ def step_composer(
 ) -> ComposerStep:
     """The composer's step: the anchor's piece plus the latents' accumulated gradient, one backward through
     the resampler, then the optimizer step (skipped when non-finite)."""
+    setup, models, context = parts.setup, parts.models, parts.context
     width = models.latent_width
     flat = torch.zeros((0, width), device=models.device)  # (Σ J_τ·K, D) the step's latents
     anchor = torch.zeros(())
     models.opt_phi.zero_grad(set_to_none=True)
     if context.latents is not None and setup.method.composer.trainable:  # (φ = φ0: frozen-composer ablation)
-        flat, anchor = composer_anchor_backward(setup, models, context, beta, margin)
+        flat, anchor = composer_anchor_backward(parts, beta=beta, margin=margin)
     elif context.latents is not None:  # φ = φ0: nothing to learn, but the dashboard still shows their scale
         flat = context.latents[[s for ss in context.slots for s in ss]].reshape(-1, width).detach()
     anchor_v = D.global_sum([float(anchor)])[0]
@@ -371,12 +371,11 @@ def step_composer(
     return ComposerStep(anchor_v, grad, norm_sum / norm_rows if norm_rows else 0.0, kl_text)
 
 
-def reading_backward(
-    setup: StepSetup, models: StepModels, batch: S.RolloutBatch, context: TeacherContext, sums: S.StepSums
-) -> float:
+def reading_backward(parts: UpdateParts) -> float:
     """The composer's reading term (reading.py): w · KL(p_text ‖ p_latent) on a few of the step's rows, backward
     into the latents' leaf, whose gradient step_composer then pushes through the resampler with the rest of
     loss_φ. Returns the KL (a token mean over every rank's rows); 0 where φ does not train or w is 0."""
+    setup, models, batch, context, sums = parts.setup, parts.models, parts.batch, parts.context, parts.sums
     if not (setup.text_kl_weight and setup.method.composer.trainable and context.latents is not None):
         return 0.0
     with timed(sums, "composer"):
@@ -386,7 +385,14 @@ def reading_backward(
         with models.teacher_lm(setup.method.teacher.weights) as lm:
             latents = [row_latents(models, context, i) for i in rows]
             kl_sum, n = reading_kl(
-                lm, models.tokenizer, models.framing, ids, masks, latents, texts, max_context=setup.max_context
+                lm,
+                ids,
+                masks,
+                latents,
+                texts,
+                tokenizer=models.tokenizer,
+                framing=models.framing,
+                max_context=setup.max_context,
             )
             total_sum, total_n = D.global_sum([float(kl_sum.detach()), n])
             if kl_sum.requires_grad:

@@ -11,11 +11,10 @@ from lopd_core import distributed as D
 from lopd_core.config import Params
 from lopd_core.distill.coldstart import train_coldstart
 from lopd_core.distill.coldstart_data import pretraining_retriever, pretraining_successes
-from lopd_core.distill.composer import Composer, build_composer, load_weights
+from lopd_core.distill.composer import Composer, build_composer, load_weights, save_composer
 from lopd_core.errors import StateError
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy
-from lopd_core.outputs import atomic_write
 
 
 def new_composer(params: Params, model) -> Composer:
@@ -72,8 +71,7 @@ def run_coldstart(params: Params, log=print) -> dict:
         )
     out = Path(cs.out)
     if D.is_main():  # every rank holds the same φ0: one copy on disk
-        with atomic_write(out) as f:
-            torch.save(composer.state_dict(), f)
+        save_composer(composer, out)
     D.barrier()
     return {
         "successes": len(successes),

@@ -17,6 +17,7 @@ from lopd_core.distill.teacher_play import merge_teacher
 from lopd_core.gate import Comparison, GateDecision, GuardResult
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.methods import resolve_method
+from lopd_core.settings.checks import CYCLE_REPLAY_SHARE, REPLAY_AUTO
 
 
 @dataclass
@@ -78,10 +79,26 @@ def teacher_for(params: Params, champion: Champion, base: str) -> str | None:
     return None if params.cycle.refresh_teacher or champion.model == base else base
 
 
+def cycle_replay(params: Params) -> Params:
+    """`params` with lopd.replay_share `auto` resolved for a cycle: CYCLE_REPLAY_SHARE where the cycle's steps roll
+    out toolworld tasks and hold at least two (one replay task and one fresh one), else 0 (a step of served traces
+    rolls out none; a world without pretraining worlds has nothing to replay). Why a cycle replays by default and
+    a single run does not: a cycle's student becomes the next champion and is served in every world it knew, so
+    what it forgets accumulates (measured: docs/results.md); a single run or a comparison asks about one world."""
+    cfg = params.lopd
+    if cfg.replay_share != REPLAY_AUTO:
+        return params
+    rolls_out_toolworld = "toolworld" in params.envs.mix and cfg.trajectories == "rollouts"
+    share = CYCLE_REPLAY_SHARE if rolls_out_toolworld and cfg.tasks_per_step >= 2 else 0.0
+    return replace(params, lopd=replace(cfg, replay_share=share))
+
+
 def with_earlier_worlds(params: Params, history: list[dict]) -> Params:
-    """`params` with lopd.replay_worlds extended by every toolworld world an earlier cycle deployed to (its record's
-    `deploy_worlds`) and this one does not, so that replay (lopd.replay_share, lopd_core/distill/replay.py) keeps
-    them. Unchanged without replay, or without toolworld in the mix: then the distill stage's key does not move."""
+    """`params` for a cycle's distillation: lopd.replay_share's `auto` resolved (cycle_replay), and
+    lopd.replay_worlds extended by every toolworld world an earlier cycle deployed to (its record's
+    `deploy_worlds`) and this one does not, so that replay (lopd_core/distill/replay.py) keeps them. Without
+    replay, or without toolworld in the mix, the worlds are left as they are."""
+    params = cycle_replay(params)
     cfg = params.lopd
     if cfg.replay_share == 0 or "toolworld" not in params.envs.mix:
         return params

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.distill.coldstart import train_coldstart
+from lopd_core.distill.composer import save_composer
 from lopd_core.distill.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
 from lopd_core.drivers.coldstart import load_phi
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.model.loading import load_policy
-from lopd_core.outputs import atomic_write, file_target
+from lopd_core.outputs import file_target
 from lopd_core.rollout.engine import Sampling
 from lopd_core.rollout.table import read_trajectories
 
@@ -78,8 +79,7 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
             skipped_updates=run.skipped_updates,
             seconds_per_step=round(seconds, 4),
         )
-    with atomic_write(Path(cs.fit_out)) as f:
-        torch.save(composer.state_dict(), f)
+    save_composer(composer, Path(cs.fit_out))
     return summary
 
 

@@ -14,6 +14,10 @@ after any step that added or removed a row (`_compact`, as kept_cache.keep_rows 
 past the longest row. Each row samples from its own seeded stream with its own temperature and top-p, drawing one
 uniform per sampled token as `generate_turn` does with one generator per row: a request samples what it would
 have sampled alone, up to float noise in batched logits.
+
+A row with a `constraint` (constrained.py: a JSON answer, a tool call) samples only among the tokens that keep its
+output a valid prefix: its logits are masked to -inf elsewhere before temperature and top-p, so the log-probs it
+keeps are those of the masked distribution it was drawn from, and each kept token advances the constraint.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from lopd_core.rollout.constrained import Constrained
 from lopd_core.rollout.decode import _last_logits, _left_padded, _pick_tokens, _top_tokens
 from lopd_core.rollout.trajectory import Sampling
 
@@ -39,6 +44,7 @@ class Request:
     generator: torch.Generator  # advanced one uniform per sampled token (none when greedy)
     top_logprobs: int = 0
     on_token: Callable[[int, float, list], None] | None = None  # (token id, log-prob, top-k) per kept token
+    constraint: Constrained | None = None  # the output it must write (its tokens masked to the valid ones)
     ids: list[int] = field(default_factory=list)  # sampled so far
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -138,7 +144,12 @@ class ContinuousBatch:
 
     def _sample(self, logits: torch.Tensor) -> None:
         """Per group of rows sharing (temperature, top_p): one token each from its own stream, kept with its
-        log-prob and, when asked, the top-k of the distribution it was drawn from."""
+        log-prob and, when asked, the top-k of the distribution it was drawn from. A constrained row's logits are
+        masked first."""
+        for n, row in enumerate(self.rows):
+            if row.request.constraint is not None:
+                allowed = row.request.constraint.mask(logits.shape[-1]).to(logits.device)  # (V,)
+                logits[n] = logits[n].masked_fill(~allowed, float("-inf"))
         groups: dict[tuple[float, float], list[int]] = {}
         for n, row in enumerate(self.rows):
             groups.setdefault((row.request.temperature, row.request.top_p), []).append(n)
@@ -169,6 +180,8 @@ class ContinuousBatch:
 
 
 def _keep(request: Request, token_id: int, logprob: float, top: list) -> None:
+    if request.constraint is not None:
+        request.constraint.advance(token_id)
     request.ids.append(token_id)
     request.logprobs.append(logprob)
     request.top.append(top)

@@ -22,6 +22,8 @@ class Check(NamedTuple):
     expected: str  # completes "got V, expected ..."
 
 
+REPLAY_AUTO = "auto"  # lopd.replay_share chosen by the run: `lopd cycle` replays, a single run does not
+CYCLE_REPLAY_SHARE = 0.5  # what `auto` means in `lopd cycle` (measured against 0 and 0.25: docs/results.md)
 MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/distill/margin.py)
 
 
@@ -74,6 +76,14 @@ def margin_value() -> Check:
     return Check(
         lambda v: v == MARGIN_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 10.0),
         f"{MARGIN_AUTO!r} or a number in [0, 10]",
+    )
+
+
+def replay_value() -> Check:
+    """`auto`, or a share in [0, 1] (the rules across keys then ask for a replay task and a fresh task per step)."""
+    return Check(
+        lambda v: v == REPLAY_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0),
+        f"{REPLAY_AUTO!r} or a number in [0, 1]",
     )
 
 

@@ -14,7 +14,9 @@ from lopd_core.methods import (
     SAMPLED_KL_METHODS,
 )
 from lopd_core.settings.checks import (
+    CYCLE_REPLAY_SHARE,
     MARGIN_AUTO,
+    REPLAY_AUTO,
     Check,
     ConfigError,
     any_of,
@@ -24,6 +26,7 @@ from lopd_core.settings.checks import (
     non_negative,
     one_of,
     positive,
+    replay_value,
 )
 from lopd_core.settings.envs import NAMED_WORLDS
 from lopd_core.settings.fields import Section, setting
@@ -58,13 +61,14 @@ class LopdConfig(Section):
     steps: int = setting(64, help="training steps", check=positive())
     tasks_per_step: int = setting(8, help="B: tasks rolled out per step", check=positive())
     samples_per_task: int = setting(4, help="G: samples per task", check=positive())
-    replay_share: float = setting(
-        0.0,
-        check=in_range(0.0, 1.0),
+    replay_share: float | str = setting(
+        REPLAY_AUTO,
+        check=replay_value(),
         help="share of each step's tasks replayed from earlier worlds (round(share × tasks_per_step) tasks: training "
         "tasks of the pretraining worlds and of lopd.replay_worlds): there the teacher reads no experience, so the "
-        "student keeps the frozen teacher base's behaviour (lopd_core/distill/replay.py); 0: off. The default is "
-        "not chosen by measurement yet (issue #46: three cycles with and without)",
+        "student keeps the frozen teacher base's behaviour (lopd_core/distill/replay.py); 0: off; auto: "
+        f"{CYCLE_REPLAY_SHARE:g} in `lopd cycle` where its steps roll out toolworld tasks (continual cycles keep "
+        "earlier worlds; chosen by measurement, docs/results.md), 0 in a single run or a comparison",
     )
     replay_worlds: list[str] = setting(
         factory=list,
@@ -229,12 +233,15 @@ class LopdConfig(Section):
 
     @property
     def replay_per_step(self) -> int:
-        """Replay tasks per step: replay_share × tasks_per_step rounded half up (Python's round takes 0.5 to 0)."""
+        """Replay tasks per step: replay_share × tasks_per_step rounded half up (Python's round takes 0.5 to 0); none
+        while the share is `auto` (resolved by `lopd cycle`, lopd_core/drivers/cycle_record.py: cycle_replay)."""
+        if self.replay_share == REPLAY_AUTO:
+            return 0
         return math.floor(self.replay_share * self.tasks_per_step + 0.5)
 
     def _check_replay(self) -> None:
         """A step that replays holds at least one replay task and one fresh task, all rolled out."""
-        if self.replay_share == 0:
+        if self.replay_share in (0, REPLAY_AUTO):
             return
         if not 0 < self.replay_per_step < self.tasks_per_step:
             raise ConfigError(

@@ -17,3 +17,8 @@ class TraceStoreError(ValueError):
 
 class StoreLocked(TraceStoreError):
     """Another process writes to this store (one writer per store)."""
+
+
+class Rotated(TraceStoreError):
+    """A later turn's record names the store epoch its trajectory started in, and the store was rotated since:
+    its earlier turns are in the archive, so it must be written as a turn 0 that carries them."""

@@ -55,6 +55,9 @@ def _turn_problem(rec: dict) -> str:
     its line rather than failing the validation of the whole table."""
     if rec["turn"] < 0 or (rec["turn"] == 0 and rec.get("origin") not in ORIGINS):
         return "turn record: a negative turn, or turn 0 without a known origin"
+    carried = rec.get("carried_turns", 0)
+    if not isinstance(carried, int) or isinstance(carried, bool) or carried < 0 or (carried and rec["turn"] != 0):
+        return "turn record: `carried_turns` is not a non-negative integer on a turn 0"
     ids, mask, lps = rec["token_ids"], rec["action_mask"], rec["sample_logprobs"]
     if not len(ids) == len(mask) == len(lps):
         return "turn record: token_ids, action_mask and sample_logprobs differ in length"

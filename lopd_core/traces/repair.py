@@ -64,7 +64,7 @@ def _scan(path: Path, turns_seen: dict[str, int]) -> tuple[list[Problem], list[b
                         f"turn {record['turn']} of {record['trajectory_id']} where turn {expected} was due",
                     )
                 else:
-                    turns_seen[record["trajectory_id"]] = expected + 1
+                    turns_seen[record["trajectory_id"]] = expected + 1 + record.get("carried_turns", 0)
             if record is None:
                 keep = _salvage(raw) if not last else 0
                 problems.append(Problem(path.name, number, offset, len(raw), why, keep))

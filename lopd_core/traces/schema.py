@@ -12,8 +12,9 @@ unless asked for, and then carry reward 0 and success False — an unlabeled con
 Experience is what the model did: an assistant message the client wrote into the history (or a reply replayed
 into a new trajectory) is rendered as forced ids (action mask 0), so it is context and never a distillation
 target; and a trace holding one is never a success in the rollout view (the bank takes successes only), whatever
-its label says — the model sampled only part of it. Each turn record adds exactly one sampled reply, so the
-forced ones number (assistant messages − turns).
+its label says — the model sampled only part of it. Each turn record adds exactly one sampled reply (a turn 0
+carrying its parent's turns after a rotation counts as those turns too), so the forced ones number (assistant
+messages − turns).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from lopd_core.envs import Task
 from lopd_core.envs.base import MAX_TURNS
 from lopd_core.rollout.table import TRAJECTORY_SCHEMA, validate_trajectories
 
-# why a trajectory started: a new session, an edited reply, a hot swap, other system/user text or tools, or a
-# turn after the previous trajectory was labeled (a label judges the turns it was given, no later one)
-ORIGINS = ("new", "assistant_differs", "model_changed", "context_differs", "after_label")
+# why a trajectory started: a new session, an edited reply, a hot swap, other system/user text or tools, a
+# turn after the previous trajectory was labeled (a label judges the turns it was given, no later one), or the
+# first turn after a rotation moved the earlier ones into an archive (it carries them whole: store.py)
+ORIGINS = ("new", "assistant_differs", "model_changed", "context_differs", "after_label", "rotated")
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # finish_reason of a trace's last turn -> the rollout table's stop_reason. A conversation whose last turn asked
 # for a tool and never came back was cut off by the client, as a turn limit cuts a rollout.

@@ -1,15 +1,19 @@
-"""The trace store: append-only JSON lines in numbered segments, one fsync'd line per record.
+"""The trace store: append-only JSON lines in numbered segments, every line fsync'd before its request is answered.
 
 Why this shape: a served conversation is worth keeping only if it survives the server. Each record is one line,
-written, flushed and fsync'd before the request that produced it is answered, so a `kill -9` loses at most the
-requests in flight; a line torn by the kill is the last of its segment, and reading skips it with a warning.
-A reopened store never appends after a torn line: it starts the next segment.
+written and fsync'd before the request that produced it is answered, so a `kill -9` loses at most the requests in
+flight; a line torn by the kill is the last of its segment, and reading skips it with a warning. A reopened store
+never appends after a torn line: it starts the next segment. Group commit: the records of concurrent requests
+share one write and one fsync (`TraceStore.append`), each request still answered only after the fsync that covers
+its record, so the guarantee is the same and one fsync's cost is paid once per group, not once per record.
 
 Records (JSON objects, `kind` first):
   * `turn`     — one served turn of a trajectory: the segment of ids it added (forced ids of the request's new
                  messages, then the sampled ids) with their action mask and sampling log-probs, the model version,
                  the messages it added, the fingerprint of the tokenizer that made the ids (fingerprint.py); a
                  trajectory's turn 0 also names its session, origin, parent and tools.
+                 A turn 0 of origin `rotated` carries its parent's turns whole (`carried_turns` of them, their ids,
+                 mask, log-probs and messages) before its own: the turn that followed a rotation (below).
   * `feedback` — a reward in [0, 1], success and optional check results for one trajectory, and the number of
                  its turns it judged (`turns`): a turn recorded after them clears the label on read, since nobody
                  judged it (the server starts a new trajectory after a label; this covers a turn in flight).
@@ -17,15 +21,23 @@ Records (JSON objects, `kind` first):
 
 Bound (stated, never a silent drop): a segment is closed at `segment_bytes` and the next one opened; once the
 segments on disk hold `max_bytes`, `ensure_room` raises StoreFull and the server refuses new work with 503 until
-the store is snapshot and cleared (or the bound raised). The bound is counted from disk, not from this process's
-writes, so moving segments away frees room at once; a feedback record may go `feedback_bytes` past it, so the
-conversations already answered can still be labeled. The check runs before a request starts, so the records of
-requests already in flight may carry it past the bound by those records.
+the store is rotated (below), snapshot and cleared, or the bound raised. The bound is counted from disk, not from
+this process's writes, so moving segments away (a rotation does) frees room at once; a feedback record may go
+`feedback_bytes` past it, so the conversations already answered can still be labeled. The check runs before a
+request starts, so the records of requests already in flight may carry it past the bound by those records.
 
 Faults: one writer per store (lock.py: a second server on the same folder is refused). A write that fails (a
 full disk) is cut back to where its line began and raises DiskFull (the server answers 507): no partial line is
 ever followed by another record. A bad line found later (an edited store) is refused by readers with its file
 and line; `lopd serve store repair` (repair.py) quarantines it.
+
+Rotation (`TraceStore.rotate`, `lopd serve store rotate`): the server itself closes the live segments and moves
+them into `DIR/archive/rotation-NNNN-<stamp>/`, a store of its own, and goes on in a new segment; the store's epoch
+(`DIR/.rotation`) counts rotations. A later turn names the epoch its trajectory started in, and is refused
+(Rotated) once that epoch is past: the server writes it as a turn 0 carrying the whole history instead, so neither
+store ever holds a turn without its turn 0. Segments move one by one, so the mark says "moving" meanwhile and a
+reader that overlapped a rotation reads again; the archive appears whole, by one rename of the folder it was
+filled in; a rotation a crash cut short is finished when the store is next opened.
 
 Snapshot: `snapshot(store_dir, out)` writes the validated trace table as one parquet file (atomically), the file
 to `dvc add` or to name as a stage's out (`lopd serve snapshot --out FILE`, docs/serving.md).
@@ -40,14 +52,16 @@ import math
 import os
 import re
 import threading
+import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from lopd_core.outputs import atomic_write, file_target
-from lopd_core.traces.errors import DiskFull, StoreFull, TraceStoreError
+from lopd_core.traces.errors import DiskFull, Rotated, StoreFull, TraceStoreError
 from lopd_core.traces.lock import WriterLock
 from lopd_core.traces.records import parse_record
 from lopd_core.traces.schema import TRACE_SCHEMA, validate_traces
@@ -89,18 +103,92 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class TraceStore:
-    """Appends records to the newest segment; thread-safe (one lock around write + fsync); the store's only
-    writer while open (lock.py)."""
+ARCHIVE_DIR = "archive"  # DIR/archive/rotation-NNNN-<stamp>/: the segments a rotation took out of the live store
+ROTATION_MARK = ".rotation"  # DIR/.rotation: the store's epoch, and whether a rotation is moving segments
+GROUP_MAX_RECORDS = 512  # records one fsync covers at most (a bound on how long one leader writes for the others)
+READ_TRIES = 100  # a reader that meets a rotation waits for it, READ_WAIT_S each time, this many times at most
+READ_WAIT_S = 0.02
 
-    def __init__(self, store_dir: str | Path, *, segment_bytes: int, max_bytes: int, feedback_bytes: int = 0):
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rotation_state(store_dir: str | Path) -> dict:
+    """The store's rotation mark: {"epoch": rotations done, "state": "done" | "moving", ...}; a store never rotated
+    has none (epoch 0)."""
+    try:
+        return json.loads((Path(store_dir) / ROTATION_MARK).read_text())
+    except FileNotFoundError:
+        return {"epoch": 0, "state": "done"}
+
+
+def _write_mark(store_dir: Path, mark: dict) -> None:
+    """Replace the rotation mark atomically and durably (a reader sees the old mark or the new, never half)."""
+    tmp = store_dir / (ROTATION_MARK + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(mark))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, store_dir / ROTATION_MARK)
+    _fsync_dir(store_dir)
+
+
+@dataclass
+class Rotation:
+    """What `TraceStore.rotate` did: the archive folder (None: the live store held no record, nothing moved), the
+    segments it holds, their bytes, and the store's epoch after it."""
+
+    archive: Path | None
+    segments: list[str]
+    bytes: int
+    epoch: int
+
+
+@dataclass
+class _Pending:
+    """One record waiting for the fsync that covers it (group commit)."""
+
+    line: bytes
+    epoch: int | None  # the epoch its trajectory started in (a later turn), or None: written in any epoch
+    done: bool = False
+    error: BaseException | None = None
+    written_in: int = -1  # the epoch it was written in
+
+
+class TraceStore:
+    """Appends records to the newest segment, many records per fsync (group commit), each `append` returning only
+    once the fsync that covers its record has; the store's only writer while open (lock.py); thread-safe.
+
+    Group commit (leader/follower): a thread that appends while no write is under way becomes the leader: it takes
+    every record queued so far (up to GROUP_MAX_RECORDS), writes them as one `write` and one `fsync`, then wakes the
+    others, whose records it covered; records queued meanwhile wait for the next leader. With `group_commit=False`
+    each fsync covers one record (the readable path, and the benchmark's baseline: benchmarks/store_commit.py)."""
+
+    def __init__(
+        self,
+        store_dir: str | Path,
+        *,
+        segment_bytes: int,
+        max_bytes: int,
+        feedback_bytes: int = 0,
+        group_commit: bool = True,
+    ):
         if segment_bytes <= 0 or max_bytes <= 0 or feedback_bytes < 0:
             raise ValueError("segment_bytes and max_bytes must be positive, feedback_bytes not negative")
         self.dir = Path(store_dir)
         if self.dir.exists() and not self.dir.is_dir():
             raise TraceStoreError(f"{self.dir}: a trace store is a folder, and this is a file (name a folder)")
         self.segment_bytes, self.max_bytes, self.feedback_bytes = segment_bytes, max_bytes, feedback_bytes
-        self._lock = threading.Lock()
+        self.group_max = GROUP_MAX_RECORDS if group_commit else 1
+        self._cv = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._busy = False  # a leader is writing (or a rotation moving segments): the others wait
+        self.fsyncs = self.records = 0  # how many fsyncs covered how many records (the benchmark's count)
         self._fd: int | None = None
         self._roll = False  # a failed write could not be undone: the next record starts a new segment
         try:
@@ -109,8 +197,9 @@ class TraceStore:
         except PermissionError as exc:
             raise TraceStoreError(f"{self.dir}: the trace store is not writable ({exc.strerror})") from None
         try:
+            self.epoch = self._finish_rotation()  # one a crash interrupted is finished before anything is written
             existing = segments(self.dir)
-            number = segment_number(existing[-1]) if existing else 1
+            number = segment_number(existing[-1]) if existing else rotation_state(self.dir).get("next_segment", 1)
             if existing and (self._torn(existing[-1]) or existing[-1].stat().st_size >= segment_bytes):
                 number += 1  # never append after a torn line: the reader could no longer tell it was the last
             self._open(number)
@@ -163,30 +252,103 @@ class TraceStore:
         past = f" (and the {self.feedback_bytes} bytes past it kept for feedback)" if feedback else ""
         raise StoreFull(
             f"trace store {self.dir} is full ({used} bytes of max {self.max_bytes}{past}): "
-            "snapshot it (`lopd serve snapshot`), move its segments away, or raise serve.store_max_bytes"
+            "rotate it while serving (`lopd serve store rotate`), snapshot it (`lopd serve snapshot`), "
+            "or raise serve.store_max_bytes"
         )
 
-    def append(self, record: dict) -> None:
-        """Write one record as one line, fsync'd. A write that fails (a full disk) is undone, the segment cut
-        back to where the line began, and raises DiskFull; if even the cut fails, the next record starts a new
-        segment, so the partial line stays a torn last line that readers skip."""
+    def append(self, record: dict, *, epoch: int | None = None) -> int:
+        """Write one record as one line and return once an fsync covers it; returns the epoch it was written in.
+        `epoch`: the epoch the record's trajectory started in (a later turn's): Rotated, nothing written, if the
+        store was rotated since (its earlier turns are in the archive). A write that fails (a full disk) is undone,
+        the segment cut back to where the line began, and raises DiskFull; if even the cut fails, the next record
+        starts a new segment, so the partial line stays a torn last line that readers skip."""
         line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
-        with self._lock:
-            try:
-                if self._fd is None:  # opening the next segment failed last time: try again
-                    self._open(self.number)
-                elif self._roll or self._moved() or (self._size and self._size + len(line) > self.segment_bytes):
-                    self._next_segment()
-            except OSError as exc:
-                raise self._disk_full(exc) from exc
-            start = self._size
-            try:
-                _write_all(self._fd, line)
-                os.fsync(self._fd)  # on disk before the request is answered
-            except OSError as exc:
-                self._undo(start)
-                raise self._disk_full(exc) from exc
-            self._size += len(line)
+        entry = _Pending(line, epoch)
+        with self._cv:
+            self._queue.append(entry)
+            while not entry.done:
+                if self._busy:
+                    self._cv.wait()
+                    continue
+                batch = self._take()
+                self._busy = True
+                self._cv.release()
+                try:
+                    self._commit(batch)
+                finally:
+                    self._cv.acquire()
+                    self._busy = False
+                    self._cv.notify_all()
+        if entry.error is not None:
+            raise entry.error
+        return entry.written_in
+
+    def _take(self) -> list[_Pending]:
+        """The next group, under the condition's lock: records of a trajectory that started before the latest
+        rotation are answered Rotated here, so a rotation (which holds the store busy) falls between groups."""
+        batch: list[_Pending] = []
+        while self._queue and len(batch) < self.group_max:
+            entry = self._queue.pop(0)
+            if entry.epoch is not None and entry.epoch != self.epoch:
+                entry.error = Rotated(f"trace store {self.dir} was rotated (epoch {entry.epoch} -> {self.epoch})")
+                entry.done = True
+            else:
+                batch.append(entry)
+        return batch
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        """Write `batch` as few groups as the segment bound allows, one fsync each; a group that fails is undone
+        and its records written one by one, so a record that fits on the disk is kept as it would be alone."""
+        i = 0
+        try:
+            while i < len(batch):
+                group = self._group(batch, i)
+                if not self._write(group) and len(group) > 1:
+                    for entry in group:
+                        self._write([entry])
+                i += len(group)
+        except BaseException as exc:  # never leave a follower waiting for ever
+            for entry in batch:
+                if not entry.done:
+                    entry.error, entry.done = exc, True
+            raise
+
+    def _group(self, batch: list[_Pending], i: int) -> list[_Pending]:
+        """The records from `batch[i]` on that go into the open segment (the first always does)."""
+        size = self._size + len(batch[i].line)
+        n = i + 1
+        while n < len(batch) and size + len(batch[n].line) <= self.segment_bytes:
+            size += len(batch[n].line)
+            n += 1
+        return batch[i:n]
+
+    def _write(self, group: list[_Pending]) -> bool:
+        """One write and one fsync for `group`; False (each record's error set when alone) if it failed."""
+        try:
+            if self._fd is None:  # opening the next segment failed last time: try again
+                self._open(self.number)
+            elif self._roll or self._moved() or (self._size and self._size + len(group[0].line) > self.segment_bytes):
+                self._next_segment()
+        except OSError as exc:
+            return self._failed(group, exc)
+        start = self._size
+        data = b"".join(entry.line for entry in group)
+        try:
+            _write_all(self._fd, data)
+            os.fsync(self._fd)  # on disk before any of these requests is answered
+        except OSError as exc:
+            self._undo(start)
+            return self._failed(group, exc)
+        self._size += len(data)
+        self.fsyncs, self.records = self.fsyncs + 1, self.records + len(group)
+        for entry in group:
+            entry.written_in, entry.done = self.epoch, True
+        return True
+
+    def _failed(self, group: list[_Pending], exc: OSError) -> bool:
+        if len(group) == 1:
+            group[0].error, group[0].done = self._disk_full(exc), True
+        return False
 
     def _undo(self, start: int) -> None:
         try:
@@ -204,6 +366,58 @@ class TraceStore:
             "(free space, then retry)",
         )
 
+    def rotate(self) -> Rotation:
+        """Close the live segments and move them, whole, into a new folder `DIR/archive/rotation-NNNN-<stamp>/`
+        (a store of its own that readers read as any), then go on in a new segment. Appends wait meanwhile; a
+        later turn of a trajectory that started before is answered Rotated from then on (`append`)."""
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
+            self._busy = True
+        try:
+            return self._rotate()
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _rotate(self) -> Rotation:
+        moving = segments(self.dir)
+        held = sum(p.stat().st_size for p in moving)
+        if held == 0:  # no record since the last rotation: every trajectory of the live store is whole there
+            return Rotation(None, [], 0, self.epoch)
+        name = f"rotation-{self.epoch + 1:04d}-{time.strftime('%Y%m%d-%H%M%S')}"
+        next_segment = max(self.number, segment_number(moving[-1])) + 1
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.number = next_segment  # if what follows fails, the next append opens a new segment, never a moved one
+        mark = {"epoch": self.epoch, "state": "moving", "archive": name, "segments": [p.name for p in moving]}
+        _write_mark(self.dir, {**mark, "next_segment": next_segment})
+        self.epoch = self._finish_rotation()
+        self._open(next_segment)
+        return Rotation(self.dir / ARCHIVE_DIR / name, [p.name for p in moving], held, self.epoch)
+
+    def _finish_rotation(self) -> int:
+        """Carry out the rotation the mark says is moving (this one, or one a crash cut short: moving is idempotent),
+        and return the store's epoch. The archive appears whole, by one rename of the folder it was filled in."""
+        mark = rotation_state(self.dir)
+        if mark.get("state") != "moving":
+            return int(mark.get("epoch", 0))
+        archive = self.dir / ARCHIVE_DIR / mark["archive"]
+        staging = archive.with_name(f".{mark['archive']}.partial")
+        if not archive.exists():
+            staging.mkdir(parents=True, exist_ok=True)
+            for name in mark["segments"]:
+                with contextlib.suppress(FileNotFoundError):  # moved before the crash
+                    os.rename(self.dir / name, staging / name)
+            _fsync_dir(staging)
+            os.rename(staging, archive)
+            _fsync_dir(archive.parent)
+        epoch = int(mark["epoch"]) + 1
+        _write_mark(self.dir, {"epoch": epoch, "state": "done", "archive": mark["archive"], **_next(mark)})
+        return epoch
+
     def __enter__(self) -> TraceStore:
         return self
 
@@ -211,19 +425,45 @@ class TraceStore:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
             self._writer.release()
 
 
+def _next(mark: dict) -> dict:
+    return {"next_segment": mark["next_segment"]} if "next_segment" in mark else {}
+
+
+def _segment_bytes(store_dir: str | Path) -> list[tuple[Path, bytes]]:
+    """Every segment's bytes as of one moment: a read that a rotation overlapped (the mark moving, or its epoch
+    changed between before and after, or a segment gone meanwhile) is read again, so a reader never sees part of
+    the segments a rotation moved: every trajectory it sees has its turn 0."""
+    for _ in range(READ_TRIES):
+        before = rotation_state(store_dir)
+        if before.get("state") == "done":
+            try:
+                data = [(path, path.read_bytes()) for path in segments(store_dir)]
+            except FileNotFoundError:
+                data = None
+            if data is not None and rotation_state(store_dir) == before:
+                return data
+        time.sleep(READ_WAIT_S)
+    raise TraceStoreError(
+        f"{store_dir}: a rotation is moving its segments (or one was cut short: the server finishes it when it next "
+        "opens the store); read it again once it is done"
+    )
+
+
 def read_records(store_dir: str | Path) -> Iterator[dict]:
     """Every record in order. A torn last line of a segment (a write cut by a crash) is skipped with a warning;
     a bad line anywhere else raises TraceStoreError naming the file and line (`lopd serve store repair`
     quarantines it)."""
-    for path in segments(store_dir):
-        *complete, tail = path.read_bytes().split(b"\n")  # a whole file ends with a newline: an empty tail
+    for path, data in _segment_bytes(store_dir):
+        *complete, tail = data.split(b"\n")  # a whole file ends with a newline: an empty tail
         for number, raw in enumerate(complete, start=1):
             if not raw.strip():
                 continue
@@ -277,14 +517,15 @@ def _new_row(rec: dict) -> dict:
         "success": False,
         "checks": "null",
         "messages": [],
-        "started": float(rec["time"]),
+        "started": float(rec.get("started", rec["time"])),  # a carried trajectory started in its parent
         "ended": float(rec["time"]),
         "judged_turns": 0,
     }
 
 
 def _add_turn(rows: dict[str, dict], rec: dict) -> None:
-    """Append a turn record to its trajectory's row; turns must come in order from 0."""
+    """Append a turn record to its trajectory's row; turns must come in order from 0 (a turn 0 that carries
+    `carried_turns` of its parent's counts as that many more)."""
     tid = rec["trajectory_id"]
     row = rows.get(tid)
     if row is None:
@@ -299,7 +540,7 @@ def _add_turn(rows: dict[str, dict], rec: dict) -> None:
     row["action_mask"] += rec["action_mask"]
     row["sample_logprobs"] += [float(v) for v in rec["sample_logprobs"]]
     row["messages"] += rec["messages"]
-    row["num_turns"] += 1
+    row["num_turns"] += 1 + int(rec.get("carried_turns", 0))
     row["finish_reason"] = rec["finish_reason"]
     row["ended"] = float(rec["time"])
 

@@ -29,6 +29,7 @@ from lopd_core.distill import margin as MG
 from lopd_core.distill import margin_pricing
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.dashboard import CSV_COLUMNS
 
 SUCCESSES = (0, 3)  # six_trajectories: rewards 1, 0, .5, 1, 0, .25
 
@@ -182,7 +183,7 @@ def test_a_resumed_run_keeps_the_priced_margin(tmp_path, tiny_model, tiny_tokeni
 
 
 def test_the_csv_has_the_margin_and_deltas_parts(tmp_path, tiny_model, tiny_tokenizer, batch):
-    cols = trainer_mod.CSV_COLUMNS
+    cols = CSV_COLUMNS
     assert cols[cols.index("beta") + 1 : cols.index("beta") + 4] == ["margin", "delta_success", "delta_failure"]
     tasks, trajs, retriever = batch
     d = _distiller(_params(tmp_path, margin=0.05), tiny_model, tiny_tokenizer, retriever)
@@ -295,7 +296,7 @@ def test_the_report_draws_the_margin_the_csv_says(tmp_path, monkeypatch):
     from lopd_cli.pipeline import cmd_report
     from lopd_core import run_report as report
 
-    cols = trainer_mod.CSV_COLUMNS
+    cols = CSV_COLUMNS
     csv_path = tmp_path / "distill.csv"
     rows = [{c: 0.1 for c in cols} | {"step": s, "margin": 0.0123} for s in (1, 2, 3)]
     pd.DataFrame(rows, columns=cols).to_csv(csv_path, index=False)

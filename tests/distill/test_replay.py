@@ -190,7 +190,28 @@ def test_a_cycle_replays_the_worlds_earlier_cycles_deployed_to():
     p = Params()
     p.envs = replace(p.envs, deploy_worlds=["dune"])
     history = [{"deploy_worlds": ["cobalt"]}, {"deploy_worlds": ["dune"]}, {"deploy_worlds": ["cobalt", "aurora"]}, {}]
+    p.lopd = replace(p.lopd, replay_share=0.0)
     assert with_earlier_worlds(p, history) is p  # no replay asked: the distill stage's key does not move
     p.lopd = replace(p.lopd, replay_share=0.25, replay_worlds=["borealis"])
     assert with_earlier_worlds(p, history).lopd.replay_worlds == ["borealis", "cobalt", "aurora"]  # not dune: deployed
     assert with_earlier_worlds(p, []) is p
+
+
+def test_auto_replays_in_a_cycle_only_where_its_steps_roll_out_toolworld_tasks():
+    from lopd_core.drivers.cycle_record import cycle_replay, with_earlier_worlds
+    from lopd_core.settings.checks import CYCLE_REPLAY_SHARE
+
+    p = Params()
+    assert p.lopd.replay_share == "auto" and p.lopd.replay_per_step == 0  # a single run or a comparison: none
+    resolved = cycle_replay(p)
+    assert resolved.lopd.replay_share == CYCLE_REPLAY_SHARE
+    assert resolved.lopd.replay_per_step == round(CYCLE_REPLAY_SHARE * p.lopd.tasks_per_step) > 0
+    assert with_earlier_worlds(p, []).lopd.replay_share == CYCLE_REPLAY_SHARE
+    traces = replace(p, lopd=replace(p.lopd, trajectories="traces", traces="served.parquet"))
+    assert cycle_replay(traces).lopd.replay_share == 0  # a step of served traces rolls out nothing to replay
+    one = replace(p, lopd=replace(p.lopd, tasks_per_step=1))
+    assert cycle_replay(one).lopd.replay_share == 0  # no room for a replay task beside a fresh one
+    codegen = replace(p, envs=replace(p.envs, mix={"codegen": 1.0}))
+    assert cycle_replay(codegen).lopd.replay_share == 0
+    explicit = replace(p, lopd=replace(p.lopd, replay_share=0.25))
+    assert cycle_replay(explicit) is explicit  # a number is the user's choice, kept as it is

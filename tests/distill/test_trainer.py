@@ -12,11 +12,15 @@ import pytest
 import torch
 
 from lopd_core.distill import loop as loop_mod
+from lopd_core.distill import losses as L
 from lopd_core.distill import trainer as trainer_mod
+from lopd_core.distill.checkpoints import CheckpointError, plain_data
 from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.distill.dashboard import CSV_COLUMNS
 from lopd_core.distill.models import TeacherView, make_student_and_teacher
 from lopd_core.distill.teacher import Framing, action_logits, build_batch, splice_position
 from lopd_core.envs import make_tasks, run_oracle
+from lopd_core.errors import TrainingDiverged
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec
 from tests._batches import loop_params
@@ -118,7 +122,7 @@ def test_training_steps_follow_the_design(tmp_path, tiny_model, tiny_tokenizer):
     phi0 = {n: p.detach().clone() for n, p in d.composer.named_parameters()}
     loop_mod.run_distill(d)
     rows = _rows(params.lopd.csv)
-    assert list(rows[0].keys()) == trainer_mod.CSV_COLUMNS
+    assert list(rows[0].keys()) == CSV_COLUMNS
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
     assert [int(r["rollouts"]) for r in rows] == [14, 18, 22]  # 10 seed rollouts + 4 per step
     for prev, nxt in itertools.pairwise(rows):  # dual ascent, as DESIGN §5 states it
@@ -153,8 +157,8 @@ def test_non_finite_loss_skips_the_update(tmp_path, tiny_model, tiny_tokenizer, 
     params = _params(tmp_path, steps=1, max_skipped_share=1.0)
     d = _distiller(params, tiny_model, tiny_tokenizer)
     theta0 = {n: p.detach().clone() for n, p in d.trainable.named_parameters()}
-    real = trainer_mod.L.reverse_kl_topk
-    monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
+    real = L.reverse_kl_topk
+    monkeypatch.setattr(L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
     state = loop_mod.run_distill(d)
     assert state.skipped_updates >= 1
     assert all(torch.equal(p, theta0[n]) for n, p in d.trainable.named_parameters())
@@ -166,9 +170,9 @@ def test_a_run_that_skips_too_many_updates_fails_before_saving(tmp_path, tiny_mo
     end under it any more, so it stops before spending the rest of its steps."""
     params = _params(tmp_path, steps=4)
     d = _distiller(params, tiny_model, tiny_tokenizer)
-    real = trainer_mod.L.reverse_kl_topk
-    monkeypatch.setattr(trainer_mod.L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
-    with pytest.raises(trainer_mod.TrainingDiverged, match="max_skipped_share"):
+    real = L.reverse_kl_topk
+    monkeypatch.setattr(L, "reverse_kl_topk", lambda *a, **k: real(*a, **k) * float("nan"))
+    with pytest.raises(TrainingDiverged, match="max_skipped_share"):
         loop_mod.run_distill(d)
     assert d.state.step < 4
 
@@ -200,17 +204,17 @@ def test_checkpoint_is_read_with_weights_only_and_records_its_settings(
 def test_plain_data_turns_numpy_scalars_into_numbers_and_refuses_objects():
     import numpy as np
 
-    assert trainer_mod.plain_data({"a": [np.float32(0.5), (1, None)]}) == {"a": [0.5, (1, None)]}
-    assert type(trainer_mod.plain_data(np.int64(3))) is int
+    assert plain_data({"a": [np.float32(0.5), (1, None)]}) == {"a": [0.5, (1, None)]}
+    assert type(plain_data(np.int64(3))) is int
     with pytest.raises(TypeError, match=r"state\['x'\].*weights_only"):
-        trainer_mod.plain_data({"x": object()}, "state")
+        plain_data({"x": object()}, "state")
 
 
 def test_resume_under_other_settings_is_refused_listing_each_key(tmp_path, tiny_model, tiny_tokenizer):
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer)
     other = copy.deepcopy(params)
     other.lopd, other.seed = replace(other.lopd, lr_student=1e-3, margin=0.1), 1
-    with pytest.raises(trainer_mod.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         loop_mod.run_distill(_distiller(other, tiny_model, tiny_tokenizer))
     message = str(info.value)
     assert str(_distiller(params, tiny_model, tiny_tokenizer).checkpoint_path()) in message
@@ -246,7 +250,7 @@ def test_a_checkpoint_past_the_requested_steps_is_reported(tmp_path, tiny_model,
     params = _checkpointed(tmp_path, tiny_model, tiny_tokenizer, stop_after=2)
     shorter = copy.deepcopy(params)
     shorter.lopd = replace(shorter.lopd, steps=1)
-    with pytest.raises(trainer_mod.CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
+    with pytest.raises(CheckpointError, match=r"at step 2, past the 1 steps asked for.*--fresh"):
         loop_mod.run_distill(_distiller(shorter, tiny_model, tiny_tokenizer))
     shorter.lopd = replace(shorter.lopd, resume_mismatch="warn")
     logged = []
@@ -262,7 +266,7 @@ def test_a_checkpoint_without_recorded_settings_is_refused(tmp_path, tiny_model,
     payload = torch.load(d.checkpoint_path(), weights_only=True)
     del payload["settings"]  # as written before checkpoints recorded them
     torch.save(payload, d.checkpoint_path())
-    with pytest.raises(trainer_mod.CheckpointError, match=r"records no settings.*--fresh"):
+    with pytest.raises(CheckpointError, match=r"records no settings.*--fresh"):
         d.load_checkpoint()
 
 
@@ -273,7 +277,7 @@ def test_a_damaged_checkpoint_names_itself_and_suggests_fresh(tmp_path, tiny_mod
     path = d.checkpoint_path()
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage])
-    with pytest.raises(trainer_mod.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         d.load_checkpoint()
     message = str(info.value)
     assert message.startswith(str(path)) and "unreadable checkpoint" in message and "--fresh" in message
@@ -283,7 +287,7 @@ def test_a_file_that_is_no_checkpoint_is_named(tmp_path, tiny_model, tiny_tokeni
     d = _distiller(_params(tmp_path), tiny_model, tiny_tokenizer)
     d.checkpoint_path().parent.mkdir(parents=True)
     torch.save({"weights": torch.ones(2)}, d.checkpoint_path())
-    with pytest.raises(trainer_mod.CheckpointError, match=r"not a `lopd distill` checkpoint \(no state, "):
+    with pytest.raises(CheckpointError, match=r"not a `lopd distill` checkpoint \(no state, "):
         d.load_checkpoint()
 
 
@@ -292,7 +296,7 @@ def test_cli_prints_a_checkpoint_error_without_traceback(monkeypatch, capsys):
     from lopd_core.drivers import distill
 
     def refuse(*_a, **_k):
-        raise trainer_mod.CheckpointError(
+        raise CheckpointError(
             "data/lopd/checkpoint.pt: unreadable checkpoint (EOFError: ); rerun with --fresh to start over"
         )
 

@@ -25,6 +25,7 @@ from lopd_core.distill import pg_losses as PG
 from lopd_core.distill import step as S
 from lopd_core.distill import trainer as trainer_mod
 from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.dashboard import CSV_COLUMNS
 from lopd_core.distill.prefix import score_actions_shared
 from lopd_core.distill.teacher import Framing, action_logits, build_batch
 
@@ -165,7 +166,9 @@ def test_a_teacher_without_experience_reads_the_plain_conversation(tiny_model, t
     with torch.no_grad():
         plain = action_logits(tiny_model, build_batch(tiny_model, ids, masks))
         spliced = action_logits(tiny_model, build_batch(tiny_model, ids, masks, empty, framing))
-        shared = score_actions_shared(tiny_model, ids, masks, empty, framing, [(), ()]).logits
+        shared = score_actions_shared(
+            tiny_model, ids, masks, context=empty, framing=framing, context_keys=[(), ()]
+        ).logits
     torch.testing.assert_close(spliced, plain)
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-4)
 
@@ -209,7 +212,7 @@ def test_the_report_draws_the_margin_the_run_trained_with(tmp_path, tiny_model, 
     from lopd_core import run_report as report
 
     csv = tmp_path / "distill.csv"
-    csv.write_text(",".join(trainer_mod.CSV_COLUMNS) + "\n" + ",".join(["1"] * len(trainer_mod.CSV_COLUMNS)) + "\n")
+    csv.write_text(",".join(CSV_COLUMNS) + "\n" + ",".join(["1"] * len(CSV_COLUMNS)) + "\n")
     drawn = []
     monkeypatch.setattr(report, "write_report", lambda runs, evals, out, title, **_: drawn.extend(runs) or out)
     args = SimpleNamespace(cycles=False, csv=str(csv), eval=None, base_eval=None, out=str(tmp_path / "r"))

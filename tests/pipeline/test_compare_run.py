@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from lopd_core.config import load_params
 from tests._tiny_cycle import TINY_CYCLE
@@ -23,6 +22,7 @@ def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(
 ):
     from lopd_core.compare.report import write_compare_report
     from lopd_core.compare.run import run_method
+    from lopd_core.distill.composer import save_composer
     from lopd_core.drivers.distill import new_composer, seed_bank
 
     monkeypatch.chdir(tmp_path)
@@ -49,7 +49,7 @@ def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(
     seed_parquet = tmp_path / "seed_bank" / "experience.parquet"
     seed_bytes = seed_parquet.read_bytes()
     phi0 = tmp_path / "phi0.pt"
-    torch.save(new_composer(params, tiny_model).state_dict(), phi0)
+    save_composer(new_composer(params, tiny_model), phi0)
     per_step = params.lopd.tasks_per_step * params.lopd.samples_per_task
 
     summary = run_method(

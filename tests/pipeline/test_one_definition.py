@@ -20,6 +20,7 @@ def test_compares_lopd_run_equals_the_distill_stage_on_the_same_seed(tmp_path, t
     from safetensors.torch import load_file
 
     from lopd_core.compare.run import plan_steps, run_method
+    from lopd_core.distill.composer import save_composer
     from lopd_core.drivers.bank import run_bank
     from lopd_core.drivers.coldstart import new_composer
     from lopd_core.drivers.distill import run_lopd
@@ -46,7 +47,7 @@ def test_compares_lopd_run_equals_the_distill_stage_on_the_same_seed(tmp_path, t
     seed = run_bank(params, log=lambda *_: None)
     phi0 = tmp_path / "phi0.pt"
     torch.manual_seed(0)
-    torch.save(new_composer(params, tiny_model).state_dict(), phi0)
+    save_composer(new_composer(params, tiny_model), phi0)
     per_step = params.lopd.tasks_per_step * params.lopd.samples_per_task
     budget = seed["rollouts"] + 2 * per_step
     steps, _ = plan_steps(params, "lopd", budget, seed["rollouts"])

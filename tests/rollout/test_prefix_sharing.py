@@ -39,7 +39,9 @@ def test_shared_prompt_scores_equal_per_row_scores_and_gradients(tiny_model, tin
 
     batch = build_batch(model, ids, masks, context, framing)
     plain = action_logits(model, batch)
-    shared = score_actions_shared(model, ids, masks, context, framing, [i // 3 for i in range(len(ids))])
+    shared = score_actions_shared(
+        model, ids, masks, context=context, framing=framing, context_keys=[i // 3 for i in range(len(ids))]
+    )
     assert shared.prompts == 3
     assert torch.equal(shared.action_ids, batch.action_ids)
     assert torch.equal(shared.token_traj_index, batch.token_traj_index)
@@ -72,6 +74,6 @@ def test_different_contexts_never_share_a_prompt(tiny_model, tiny_tokenizer):
     model = tiny_model.eval()
     with torch.no_grad():
         plain = action_logits(model, build_batch(model, ids, masks, context, framing))
-        shared = score_actions_shared(model, ids, masks, context, framing, ["a", "b"])
+        shared = score_actions_shared(model, ids, masks, context=context, framing=framing, context_keys=["a", "b"])
     assert shared.prompts == 2
     torch.testing.assert_close(shared.logits, plain, atol=1e-4, rtol=1e-4)
