@@ -20,7 +20,9 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
 State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
 history.json (one record per cycle, assembled from the stages' summaries by lopd_core/drivers/cycle_record.py:
 this flow only orchestrates). Every stage is keyed by the content of its inputs, so running again with
-nothing changed — same params, same champion — reuses every cached stage instead of recomputing it.
+nothing changed — same params, same champion — reuses every cached stage instead of recomputing it. A cycle
+after one that did not promote starts from the same champion with the same inputs, so its distillation takes a
+fresh seed (cycle_record.with_retry_seed): it tries again rather than replaying the cycle before from cache.
 MLflow: one parent run per cycle, a child run per stage (flows/stage_flows.py).
 """
 
@@ -45,9 +47,11 @@ from lopd_core.drivers.cycle_record import (
     cycle_record,
     cycle_tags,
     gate_record,
+    retries_of_champion,
     student_eval_with_teacher,
     teacher_for,
     with_earlier_worlds,
+    with_retry_seed,
 )
 from lopd_core.drivers.cycle_summary import cycle_report_inputs, guard_curves, lineage_points
 from lopd_core.drivers.progress import log
@@ -110,7 +114,7 @@ def run_one_cycle(
         tracker.log_params(parent, params.to_dict())
         common = {"parent_run": parent, "cycle": number, "tracker": tracker}
         stages = read_experience(params, champion, base, common)
-        stages.update(distill=distill_student(with_earlier_worlds(params, history), champion, base, stages, common))
+        stages.update(distill=distill_student(distill_params(params, history), champion, base, stages, common))
         resolvable = announce_gate(params, number, start)
         stages.update(evaluate_cycle(params, champion, base, stages, common))
         decision, looks, batches = gate_student(params, champion, base, stages, common, start)
@@ -141,6 +145,19 @@ def read_experience(params: Params, champion: Champion, base: str, common: dict)
     fitted = S.fit_flow(params, teacher, bank, phi0, **common)
     play = S.teacher_flow(params, teacher, bank, fitted["phi"], **common)
     return {"bank": bank, "coldstart": cold, "fit": fitted, "teacher": play}
+
+
+def distill_params(params: Params, history: list[dict]) -> Params:
+    """The distillation's params: earlier worlds replayed, and a fresh seed when the champion stayed in place
+    (lopd_core/drivers/cycle_record.py with_retry_seed), said in the log."""
+    distill = with_retry_seed(with_earlier_worlds(params, history), history)
+    if distill.seed != params.seed:
+        log(
+            f"cycle {len(history) + 1}: the champion stayed in place for {retries_of_champion(history)} cycle(s): "
+            f"the student trains on a fresh stream (seed {distill.seed}); bank, φ and evaluations keep seed "
+            f"{params.seed}"
+        )
+    return distill
 
 
 def distill_student(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:

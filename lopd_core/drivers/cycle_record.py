@@ -107,6 +107,32 @@ def with_earlier_worlds(params: Params, history: list[dict]) -> Params:
     return params if worlds == cfg.replay_worlds else replace(params, lopd=replace(cfg, replay_worlds=worlds))
 
 
+# Far from the seeds a user or `lopd compare` picks (0, 1, 1000·t), so a retry never replays one of their runs.
+RETRY_SEED_STRIDE = 7919
+
+
+def retries_of_champion(history: list[dict]) -> int:
+    """How many cycles in a row, at the end of `history`, left the champion in place (0 after a promotion or
+    on the first cycle)."""
+    retries = 0
+    for record in reversed(history):
+        if record.get("promoted"):
+            break
+        retries += 1
+    return retries
+
+
+def with_retry_seed(params: Params, history: list[dict]) -> Params:
+    """`params` for the distillation of a cycle that starts again from the champion an earlier cycle did not
+    replace: `seed` moved by RETRY_SEED_STRIDE per retry, so the student trains on a fresh task stream and fresh
+    samples. Why: every input of that cycle is otherwise the one before's (the same champion, bank and φ), so
+    its distillation, evaluation and gate were the earlier cycle's cached stages, replayed: a cycle that could
+    not promote could never try again. The bank, φ's fit and the evaluations keep the run's seed: the gate's
+    tasks and the guards' baselines stay comparable across retries."""
+    retries = retries_of_champion(history)
+    return params if retries == 0 else replace(params, seed=params.seed + RETRY_SEED_STRIDE * retries)
+
+
 def gate_score(params: Params, results: dict | None) -> float:
     """The gate's point estimate from an eval.json: `gate_metric` under `gate_mode`, averaged over envs and
     `gate_splits` (the base's figure on the parent run; the decision itself reads per-task outcomes)."""

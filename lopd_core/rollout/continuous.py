@@ -8,12 +8,19 @@ is one forward over the rows present: a row that joins feeds its whole context i
 along the other rows' one-token decode, left-padded in the step's block), a row that finished is dropped before
 the next one.
 
-The cache holds one row per request. A row that joins is added with every earlier slot masked; the masked
-slots (a joiner's history, the decode rows' padding in a prefill block, a departed row's place) are squeezed out
-after any step that added or removed a row (`_compact`, as kept_cache.keep_rows does), so attention never grows
-past the longest row. Each row samples from its own seeded stream with its own temperature and top-p, drawing one
-uniform per sampled token as `generate_turn` does with one generator per row: a request samples what it would
-have sampled alone, up to float noise in batched logits.
+The cache holds one row per request. A row that leaves frees its cache row; a row that joins takes a free cache
+row (its old slots masked) or, when none is free, a new one with every earlier slot masked. The masked slots (a
+joiner's history, the decode rows' padding in a prefill block, a departed row's place) are squeezed out by one
+gather of the whole cache (`_compact`, as kept_cache.keep_rows does) only once they are a large share of it: the
+width past twice the longest row, or more than a quarter of the rows free. Why not after every join and
+leave: a server's clients send their next turn as soon as they are answered, so rows leave and join nearly every
+step, and a gather per event would copy the whole cache each time; lazily, a leave followed by a join reuses the
+row, and the cost of a gather is spread over the steps that filled the waste. A free row rides along the forward
+attending to its own new slot only (no row is ever wholly masked) and samples nothing.
+
+Each row samples from its own seeded stream with its own temperature and top-p, drawing one uniform per sampled
+token as `generate_turn` does with one generator per row: a request samples what it would have sampled alone, up
+to float noise in batched logits.
 
 A row with a `constraint` (constrained.py: a JSON answer, a tool call) samples only among the tokens that keep its
 output a valid prefix: its logits are masked to -inf elsewhere before temperature and top-p, so the log-probs it
@@ -67,39 +74,51 @@ class ContinuousBatch:
     def __init__(self, model, *, stop_id: int, pad_id: int):
         self.model, self.stop_id, self.pad_id = model, stop_id, pad_id
         self.device = next(model.parameters()).device
-        self.rows: list[_Row] = []
+        self.rows: list[_Row | None] = []  # one per cache row; None: a free row (its request left)
+        self.compactions = 0  # gathers of the whole cache so far (the waste they squeeze is bounded, not zero)
         self._reset()
 
     def _reset(self) -> None:
+        self.rows = [row for row in self.rows if row is not None]
         self.cache = DynamicCache()
         self.step_logits = _last_logits(self.model, self.cache)
         self.attention: torch.Tensor | None = None  # (B, T) 1 where the cache slot holds the row's own token
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(row is not None for row in self.rows)
 
     def requests(self) -> list[Request]:
-        return [row.request for row in self.rows]
+        return [row.request for row in self.rows if row is not None]
 
     def add(self, request: Request) -> None:
         row = _Row(request)
-        if self.attention is not None:  # its history in the cache: every slot masked
-            self.attention = torch.cat([self.attention, self.attention.new_zeros((1, self.attention.shape[1]))])
-            for layer in self.cache.layers:  # keys and values (B, H, T, d) -> (B + 1, H, T, d)
-                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((1, *layer.keys.shape[1:]))])
-                layer.values = torch.cat([layer.values, layer.values.new_zeros((1, *layer.values.shape[1:]))])
+        if self.attention is None:  # nothing cached yet: the row feeds everything at the next step
+            self.rows.append(row)
+            return
+        free = next((n for n, kept in enumerate(self.rows) if kept is None), None)
+        if free is not None:  # its attention row is already all masked (remove)
+            self.rows[free] = row
+            return
+        # a new cache row, its history masked: (B, H, T, d) -> (B + 1, H, T, d)
+        self.attention = torch.cat([self.attention, self.attention.new_zeros((1, self.attention.shape[1]))])
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((1, *layer.keys.shape[1:]))])
+            layer.values = torch.cat([layer.values, layer.values.new_zeros((1, *layer.values.shape[1:]))])
         self.rows.append(row)
 
     def remove(self, requests: list[Request]) -> None:
         gone = {id(r) for r in requests}
-        keep = [n for n, row in enumerate(self.rows) if id(row.request) not in gone]
-        if len(keep) == len(self.rows):
+        leaving = [n for n, row in enumerate(self.rows) if row is not None and id(row.request) in gone]
+        if not leaving:
             return
-        self.rows = [self.rows[n] for n in keep]
-        if not self.rows:
+        for n in leaving:
+            self.rows[n] = None
+        if not len(self):
+            self.rows = []
             self._reset()
         elif self.attention is not None:
-            self._compact(keep)
+            self.attention[leaving] = 0
+            self._compact_if_wasteful()
 
     def rebuild(self) -> None:
         """Drop the cache: every row feeds its whole context and sampled ids again at the next step (after a
@@ -111,47 +130,54 @@ class ContinuousBatch:
     @torch.no_grad()
     def step(self) -> list[Request]:
         """One forward over every row's pending ids, one token sampled per row; returns the finished requests."""
-        joined = any(len(row.pending) != 1 for row in self.rows)
+        live = [row for row in self.rows if row is not None]
+        joined = any(len(row.pending) != 1 for row in live)
         block, fresh, positions = self._block(joined)
         attention = fresh if self.attention is None else torch.cat([self.attention, fresh], dim=1)
         logits = self.step_logits(input_ids=block, attention_mask=attention, position_ids=positions)  # (B, V)
+        free = [n for n, row in enumerate(self.rows) if row is None]
+        if free:  # a free row attended to its own pad slot only; nothing of it is kept
+            attention[free] = 0
         self.attention = attention
-        for row in self.rows:
+        for row in live:
             row.next_pos += len(row.pending)
         self._sample(logits)
-        done = [row.request for row in self.rows if row.request.finished(self.stop_id)]
-        for row in self.rows:
+        done = [row.request for row in live if row.request.finished(self.stop_id)]
+        for row in live:
             row.pending = [row.request.ids[-1]]
         if done:
             self.remove(done)
         elif joined:  # the decode rows' padding in the prefill block
-            self._compact(list(range(len(self.rows))))
+            self._compact_if_wasteful()
         return done
 
     def _block(self, joined: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's (B, W) input ids, their mask and positions: each row's pending ids at the block's right
         end, each row continuing its own count. A step where every row feeds one token (most of them) builds
         the (B, 1) block directly."""
+        pending = [[self.pad_id] if row is None else row.pending for row in self.rows]
+        next_pos = [0 if row is None else row.next_pos for row in self.rows]
         if not joined:
-            block = torch.tensor([row.pending for row in self.rows], dtype=torch.long, device=self.device)
-            positions = torch.tensor([[row.next_pos] for row in self.rows], device=self.device)
+            block = torch.tensor(pending, dtype=torch.long, device=self.device)
+            positions = torch.tensor([[pos] for pos in next_pos], device=self.device)
             return block, torch.ones_like(block), positions
         block, fresh = _left_padded(
-            [torch.tensor(row.pending, dtype=torch.long, device=self.device) for row in self.rows], self.pad_id
+            [torch.tensor(ids, dtype=torch.long, device=self.device) for ids in pending], self.pad_id
         )
-        start = torch.tensor([row.next_pos for row in self.rows], device=self.device)[:, None]
+        start = torch.tensor(next_pos, device=self.device)[:, None]
         return block, fresh, start + (fresh.cumsum(-1) - 1).clamp(min=0)
 
     def _sample(self, logits: torch.Tensor) -> None:
         """Per group of rows sharing (temperature, top_p): one token each from its own stream, kept with its
         log-prob and, when asked, the top-k of the distribution it was drawn from. A constrained row's logits are
         masked first."""
-        for n, row in enumerate(self.rows):
+        live = [(n, row) for n, row in enumerate(self.rows) if row is not None]
+        for n, row in live:
             if row.request.constraint is not None:
                 allowed = row.request.constraint.mask(logits.shape[-1]).to(logits.device)  # (V,)
                 logits[n] = logits[n].masked_fill(~allowed, float("-inf"))
         groups: dict[tuple[float, float], list[int]] = {}
-        for n, row in enumerate(self.rows):
+        for n, row in live:
             groups.setdefault((row.request.temperature, row.request.top_p), []).append(n)
         for (temperature, top_p), members in groups.items():
             index = torch.tensor(members, device=logits.device)
@@ -163,6 +189,16 @@ class ContinuousBatch:
             for j, (token_id, logprob) in enumerate(zip(ids.tolist(), lps.tolist())):
                 request = self.rows[members[j]].request
                 _keep(request, token_id, logprob, top[j][: request.top_logprobs] if top else [])
+
+    def _compact_if_wasteful(self) -> None:
+        """Squeeze the masked slots and free rows out once they are a large share of the cache (module
+        docstring): the width past twice the longest row, or more than a quarter of the rows free."""
+        keep = [n for n, row in enumerate(self.rows) if row is not None]
+        longest = int(self.attention[keep].sum(-1).max())
+        if self.attention.shape[1] > 2 * max(longest, 1) or 4 * (len(self.rows) - len(keep)) > len(self.rows):
+            self.rows = [self.rows[n] for n in keep]
+            self._compact(keep)
+            self.compactions += 1
 
     def _compact(self, keep: list[int]) -> None:
         """Keep rows `keep` (indices into the cache's rows) and only their own slots: each row's slots moved to

@@ -215,3 +215,16 @@ def test_auto_replays_in_a_cycle_only_where_its_steps_roll_out_toolworld_tasks()
     assert cycle_replay(codegen).lopd.replay_share == 0
     explicit = replace(p, lopd=replace(p.lopd, replay_share=0.25))
     assert cycle_replay(explicit) is explicit  # a number is the user's choice, kept as it is
+
+
+def test_a_cycle_after_one_that_did_not_promote_trains_on_a_fresh_seed():
+    """Its champion, bank and φ are the cycle before's, so the same seed would replay that cycle from cache."""
+    from lopd_core.drivers.cycle_record import RETRY_SEED_STRIDE, retries_of_champion, with_retry_seed
+
+    p = replace(Params(), seed=3)
+    assert with_retry_seed(p, []) is p  # the first cycle
+    assert with_retry_seed(p, [{"promoted": True}]) is p  # a new champion: its first try
+    history = [{"promoted": True}, {"promoted": False}, {"promoted": False}]
+    assert retries_of_champion(history) == 2
+    assert with_retry_seed(p, history).seed == 3 + 2 * RETRY_SEED_STRIDE
+    assert with_retry_seed(p, history[:2]).seed == 3 + RETRY_SEED_STRIDE  # each retry its own stream
