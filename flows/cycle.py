@@ -8,11 +8,13 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
   4. distil a new student from the champion; the frozen teacher is the champion itself, or the first base
      when `cycle.refresh_teacher` is false; with `lopd.replay_share` > 0 a share of each step replays the
      pretraining worlds and every world an earlier cycle deployed to (lopd_core/distill/replay.py);
-  5. evaluate champion, student and the first base (the lineage's root) on held-out tasks (cached but the student's);
-  6. export the student, register it as a version of `lopd-student`, and promote it — champion alias,
-     champion.json — only if the gate passes (flows/gate.py, lopd_core/gate.py: by default an exact paired test
-     shows a gain above `cycle.min_gain`, and no guard falls beyond its budget since the root or its bound since
-     the champion);
+  5. evaluate champion, student and the first base (the lineage's root) on the report's held-out tasks
+     (`eval.batch` 0, every split test_final included: the same tasks every cycle, cached but the student's);
+  6. the gate plays champion, student and root on a batch of fresh held-out tasks of its own (flows/gate.py: no
+     earlier cycle's gate read them, and the report does not show them); export the student, register it as a
+     version of `lopd-student`, and promote it — champion alias, champion.json — only if the gate passes
+     (lopd_core/gate.py: by default an exact paired test shows a gain above `cycle.min_gain`, and no guard falls
+     beyond its budget since the root or its bound since the champion);
   7. write the report across all cycles so far.
 
 State between invocations lives in `cycle.dir`: champion.json (what the next cycle starts from) and
@@ -51,7 +53,7 @@ from lopd_core.drivers.cycle_record import (
     with_earlier_worlds,
     with_retry_seed,
 )
-from lopd_core.drivers.cycle_summary import cycle_report_inputs, guard_curves
+from lopd_core.drivers.cycle_summary import cycle_report_inputs, guard_curves, lineage_points
 from lopd_core.drivers.progress import log
 from lopd_core.envs.mix import resolve_mix
 from lopd_core.jsonio import read_json, write_json
@@ -77,11 +79,14 @@ def cycle_flow(
 def _run_cycles(params: Params, cycles: int, tracker: AnyTracker) -> list[dict]:
     """The cycles, one after the other, sharing `tracker` (one MlflowClient for the whole command)."""
     root = Path(params.cycle.dir)
+    history = read_json(root / "history.json", [])
+    # before the base is built or fetched: a split the first gate would outrun (a small task file at the default
+    # eval.n_per_split) stops the command now; each cycle checks its own again
+    gate_flow.check_fresh_tasks(params, gate_flow.gate_start(history, params.eval.n_per_split))
     tracker.close_abandoned_runs()
     base = S.base_flow(params)
     state = read_json(root / "champion.json", None)
     champion = Champion(**state) if state else Champion(model=base)
-    history = read_json(root / "history.json", [])
     records = []
     for _ in range(cycles):
         record = run_one_cycle(params, tracker, champion, base, number=len(history) + 1, history=history)
@@ -100,6 +105,8 @@ def run_one_cycle(
     """One cycle, the module docstring's recipe: each step below is one or more stage flows; what the cycle
     keeps of them is assembled in lopd_core/drivers/cycle_record.py."""
     started = time.perf_counter()
+    start = gate_flow.gate_start(history, params.eval.n_per_split)
+    gate_flow.check_fresh_tasks(params, start)  # before any stage: a split the gate would outrun stops the cycle now
     log(f"cycle {number}: starting from {champion.model} (generation {champion.generation})")
     commit = git_commit()
     # the cycle's parent run: ended FAILED by the context manager when a stage raises
@@ -108,10 +115,10 @@ def run_one_cycle(
         common = {"parent_run": parent, "cycle": number, "tracker": tracker}
         stages = read_experience(params, champion, base, common)
         stages.update(distill=distill_student(distill_params(params, history), champion, base, stages, common))
-        resolvable = announce_gate(params, number)
+        resolvable = announce_gate(params, number, start)
         stages.update(evaluate_cycle(params, champion, base, stages, common))
-        decision, looks = gate_student(params, champion, base, stages, common)
-        gate = gate_record(decision, resolvable)
+        decision, looks, batches = gate_student(params, champion, base, stages, common, start)
+        gate = gate_record(decision, resolvable, batches=batches, n_per_split=params.eval.n_per_split)
         done = CycleStages(**stages, gate_looks=looks)
         run = CycleRun(number, commit, parent, base_identity(base))
         exported = export_student(params, done, cycle_lineage(run, champion, done, gate, decision.promoted), common)
@@ -160,9 +167,15 @@ def distill_student(params: Params, champion: Champion, base: str, stages: dict,
     return S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
 
 
-def announce_gate(params: Params, number: int) -> tuple[float, int, float]:
-    """What the gate's first look can resolve, said before the evaluation (lopd_core/gate.py)."""
+def announce_gate(params: Params, number: int, start: int) -> tuple[float, int, float]:
+    """What the gate's first look can resolve, said before the evaluation (lopd_core/gate.py), and which batch of
+    fresh tasks it plays."""
     resolvable = gate_flow.resolvable_before(params)
+    n = params.eval.n_per_split
+    log(
+        f"cycle {number}: the gate plays batch {start} of fresh held-out tasks (instances {start * n}.."
+        f"{(start + 1) * n - 1} of each split; the report's are batch 0)"
+    )
     log(
         f"cycle {number}: the gate ({params.cycle.gate_test}) at n = {resolvable[1]} paired tasks can resolve a "
         f"gain of about {100 * resolvable[0]:.0f} points or more, and promotes a true gain of "
@@ -173,9 +186,9 @@ def announce_gate(params: Params, number: int) -> tuple[float, int, float]:
 
 
 def evaluate_cycle(params: Params, champion: Champion, base: str, stages: dict, common: dict) -> dict:
-    """Step 5: champion and student on held-out tasks (the student's file with the teacher in play beside it),
-    and the base, when the champion is no longer the base: the report's first column and the root the gate's
-    guards compare with (a cached stage: the same outcomes every cycle while the held-out tasks are the same)."""
+    """Step 5: champion and student on the report's held-out tasks (`eval.batch` 0; the student's file with the
+    teacher in play beside it), and the base, when the champion is no longer the base: the report's first column
+    (a cached stage: the same outcomes every cycle). No decision reads these: the gate plays its own batches."""
     champ_eval = S.evaluate_flow(params, champion.model, label="champion", **common)
     student_eval = S.evaluate_flow(params, stages["distill"]["student"], label="student", **common)
     student_eval["eval"] = student_eval_with_teacher(
@@ -185,16 +198,16 @@ def evaluate_cycle(params: Params, champion: Champion, base: str, stages: dict, 
     return {"champion_eval": champ_eval, "student_eval": student_eval, "base_eval": base_eval}
 
 
-def gate_student(params: Params, champion: Champion, base: str, stages: dict, common: dict):
-    """Step 6's gate: champion against student on the paired outcomes, the guards against the champion and the
-    lineage's root (the first base, evaluated every cycle), with more looks when `eval.sequential` asks for them
-    (flows/gate.py); the decision, and the evaluations of the looks after the first."""
+def gate_student(params: Params, champion: Champion, base: str, stages: dict, common: dict, start: int):
+    """Step 6's gate: champion against student on the paired outcomes of fresh batches from `start` on, the
+    guards against the champion and the lineage's root (the first base, played on the same batch), with more
+    looks when `eval.sequential` asks for them (flows/gate.py); the decision, the evaluations of its looks and the
+    batches they played."""
     models = {"champion": champion.model, "student": stages["distill"]["student"], "root": base}
-    first = {"champion": stages["champion_eval"], "student": stages["student_eval"], "root": stages["base_eval"]}
-    decision, looks = gate_flow.decide_promotion(params, models, first, common=common)
+    decision, looks, batches = gate_flow.decide_promotion(params, models, start=start, common=common)
     g = params.cycle
     log(f"cycle {common['cycle']}: gate {g.gate_metric} ({g.gate_mode}, {'+'.join(g.gate_splits)}): {decision.reason}")
-    return decision, looks
+    return decision, looks, batches
 
 
 def export_student(params: Params, stages: CycleStages, lineage: dict, common: dict) -> dict:
@@ -235,5 +248,14 @@ def write_cycle_report(
     runs, evals, summary = cycle_report_inputs(params, history)
     title = "LOPD continual cycles"
     return S.report_flow(
-        params, runs, evals, params.cycle.report_dir, title, summary, parent_run=parent, cycle=number, tracker=tracker
+        params,
+        runs,
+        evals,
+        params.cycle.report_dir,
+        title,
+        summary,
+        parent_run=parent,
+        cycle=number,
+        tracker=tracker,
+        lineage=lineage_points(history),
     )

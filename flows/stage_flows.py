@@ -365,10 +365,11 @@ def report_flow(
     cycle: int = 0,
     *,
     tracker: AnyTracker,
+    lineage: list[dict] | None = None,
 ) -> str:
     """The offline HTML dashboard and its PNGs, logged as artifacts of the cycle."""
     with tracker.run("report", parent=parent_run, tags=_tags("report", cycle, {"lopd.cached": False})) as run:
-        path = T.report_task(runs, evals, out_dir, title, summary)
+        path = T.report_task(runs, evals, out_dir, title, summary, lineage)
         tracker.log_artifact(run, out_dir, "report")
         if parent_run:
             tracker.log_artifact(parent_run, out_dir, "report")

@@ -109,12 +109,14 @@ def cmd_export(params: Params, args) -> int:
 
 
 def cmd_report(params: Params, args) -> int:
+    from lopd_core.drivers.cycle_summary import lineage_points
     from lopd_core.drivers.report import run_report
     from lopd_core.methods import resolve_method
 
     # the method's m, as the run used it; None under `lopd.margin: auto` (the report reads the CSV's margin column)
     trained_margin = resolve_method(params.lopd, params.baselines).margin
     history_path = Path(params.cycle.dir) / "history.json"
+    lineage: list[dict] = []
     if args.cycles:
         if not history_path.exists():
             raise FileNotFoundError(f"no cycle history at {history_path}: run `lopd cycle` first")
@@ -125,6 +127,7 @@ def cmd_report(params: Params, args) -> int:
         ]
         evals = [{"label": "base", "path": history[0]["eval"]["base"]}]
         evals += [{"label": f"cycle {r['cycle']} student", "path": r["eval"]["student"]} for r in history]
+        lineage = lineage_points(history)  # the guards' curves across the lineage
         title = "LOPD continual cycles"
     else:
         if not Path(args.csv).exists():
@@ -132,7 +135,7 @@ def cmd_report(params: Params, args) -> int:
         runs = [{"label": "distill", "csv": args.csv, "margin": trained_margin}]
         evals = [{"label": "base", "path": args.base_eval}, {"label": "student", "path": args.eval}]
         title = "LOPD run"
-    run_report(runs, evals, args.out, title=title, log=log)
+    run_report(runs, evals, args.out, title=title, lineage=lineage, log=log)
     return 0
 
 

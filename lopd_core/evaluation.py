@@ -9,14 +9,20 @@ the policy can use experience in context, which the latent teacher depends on.
 Plugin environments (lopd_core/envs/registry.py) are evaluated on the splits they have (no `pretrain_test`
 unless they provide one: they have no pretraining worlds) and without `+experience` (it needs an oracle).
 
-Output (DESIGN §5): {env: {split: {mode: {success_rate, reward_mean, n, ci95}}}}; ci95 is the Wilson score
-interval [low, high] of the success rate. Beside it, one row per played task (lopd_core/outcomes.py), which the
-promotion gate pairs task by task (lopd_core/gate.py).
+Output (DESIGN §5): {env: {split: {mode: {success_rate, reward_mean, n, ci95, reward_ci95}}}}; ci95 is the Wilson
+score interval [low, high] of the success rate, reward_ci95 the normal interval of the mean reward. Beside it, one
+row per played task (lopd_core/outcomes.py), which the promotion gate pairs task by task (lopd_core/gate.py).
 
 Pairing: the tasks of a split come from one seeded stream (`params.seed + EVAL_SEED_OFFSET`; instance i depends
 only on the env, the seed, the split and i) and the rollouts from one sampling seed (`params.seed`), whatever the
 policy: two policies evaluated under the same params play the same tasks with the same seeds. `eval.batch` k plays
-instances [k·n, (k+1)·n) of the same stream: fresh tasks for a sequential gate's next look, never a repeat.
+instances [k·n, (k+1)·n) of the same stream: fresh tasks, never a repeat. Batch 0 is the report's (`lopd evaluate`,
+the cycle's report: the same tasks every cycle, so the lineage's bars compare on the same tasks); `lopd cycle`'s gate
+plays batches >= 1, each cycle its own (flows/gate.py), so no decision reads tasks an earlier one read or the report
+shows. `batch_tasks` says how many batches a split has.
+
+Splits: test_final is evaluated and reported like any split, and read by no decision (lopd_core/envs/held_out.py);
+val holds held-out training tasks for design choices. Neither is the gate's (lopd_core/settings/run.py refuses them).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from lopd_core.config import Params
-from lopd_core.envs import make_tasks, registry
+from lopd_core.config import ConfigError, Params
+from lopd_core.envs import Task, make_tasks, registry
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import make_chat
 from lopd_core.model.codegen_demos import CodegenExperiencePool
@@ -57,6 +63,17 @@ def task_domains(task) -> tuple[str, ...]:
     return TEMPLATES[task.template].domains if task.template in TEMPLATES else (task.env,)
 
 
+def mean_interval(values: list[float], z: float = 1.96) -> list[float]:
+    """The normal 95 % interval of a mean reward, mean ± z·s/√n (s the sample sd), clipped to the rewards' [0, 1];
+    [0, 1] below two values. The report draws it on the reward bars (a success rate's is `wilson_interval`)."""
+    n = len(values)
+    if n < 2:
+        return [0.0, 1.0]
+    mean = sum(values) / n
+    half = z * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return [round(max(0.0, mean - half), 4), round(min(1.0, mean + half), 4)]
+
+
 def summarize(trajectories: list[Trajectory]) -> dict:
     n = len(trajectories)
     wins = sum(t.success for t in trajectories)
@@ -71,6 +88,7 @@ def summarize(trajectories: list[Trajectory]) -> dict:
         "reward_mean": round(sum(t.reward for t in trajectories) / n, 4) if n else 0.0,
         "n": n,
         "ci95": wilson_interval(wins, n),
+        "reward_ci95": mean_interval([t.reward for t in trajectories]),
         # a cross-domain task counts in each of its domains, so the domains' n add up to more than n
         "by_domain": {d: {"success_rate": round(w / k, 4), "n": k} for d, (w, k) in sorted(per_domain.items())},
     }
@@ -115,11 +133,46 @@ def _experience_pool(env_name: str, seed: int, worlds_key: str):
     return pool_class(make_tasks(env_name, "train", n, seed + 2 * EVAL_SEED_OFFSET, worlds))
 
 
+def batch_tasks(params: Params, env: str, split: str) -> list[Task]:
+    """The tasks of batch `eval.batch` of `env`'s `split`: instances [k·n, (k+1)·n) of its seeded stream.
+
+    How many batches a split has: a built-in's streams are unbounded (instance i exists for every i: a batch never
+    runs out); a task file's held-out split holds the file's tasks and never repeats (lopd_core/envs/task_files.py),
+    so it has count // n full batches. Batch 0 (the report's) may be short, as it always was: n then counts the
+    distinct tasks there are. A later batch (a gate's: flows/gate.py) must be full, else this raises a ConfigError
+    naming the split and the fix: a batch that wrapped round to earlier tasks would replay tasks an earlier decision
+    read, which is what fresh batches exist to prevent, and a warning in an unattended cycle is read by no one."""
+    registry.use_config(params.envs)
+    worlds = WorldSplit.from_config(params.envs).for_split(split)
+    n, batch = params.eval.n_per_split, params.eval.batch
+    tasks = make_tasks(env, split, (batch + 1) * n, params.seed + EVAL_SEED_OFFSET, worlds)
+    if batch and len(tasks) < (batch + 1) * n:
+        raise ConfigError(
+            f"eval.batch {batch} needs tasks {batch * n}..{(batch + 1) * n - 1} of {env}'s {split!r} split, which "
+            f"holds {len(tasks)}: at eval.n_per_split = {n} that is {max(len(tasks) // n - 1, 0)} gate batch(es) "
+            "after the report's batch 0, and `lopd cycle` plays each cycle's gate on a batch no earlier cycle read. "
+            f"Add held-out tasks to the environment's task file, lower eval.n_per_split (at most "
+            f"{len(tasks) // (batch + 1)} fits this batch), or start a new lineage (another cycle.dir)"
+        )
+    return tasks[batch * n :]
+
+
+def check_batch(params: Params) -> None:
+    """Raise `batch_tasks`'s ConfigError now, before any work, where a plugin's split cannot fill `eval.batch`
+    (the built-ins' streams never run out: not drawn here)."""
+    registry.use_config(params.envs)
+    for env in params.envs.mix:
+        if registry.has_pretraining(env):
+            continue
+        for split in params.eval.splits:
+            if split in registry.env_splits(env):
+                batch_tasks(params, env, split)
+
+
 def shard_requests(params: Params, shard: EvalShard) -> list[RolloutRequest]:
     registry.use_config(params.envs)
     worlds = WorldSplit.from_config(params.envs).for_split(shard.split)
-    n, first = params.eval.n_per_split, params.eval.n_per_split * params.eval.batch
-    tasks = make_tasks(shard.env, shard.split, first + n, params.seed + EVAL_SEED_OFFSET, worlds)[first:]
+    tasks = batch_tasks(params, shard.env, shard.split)
     if not shard.experience:
         return [RolloutRequest(t) for t in tasks]
     # `+experience` measures how well the policy reads its world's conventions from oracle successes in

@@ -39,7 +39,7 @@ this n; to resolve a smaller one, raise eval.n_per_split (the gain's resolution 
 Guards (`cycle.guards`): metrics that must not fall, e.g. pretrain_test success (forgetting). Forgetting is
 cumulative (DESIGN §3: one cycle took pretrain_test 26 → 18 %, three 25 → 15 %, each inside a per-cycle bound), so
 each guard compares the student, with the same exact test at the unadjusted α = 2.5 %, both
- - with the lineage's **root** (the first base, played every cycle on the same tasks): a non-inferiority test — the
+ - with the lineage's **root** (the first base, played on each look's tasks beside them): a non-inferiority test — the
    guard fails unless the test rejects H0: E[d_root] ≤ −`cycle.guard_budget`, i.e. unless the data show the
    student has lost less than the budget since the root. The burden is the student's: a student that forgets
    nothing passes with probability about Φ(budget · √n / sd − 1.96), 81 % at n = 200, sd 0.5, budget 0.10 (94 % at

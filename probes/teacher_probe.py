@@ -1,10 +1,11 @@
 """Does the latent teacher play better than the base? The ceiling a distillation run can reach, measured.
 
-    .venv/bin/python probes/teacher_probe.py [--n 200] [--modes greedy sampled] \\
+    .venv/bin/python probes/teacher_probe.py [--n 200] [--split val] [--modes greedy sampled] \\
         [--composer data/exp/lopd_s0/composer.pt ...] [--set section.key=value ...] [--out metrics/teacher_probe.json]
 
-On the evaluation's own held-out tasks (`lopd evaluate`'s test_id draw, same seed), each task's J nearest bank
-rows are retrieved as in training (no self-retrieval), and the frozen base plays every task four ways:
+On held-out tasks of `--split` (default `val`: held-out training-distribution tasks, disjoint from train and from
+every test split, lopd_core/envs/held_out.py; drawn as `lopd evaluate` draws a split, same seed), each task's J
+nearest bank rows are retrieved as in training (no self-retrieval), and the frozen base plays every task four ways:
 
 * `base`        — nothing in context: the student before distillation;
 * `text`        — the retrieved experiences as text in the first user turn: what the cold start's KL teaches the
@@ -14,8 +15,11 @@ rows are retrieved as in training (no self-retrieval), and the frozen base plays
 * `latents_<name>` — the same through each `--composer` file (a run's `composer.pt`): the teacher it ended with.
 
 A teacher that does not play better than `base` cannot lift the student by distillation, however the
-distillation is tuned. Needs the base, the bank and φ0 (`lopd base`, `lopd bank`, `lopd coldstart`). Prints a
-markdown table and JSON (success with 95 % interval, mean reward, per condition and mode).
+distillation is tuned. Why `val` by default: this probe chooses between composers and their options, and a choice
+made on test_id (the split the gate and the headline figures read) would make those figures look better than a
+fresh draw would (winner's curse); test_final is refused, since no choice may read it. Needs the base, the bank
+and φ0 (`lopd base`, `lopd bank`, `lopd coldstart`). Prints a markdown table and JSON (success with 95 % interval,
+mean reward, per condition and mode).
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--n", type=int, default=200, help="held-out test_id tasks")
+    parser.add_argument("--n", type=int, default=200, help="held-out tasks of --split")
+    parser.add_argument(
+        "--split",
+        default="val",
+        choices=["val", "test_id", "test_ood", "pretrain_test"],  # never test_final: no choice reads it
+        help="val (default): the split design choices are made on; a test split only to reproduce an old figure",
+    )
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--composer", nargs="*", default=[], help="trained composers (a run's composer.pt)")
     parser.add_argument(
@@ -61,11 +71,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
     params = load_params(args.params, args.overrides)
+    # drawn before the model loads: a mix that has no such split stops here (lopd_core/envs/mix.py)
+    tasks = deployment_tasks(params.envs, args.split, args.n, params.seed + EVAL_SEED_OFFSET)
     torch.manual_seed(params.seed)
     model, tokenizer = load_policy(params.model)
     model.eval()
     codec = ChatCodec(tokenizer)
-    tasks = deployment_tasks(params.envs, "test_id", args.n, params.seed + EVAL_SEED_OFFSET)
     with open_bank(params) as bank:
         retrieval = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
         texts = make_retriever(bank, retrieval)(tasks)
@@ -120,7 +131,7 @@ def main() -> None:
     report = {
         "envs": params.envs.mix,
         "deploy_worlds": params.envs.deploy_worlds,
-        "split": "test_id",
+        "split": args.split,
         "n": args.n,
         "top_j": params.bank.top_j,
         "model": params.model.name_or_path,

@@ -196,8 +196,16 @@ def export_task(
 
 
 @task(name="report")
-def report_task(runs: list[dict], evals: list[dict], out_dir: str, title: str, summary: list[tuple[str, str]]) -> str:
-    """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}."""
+def report_task(
+    runs: list[dict],
+    evals: list[dict],
+    out_dir: str,
+    title: str,
+    summary: list[tuple[str, str]],
+    lineage: list[dict] | None = None,
+) -> str:
+    """The offline HTML dashboard: runs are {label, csv, margin}, evals are {label, path}, lineage the cycles'
+    guards (`lopd cycle` only)."""
     from lopd_core.drivers.report import run_report
 
-    return str(run_report(runs, evals, out_dir, title=title, summary=summary, log=log))
+    return str(run_report(runs, evals, out_dir, title=title, summary=summary, lineage=lineage or [], log=log))

@@ -35,6 +35,7 @@ from lopd_core.drivers.evaluate import run_evaluate
 from lopd_core.evaluation import evaluate, wilson_interval, write_metrics
 from lopd_core.methods import method_spec
 from lopd_core.model.loading import load_policy
+from lopd_core.settings.run import FINAL_SPLIT
 
 REPORT_SPLITS = ("test_id", "test_ood")
 REPORT_MODES = ("greedy", "sampled")
@@ -72,11 +73,12 @@ def _with_eval(
 
 def final_eval_params(params: Params, eval_n: int) -> Params:
     """The cycle's evaluation (`eval` as configured, benchmarks included) with `eval_n` tasks per split and the
-    report's splits and modes added where missing."""
+    report's splits and modes added where missing, less test_final: a comparison chooses between methods, and no
+    choice reads test_final (lopd_core/envs/held_out.py)."""
     ev = params.eval
     return _with_eval(
         params,
-        [*ev.splits, *[s for s in REPORT_SPLITS if s not in ev.splits]],
+        [*[s for s in ev.splits if s != FINAL_SPLIT], *[s for s in REPORT_SPLITS if s not in ev.splits]],
         eval_n,
         [*ev.modes, *[m for m in REPORT_MODES if m not in ev.modes]],
         experience=ev.with_experience,

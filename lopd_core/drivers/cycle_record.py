@@ -56,7 +56,7 @@ class CycleStages:
     champion_eval: dict
     student_eval: dict
     base_eval: dict  # the champion's own when the champion is the base
-    gate_looks: list[dict] = field(default_factory=list)  # the evaluations of the gate's looks after the first
+    gate_looks: list[dict] = field(default_factory=list)  # the evaluations of the gate's looks (fresh batches)
 
     def cached(self) -> dict[str, bool]:
         """Which stages reused a cached result (a cycle run again with nothing changed reuses them all)."""
@@ -68,7 +68,7 @@ class CycleStages:
             ("distill", self.distill),
             ("champion_eval", self.champion_eval),
             ("student_eval", self.student_eval),
-            *((f"gate_look_{i + 2}", e) for i, e in enumerate(self.gate_looks)),
+            *((f"gate_eval_{i + 1}", e) for i, e in enumerate(self.gate_looks)),
         )
         return {k: v["cached"] for k, v in named if v is not None}
 
@@ -151,11 +151,14 @@ def gate_score(params: Params, results: dict | None) -> float:
     return sum(values) / len(values)
 
 
-def gate_record(decision: GateDecision, resolvable: tuple[float, int, float]) -> dict:
+def gate_record(
+    decision: GateDecision, resolvable: tuple[float, int, float], *, batches: list[int] = (), n_per_split: int = 0
+) -> dict:
     """What champion.json, history.json and the report keep of the gate's decision (lopd_core/gate.py): the point
     estimates under their old names (`champion`, `student`), the paired gain, its shown interval and n, the exact
     test's p-value and level, the guards (their values: the lineage's curve, and both comparisons), the reason,
-    and what the first look could resolve before the evaluation."""
+    what the first look could resolve before the evaluation, and the fresh batches its looks played (`batches`,
+    `tasks`: the instances [first, end) of each split, which the next cycle's gate starts after: flows/gate.py)."""
     record = {
         "champion": decision.champion,
         "student": decision.student,
@@ -167,6 +170,12 @@ def gate_record(decision: GateDecision, resolvable: tuple[float, int, float]) ->
         "detectable_before": resolvable[2],
         "guards": [guard_record(g) for g in decision.guards],
     }
+    if batches:
+        record.update(
+            batches=list(batches),
+            n_per_split=n_per_split,
+            tasks=[batches[0] * n_per_split, (batches[-1] + 1) * n_per_split],
+        )
     if decision.interval is not None:
         iv = decision.interval
         record.update(gain=iv.gain, low=iv.low, high=iv.high, n=iv.n, level=iv.level, resampling=iv.resampling)

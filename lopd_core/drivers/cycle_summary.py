@@ -11,6 +11,7 @@ from lopd_core.config import Params
 from lopd_core.distill.teacher_play import teacher_lines
 from lopd_core.jsonio import read_json
 from lopd_core.methods import resolve_method
+from lopd_core.settings.run import FINAL_SPLIT
 
 
 def cycle_report_inputs(params: Params, history: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
@@ -66,7 +67,7 @@ def success_lines(record: dict, params: Params) -> list[str]:
     ev = {k: read_json(v) for k, v in record["eval"].items()}
     envs = list(params.envs.mix)
     n = next((c["n"] for c in (ev["student"] or {}).get(envs[0], {}).get("test_id", {}).values()), None)
-    lines = [f"  success, base -> new student (95 % interval, n = {n} per split):"]
+    lines = [f"  success, base -> new student (95 % interval, n = {n} per split; the report's tasks, eval.batch 0):"]
     for env in envs:  # a plugin environment is evaluated only on the splits it has
         label = f"{env} " if len(envs) > 1 else ""
         splits = [s for s in params.eval.splits if s in (ev["student"] or {}).get(env, {}) or len(envs) == 1]
@@ -76,6 +77,8 @@ def success_lines(record: dict, params: Params) -> list[str]:
                     f"    {label + split:<14} {mode:<8} {_cell(ev['base'], env, split, mode)} -> "
                     f"{_cell(ev['student'], env, split, mode)}"
                 )
+    if FINAL_SPLIT in params.eval.splits:
+        lines.append(f"    ({FINAL_SPLIT}: reported only, read by no decision, guard or option choice)")
     return lines
 
 
@@ -127,6 +130,12 @@ def gate_line(gate: dict, params: Params) -> str:
     )
     if gate.get("detectable_before") is not None:
         stated += f" and promote a true gain of {100 * gate['detectable_before']:.0f} points 90 % of the time"
+    if gate.get("batches"):
+        first, end = gate["tasks"]
+        stated += (
+            f"; on fresh batch(es) {', '.join(map(str, gate['batches']))} (instances {first}..{end - 1} of each "
+            "split, read by no earlier decision)"
+        )
     test = gate.get("test", "point")
     if test == "paired":
         alpha = gate.get("alpha", (1 - g.confidence) / 2)
@@ -161,20 +170,26 @@ def guard_lines(gate: dict) -> list[str]:
     return lines
 
 
+def lineage_points(history: list[dict]) -> list[dict]:
+    """The report's guard chart input (lopd_core/run_report.py `plot_guards`): one {label, promoted, guards} per
+    cycle, the guards as the gate's record keeps them (values and both comparisons)."""
+    return [
+        {"label": f"cycle {r['cycle']}", "promoted": bool(r["promoted"]), "guards": r.get("gate", {}).get("guards", [])}
+        for r in history
+    ]
+
+
 def guard_curves(history: list[dict]) -> dict[str, str]:
-    """Each guard's lineage curve across the cycles so far: the root's value, then each cycle's student (* when
-    promoted), in percent of the guard's metric on its cells."""
+    """Each guard's lineage curve across the cycles so far: each cycle's student (* when promoted) beside the
+    root on the same tasks, in percent of the guard's metric on its cells. Each cycle's gate plays fresh tasks
+    (flows/gate.py), so the root's value moves with the batch: the student is read against the root beside it."""
     points: dict[str, list[str]] = {}
-    roots: dict[str, float] = {}
     for record in history:
         for guard in record.get("gate", {}).get("guards", []):
             if guard.get("student") is None:
                 continue
-            if guard.get("root") is not None:
-                roots[guard["name"]] = guard["root"]
             mark = "*" if record["promoted"] else ""
-            points.setdefault(guard["name"], []).append(f"cycle {record['cycle']} {100 * guard['student']:.1f}{mark}")
-    return {
-        name: " -> ".join(([f"root {100 * roots[name]:.1f}"] if name in roots else []) + curve) + " (%; * promoted)"
-        for name, curve in points.items()
-    }
+            root = f" vs root {100 * guard['root']:.1f}" if guard.get("root") is not None else ""
+            point = f"cycle {record['cycle']} {100 * guard['student']:.1f}{mark}{root}"
+            points.setdefault(guard["name"], []).append(point)
+    return {name: " -> ".join(curve) + " (%; * promoted)" for name, curve in points.items()}

@@ -16,10 +16,12 @@ def run_report(
     *,
     title: str,
     summary: list[tuple[str, str]] = (),
+    lineage: list[dict] = (),
     log=print,
 ) -> Path:
     """Runs are {label, csv, margin} (margin None: priced, read from the CSV's `margin` column), evals are
-    {label, path}; an evaluation whose file is missing or empty is left out of the tables."""
+    {label, path}; an evaluation whose file is missing or empty is left out of the tables. `lineage`: the cycles'
+    guards (lopd_core/drivers/cycle_summary.py `lineage_points`), drawn as their curves."""
     training = [
         TrainingRun(r["label"], Path(r["csv"]), None if r["margin"] is None else float(r["margin"])) for r in runs
     ]
@@ -28,6 +30,8 @@ def run_report(
         for e in evals
         if e.get("path") and Path(e["path"]).exists()
     ]
-    path = page.write_report(training, [c for c in columns if c.results], out_dir, title=title, summary=summary)
+    path = page.write_report(
+        training, [c for c in columns if c.results], out_dir, title=title, summary=summary, lineage=lineage
+    )
     log(f"report: {path} (open it in a browser; it needs no network)")
     return path

@@ -12,9 +12,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-# train / test_id / test_ood are drawn in the deployment worlds; pretrain_test holds out instances of the
-# pretraining worlds (the warm start's), to measure what adaptation forgets.
-SPLITS = ("train", "test_id", "test_ood", "pretrain_test")
+# train / val / test_id / test_ood / test_final are drawn in the deployment worlds; pretrain_test holds out instances
+# of the pretraining worlds (the warm start's), to measure what adaptation forgets. val (design choices) and
+# test_final (read by no decision, reported only) are held out like test_id, disjoint by content (held_out.py).
+SPLITS = ("train", "val", "test_id", "test_ood", "pretrain_test", "test_final")
 
 # The most turns a task may allow. Why a bound: every turn adds at least an action, its closing token, an
 # observation and the next turn header to one context of at most `rollout.max_context` tokens, so no run plays

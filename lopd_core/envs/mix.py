@@ -15,6 +15,8 @@ distillation, evaluation) draws from the whole mix, plugins included.
 
 from __future__ import annotations
 
+import warnings
+
 from lopd_core.envs import registry
 from lopd_core.envs.base import Task
 from lopd_core.envs.tasks import make_tasks
@@ -83,9 +85,31 @@ def resolve_mix(envs) -> None:
 
 def deployment_tasks(envs, split: str, n: int, seed: int) -> list[Task]:
     """Tasks of `split` in the run's deployment worlds (`pretrain_test`: in its pretraining worlds), from an
-    `envs:` config section. Bank, distillation and evaluation draw here, never from the pretraining worlds."""
+    `envs:` config section. Bank, distillation and evaluation draw here, never from the pretraining worlds.
+    A held-out split comes from the envs of the mix that have it, as an evaluation plays them (`held_out_mix`)."""
     registry.use_config(envs)
-    return mixed_tasks(envs.mix, split, n, seed, WorldSplit.from_config(envs).for_split(split))
+    mix = envs.mix if split == "train" else held_out_mix(envs.mix, split)
+    return mixed_tasks(mix, split, n, seed, WorldSplit.from_config(envs).for_split(split))
+
+
+def held_out_mix(mix: dict[str, float], split: str) -> dict[str, float]:
+    """The part of the mix that has `split`: a plugin without it (a task file with no val line) is left out with a
+    warning naming it, and a mix none of whose envs has it is a ValueError now, before any model is loaded or
+    played, rather than a plugin's error deep in a probe or a run."""
+    have = {e: w for e, w in mix.items() if split in registry.env_splits(e)}
+    left = sorted(set(mix) - set(have))
+    if not have:
+        raise ValueError(
+            f"envs: no environment of the mix has {split!r} tasks ({', '.join(left)}); add {split} lines to the "
+            "plugin's task file (lopd_core/envs/task_files.py) or put a built-in (toolworld, codegen) in envs.mix"
+        )
+    if left:
+        warnings.warn(
+            f"envs: {', '.join(left)} has no {split!r} tasks (a plugin has the splits its task file or make_tasks "
+            f"gives); {split} is drawn from {', '.join(sorted(have))} only",
+            stacklevel=3,
+        )
+    return have
 
 
 def pretraining_tasks(envs, n: int, seed: int) -> list[Task]:

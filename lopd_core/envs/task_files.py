@@ -7,14 +7,20 @@ A line names its split and instruction; every other key is the environment's own
 Optional keys: ``task_id`` (default ``<env>/<split>/<k>``, k = the line's rank among its split's lines),
 ``world`` (default the env's name: the bank retrieves within a world), ``template`` (default the env's name:
 a grouping for reports) and ``max_turns`` (default the environment's). Blank lines and lines starting with
-``#`` are skipped. A split is one of ``train``, ``test_id``, ``test_ood``, ``pretrain_test``; a file may hold
-any of them. Lines are parsed as JSON data, nothing in them is ever evaluated.
+``#`` are skipped. A split is one of ``train``, ``val``, ``test_id``, ``test_ood``, ``pretrain_test``,
+``test_final``; a file may hold any of them. Lines are parsed as JSON data, nothing in them is ever evaluated.
 
 Drawing ``n`` tasks of a split (``tasks_from_file``): the split's tasks in a seeded order, so instance ``i``
 depends only on (env, seed, split, i) and a larger ``n`` extends a smaller one. ``train`` repeats the file in
 fresh seeded orders when ``n`` is larger than the file (the training stream needs its full length; a repeat is
 the same task instance played again). The held-out splits never repeat: they return at most the file's tasks,
 so an evaluation's ``n`` counts distinct tasks.
+
+val and test_final are capped the same way, with a warning naming the env and both counts: a file is written by
+hand and rarely holds the hundreds of tasks a built-in's default ``eval.n_per_split`` asks of them, and a short
+split is still usable (its intervals say how little it measures), so the run goes on rather than failing there.
+A file without a val or test_final line has no such split: an evaluation skips it, and a draw across the mix
+(lopd_core/envs/mix.py ``deployment_tasks``) leaves the env out, with a warning.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import warnings
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +36,7 @@ from pathlib import Path
 from .base import MAX_TURNS, SPLITS, Task
 
 TASK_KEYS = ("task_id", "split", "template", "world", "instruction", "max_turns")
+CAPPED_WITH_WARNING = ("val", "test_final")  # the splits added after task files: capped with a warning (docstring)
 
 
 class TaskFileError(ValueError):
@@ -176,6 +184,12 @@ def tasks_from_file(path: str | Path, env: str, split: str, n: int, seed: int, *
     pool = read_task_file(path, env, **kwargs).get(split, [])
     if not pool:
         raise TaskFileError(f"task file {str(path)!r} has no {split!r} tasks for env {env!r}")
+    if split in CAPPED_WITH_WARNING and n > len(pool):
+        warnings.warn(
+            f"env {env!r}: its task file {str(path)!r} holds {len(pool)} {split!r} tasks, fewer than the {n} asked; "
+            f"{split} takes the {len(pool)} it has (add {split} lines to the file for more)",
+            stacklevel=2,
+        )
     if split != "train":
         n = min(n, len(pool))
     out: list[Task] = []

@@ -13,13 +13,14 @@ from .base import SPLITS, Task
 
 def make_tasks(env: str, split: str, n: int, seed: int, worlds: dict[str, dict] | None = None) -> list[Task]:
     """``n`` tasks of ``split`` for ``env``. ``worlds`` (name -> conventions) is toolworld's: which worlds the
-    split cycles over (default the named worlds); codegen and plugins have no worlds and ignore it."""
+    split cycles over (default the named worlds); codegen reads only whether they are the pretraining worlds (its
+    train tasks there are not carved: held_out.py); plugins have no worlds and ignore it."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if env == "codegen":
         from .codegen import make_codegen_tasks
 
-        return make_codegen_tasks(split, n, seed)
+        return make_codegen_tasks(split, n, seed, worlds=worlds)
     if env == "toolworld":
         from .toolworld.tasks import make_toolworld_tasks
 

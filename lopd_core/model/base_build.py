@@ -96,6 +96,7 @@ def warm_start_data(params: Params) -> WarmStartData:
     them, and the drills."""
     ws, tiny = params.model.warmstart, params.model.tiny
     counts = mix_counts(pretraining_mix(params.envs.mix), ws.demos)
+    pretrain = WorldSplit.from_config(params.envs).pretrain
     demos = build_demos(
         n=counts.get("toolworld", 0),
         experience_fraction=ws.experience_fraction,
@@ -103,7 +104,7 @@ def warm_start_data(params: Params) -> WarmStartData:
         convention_noise=ws.convention_noise,
         slip=ws.slip,
         seed=params.seed,
-        worlds=WorldSplit.from_config(params.envs).pretrain,
+        worlds=pretrain,
     )
     if counts.get("codegen"):  # appended: the toolworld part (and its first-action cuts) stay as they were
         demos += build_codegen_demos(
@@ -113,6 +114,7 @@ def warm_start_data(params: Params) -> WarmStartData:
             noise=ws.convention_noise,
             slip=ws.slip,
             seed=params.seed + 1,
+            worlds=pretrain,
         )
     tokenizer = train_tokenizer((d.text() for d in demos), tiny.vocab_size)
     codec = ChatCodec(tokenizer)

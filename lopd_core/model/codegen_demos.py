@@ -128,13 +128,29 @@ class CodegenExperiencePool:
         return [text for _, text in picked]
 
 
+def codegen_demo_tasks(n: int, seed: int, worlds: dict[str, dict]) -> tuple[list[Task], list[Task]]:
+    """The training tasks `build_codegen_demos` plays and those its experiences come from. `worlds`: the
+    pretraining worlds, whose codegen train tasks are not carved (lopd_core/envs/held_out.py), so the warm start's
+    stay what they were; apart so a test can pin them (tests/envs/test_held_out.py)."""
+    pool = make_tasks("codegen", "train", max(200, n // 4), seed + 7919, worlds)
+    return make_tasks("codegen", "train", n, seed, worlds), pool
+
+
 def build_codegen_demos(
-    *, n: int, experience_fraction: float, max_experiences: int, noise: float, slip: float, seed: int
+    *,
+    n: int,
+    experience_fraction: float,
+    max_experiences: int,
+    noise: float,
+    slip: float,
+    seed: int,
+    worlds: dict[str, dict],
 ) -> list[Demo]:
-    """`n` codegen demonstrations from the train split, a fraction with same-family experience in context."""
+    """`n` codegen demonstrations from the train split of the stream of `worlds` (the warm start's: the pretraining
+    worlds), a fraction with same-family experience in context."""
     rng = random.Random(seed)
-    tasks = make_tasks("codegen", "train", n, seed)
-    pool = CodegenExperiencePool(make_tasks("codegen", "train", max(200, n // 4), seed + 7919))
+    tasks, pool_tasks = codegen_demo_tasks(n, seed, worlds)
+    pool = CodegenExperiencePool(pool_tasks)
     demos: list[Demo | None] = []
     noisy: list[tuple[int, Task, int]] = []  # (position, task, its own seed): played below, in parallel
     for task in tasks:

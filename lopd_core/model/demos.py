@@ -114,6 +114,13 @@ def _alias(rng: random.Random, named_share: float) -> str:
     return f"w{rng.randint(10, 99)}"
 
 
+def demo_tasks(n: int, seed: int, worlds: dict[str, dict] | None) -> tuple[list[Task], list[Task]]:
+    """The training tasks `build_demos` plays and those its experiences come from. Apart so a test can pin them:
+    in the pretraining worlds they are the shipped base's warm-start data (tests/envs/test_held_out.py)."""
+    pool = make_tasks("toolworld", "train", max(200, n // 4), seed + 7919, worlds)
+    return make_tasks("toolworld", "train", n, seed, worlds), pool
+
+
 def build_demos(
     *,
     n: int,
@@ -129,8 +136,8 @@ def build_demos(
     A share `named_alias_share` of the experience demonstrations rename their world to a named world."""
     rng = random.Random(seed)
     names = sorted(WORLDS if worlds is None else worlds)
-    tasks = make_tasks("toolworld", "train", n, seed, worlds)
-    pool = ExperiencePool(make_tasks("toolworld", "train", max(200, n // 4), seed + 7919, worlds))
+    tasks, pool_tasks = demo_tasks(n, seed, worlds)
+    pool = ExperiencePool(pool_tasks)
     demos = []
     for task in tasks:
         if rng.random() < experience_fraction:

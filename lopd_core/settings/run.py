@@ -19,7 +19,10 @@ from lopd_core.settings.checks import (
 )
 from lopd_core.settings.fields import Section, setting
 
-SPLIT_NAMES = ("train", "test_id", "test_ood", "pretrain_test")
+SPLIT_NAMES = ("train", "val", "test_id", "test_ood", "pretrain_test", "test_final")  # envs/base.py SPLITS
+# Read by no decision and no design choice, reported only (lopd_core/envs/held_out.py): no gate split, guard or
+# option choice may name it.
+FINAL_SPLIT = "test_final"
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,11 @@ class EvalConfig(Section):
         200, help="tasks per split (200: a success rate's 95 % interval is about ±6 points)", check=positive()
     )
     splits: list[str] = setting(
-        factory=lambda: ["test_id", "test_ood", "pretrain_test"],
-        check=subset_of("train", "test_id", "test_ood", "pretrain_test"),
+        factory=lambda: ["test_id", "test_ood", "pretrain_test", "test_final"],
+        check=subset_of(*SPLIT_NAMES),
         help="test_id and test_ood in the deployment worlds; pretrain_test: held-out tasks of the pretraining "
-        "worlds (what adaptation forgets)",
+        "worlds (what adaptation forgets); test_final: test_id's distribution, disjoint from it, read by no "
+        "decision (reported only); val: held-out training tasks for design choices (lopd_core/envs/held_out.py)",
     )
     modes: list[str] = setting(
         factory=lambda: ["greedy", "sampled"],
@@ -55,7 +59,7 @@ class EvalConfig(Section):
     out: str = setting("metrics/eval.json", help="the metrics file")
     teacher_splits: list[str] = setting(
         factory=lambda: ["test_id"],
-        check=any_of("train", "test_id", "test_ood", "pretrain_test"),
+        check=any_of(*(s for s in SPLIT_NAMES if s != FINAL_SPLIT)),
         help="splits (of splits) the teacher in play is played on: the frozen base alone, reading its bank rows as "
         "text and as the composer's latents (`lopd evaluate --teacher-in-play`, every cycle); []: none",
     )
@@ -68,7 +72,7 @@ class EvalConfig(Section):
     batch: int = setting(
         0,
         help="which batch of fresh held-out tasks: batch k plays instances [k·n_per_split, (k+1)·n_per_split) of each "
-        "split's seeded stream (the sequential gate's later looks)",
+        "split's seeded stream (0: the report's; `lopd cycle`'s gate plays batches >= 1, fresh ones each cycle)",
         check=non_negative(),
     )
     sequential: bool = setting(
@@ -156,8 +160,11 @@ class CycleConfig(Section):
     guards: list[str] = setting(
         factory=lambda: ["pretrain_test", "per_env", "gate_success"],
         check=Check(
-            lambda v: all(g in ("per_env", "gate_success") or g.split(":")[-1] in SPLIT_NAMES for g in v),
-            "a list of split names (every env of the mix on it), env:split, per_env or gate_success",
+            lambda v: all(
+                g in ("per_env", "gate_success") or g.split(":")[-1] in set(SPLIT_NAMES) - {FINAL_SPLIT} for g in v
+            ),
+            "a list of split names (every env of the mix on it; not test_final, which no decision reads), env:split, "
+            "per_env or gate_success",
         ),
         help="metrics that must not fall (paired gate): a split (pretrain_test: forgetting) in every env of the "
         "mix, env:split for one, per_env: each env of a mix on the gate's splits alone, gate_success: success on "

@@ -17,6 +17,7 @@ from lopd_core.distill.composer import Composer, mean_embedding_norm
 from lopd_core.envs import make_tasks
 from lopd_core.envs.codegen import FAMILIES, families_for, oracle_action
 from lopd_core.envs.mix import interleave, mix_counts, mixed_tasks
+from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.experience import experience_text
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.codegen_demos import (
@@ -29,6 +30,7 @@ from lopd_core.model.demos import encode_demo
 from lopd_core.rollout.table import trajectories_to_frame
 
 MIX = {"toolworld": 0.7, "codegen": 0.3}
+PRETRAIN = WorldSplit.from_config(Params().envs).pretrain  # the warm start's stream: codegen train not carved
 
 
 def test_the_mix_is_set_from_the_command_line():
@@ -81,7 +83,7 @@ def test_a_noisy_codegen_demo_fixes_its_first_attempt_from_real_feedback():
 
 
 def test_codegen_demos_mix_experience_and_noise_and_are_seeded():
-    kwargs = dict(n=40, experience_fraction=0.4, max_experiences=2, noise=0.5, slip=0.0, seed=0)
+    kwargs = dict(n=40, experience_fraction=0.4, max_experiences=2, noise=0.5, slip=0.0, seed=0, worlds=PRETRAIN)
     demos = build_codegen_demos(**kwargs)
     assert len(demos) == 40
     with_experience = [d for d in demos if d.experiences]

@@ -89,7 +89,7 @@ def test_task_files_splits_order_repeats_and_held_out_caps(tmp_path):
     [
         ("{not json", ":3: not JSON"),
         ('["a"]', ":3: a task must be a JSON object"),
-        ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, test_id"),
+        ('{"split": "dev", "instruction": "x"}', "split 'dev' is not one of train, val, test_id"),
         ('{"split": "train", "instruction": ""}', "instruction must be a non-empty string"),
         ('{"split": "train", "instruction": "x", "max_turns": 0, "state": {}, "checks": []}', "max_turns must be"),
         ('{"split": "train", "instruction": "x", "state": {}, "checks": [{"op": "exec"}]}', "unknown check op 'exec'"),
@@ -138,6 +138,42 @@ def test_pretraining_draws_built_ins_only_and_deployment_the_whole_mix():
     assert [t.env for t in train].count("library") == 3 and {t.env for t in train} == {"toolworld", "library"}
 
 
+def test_a_small_task_files_val_and_test_final_take_what_it_has_with_a_warning(tmp_path):
+    """At the default sizes (hundreds asked) a hand-written file's val / test_final hold a few tasks: the split takes
+    them, warning with the env and both counts; a mix whose plugin has no such split draws it from the others, and
+    one where no env has it fails at once, naming the split (teacher_probe.py draws before it loads a model)."""
+    from lopd_core.envs.mix import deployment_tasks
+
+    n = Params().eval.n_per_split
+    rows = [
+        {"split": s, "instruction": f"Add note {s} {i}.", **NOTE}
+        for s, k in [("train", 3), ("val", 2)]
+        for i in range(k)
+    ]
+    rows.append({"split": "test_final", "instruction": "Add the final note.", **NOTE})
+    path = str(write_tasks(tmp_path / "t.jsonl", rows))
+    use({"notes": "_plugin_fixture:NotesEnv"}, {"notes": path})
+    for split, count in (("val", 2), ("test_final", 1)):
+        with pytest.warns(UserWarning, match=rf"env 'notes'.* holds {count} '{split}' tasks, fewer than the {n} asked"):
+            tasks = make_tasks("notes", split, n, seed=0)
+        assert len(tasks) == count and {t.split for t in tasks} == {split}
+    envs = EnvsConfig(
+        mix={"toolworld": 1.0, "notes": 1.0},
+        plugins={"notes": "_plugin_fixture:NotesEnv"},
+        task_files={"notes": path},
+        pretrain_worlds=2,
+    )
+    with pytest.warns(UserWarning, match="holds 2 'val' tasks"):
+        val = deployment_tasks(envs, "val", 8, seed=0)
+    assert [t.env for t in val].count("notes") == 2 and len(val) == 6  # toolworld's 4 and the file's 2
+    without = str(write_tasks(tmp_path / "no_val.jsonl", rows[:3]))
+    envs = replace(envs, task_files={"notes": without})
+    with pytest.warns(UserWarning, match="notes has no 'val' tasks.*drawn from toolworld only"):
+        assert {t.env for t in deployment_tasks(envs, "val", 4, seed=0)} == {"toolworld"}
+    with pytest.raises(ValueError, match="no environment of the mix has 'val' tasks \\(notes\\)"):
+        deployment_tasks(replace(envs, mix={"notes": 1.0}), "val", 4, seed=0)
+
+
 def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
     from lopd_core.evaluation import eval_shards
 
@@ -150,9 +186,11 @@ def test_evaluation_shards_of_a_plugin_skip_pretrain_test_and_experience():
         "test_id",
         "test_ood",
         "pretrain_test",
+        "test_final",
         "test_id+experience",
         "test_ood+experience",
         "pretrain_test+experience",
+        "test_final+experience",
     }
 
 

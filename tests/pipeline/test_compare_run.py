@@ -124,3 +124,5 @@ def test_the_mix_is_pooled_for_the_main_table_and_the_report_splits_are_added():
         7,
     )
     assert q.eval.benchmarks == ["humaneval"] and p.eval.splits == ["pretrain_test"]  # params left as they were
+    # a comparison chooses between methods: it never plays test_final, which no choice reads (eval.splits' default)
+    assert "test_final" in Params().eval.splits and "test_final" not in final_eval_params(Params(), 7).eval.splits

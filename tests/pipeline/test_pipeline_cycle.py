@@ -1,7 +1,8 @@
 """A tiny `lopd cycle` end to end, in process under the session's Prefect test harness, MLflow on a temporary
 SQLite file: it builds the base, runs every stage, and is checked the way a user would check it — run metrics,
 the registered model and its alias, the export loading as a plain model, the report — then run again with
-nothing changed (every expensive stage cached), then once more with a gate that passes (alias moves)."""
+nothing changed (every expensive stage cached but the gate's, which plays fresh tasks each cycle), then once more
+with a gate that passes (alias moves)."""
 
 import json
 import time
@@ -57,6 +58,7 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     gate = record["gate"]  # the paired gate (#38): gain, interval, n and the reason, in the record and the summary
     assert gate["test"] == "paired" and gate["low"] <= gate["gain"] <= gate["high"] and gate["n"] > 0
     assert gate["reason"].startswith("not promoted: ") and gate["reason"] in out
+    assert gate["batches"] == [1] and "on fresh batch(es) 1" in out  # batch 0 is the report's
     assert "could resolve about" in out and "guard toolworld pretrain_test success" in out
     import pandas as pd
 
@@ -92,12 +94,17 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     assert model.config.model_type == "qwen3" and tokenizer.chat_template
     assert "lineage" in (export / "README.md").read_text().lower()
     page = (project / "reports/cycles/index.html").read_text()
-    assert page.count("data:image/png;base64,") == 6 and "https://" not in page
+    # the six figures of the training run and the evaluation, the guards' lineage, the teacher in play if it played
+    assert page.count("data:image/png;base64,") in (7, 8) and "https://" not in page
+    assert (project / "reports/cycles/guards.png").exists() and "test_final (reported only)" in page
 
     second = cycle("cycle.min_gain=1.0")  # nothing changed: every expensive stage comes from the cache
     out = capsys.readouterr().out
     record2 = json.loads((project / "data/cycles/history.json").read_text())[-1]
-    assert all(record2["cached"].values()), record2["cached"]
+    # every stage from the cache but the gate's, which plays fresh tasks: batch 2, no earlier decision read it
+    fresh = {k: v for k, v in record2["cached"].items() if k.startswith("gate_eval")}
+    assert fresh and not any(fresh.values()) and record2["gate"]["batches"] == [2], record2["cached"]
+    assert all(v for k, v in record2["cached"].items() if k not in fresh), record2["cached"]
     reused = "cached stages reused: bank, coldstart, fit, teacher, distill, champion_eval, student_eval"
     assert f"{reused}; composer: cold start φ0" in out
     assert record2["student"] == record["student"] and record2["version"] == record["version"]
@@ -107,7 +114,8 @@ def test_tiny_cycle_then_cached_rerun_then_promotion(project, capsys):
     # root ask the data to show a fall within budget, which 3 tasks cannot at 2.5 %, p >= 2^-3): the alias moves
     cycle("cycle.gate_test=point", "cycle.min_gain=-1.0")
     record3 = json.loads((project / "data/cycles/history.json").read_text())[-1]
-    assert record3["promoted"] and all(record3["cached"].values())
+    assert record3["promoted"] and record3["gate"]["batches"] == [3]
+    assert all(v for k, v in record3["cached"].items() if not k.startswith("gate_eval"))
     champion = client.get_model_version_by_alias("lopd-student", "champion")
     assert str(champion.version) == record3["version"]
     state = json.loads((project / "data/cycles/champion.json").read_text())

@@ -173,7 +173,13 @@ def test_the_gate_record_and_summary_show_each_guard_since_the_champion_and_the_
     history = [{"cycle": 1, "promoted": True, "gate": {"guards": [{**guard, "student": 0.5}]}}]
     history.append({"cycle": 2, "promoted": False, "gate": gate})
     curves = guard_curves(history)
-    assert curves == {"toolworld pretrain_test success": "root 60.0 -> cycle 1 50.0* -> cycle 2 40.0 (%; * promoted)"}
+    assert curves == {
+        "toolworld pretrain_test success": "cycle 1 50.0* vs root 60.0 -> cycle 2 40.0 vs root 60.0 (%; * promoted)"
+    }
+    # the gate's batch in the record and the summary's line: fresh tasks, read by no earlier decision
+    placed = gate_record(decision, (0.1, 40, 0.2), batches=[3], n_per_split=40)
+    assert placed["batches"] == [3] and placed["tasks"] == [120, 160]
+    assert "on fresh batch(es) 3 (instances 120..159 of each split" in gate_line(placed, params)
 
 
 # ---- MLflow lineage -----------------------------------------------------------------------------------------

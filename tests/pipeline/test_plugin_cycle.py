@@ -47,7 +47,7 @@ def test_cycle_with_the_example_plugin_in_the_mix(project, capsys):
     for who in ("base", "student"):
         results = json.loads(Path(record["eval"][who]).read_text())
         assert set(results["library"]) == {"test_id", "test_ood"}, who  # no pretrain_test, no +experience
-        assert set(results["toolworld"]) == {"test_id", "test_ood", "pretrain_test"}, who
+        assert set(results["toolworld"]) == {"test_id", "test_ood", "pretrain_test", "test_final"}, who
         for split in ("test_id", "test_ood"):
             cell = results["library"][split]["greedy"]
             assert cell["n"] == 3 and 0.0 <= cell["reward_mean"] <= 1.0

@@ -48,7 +48,7 @@ def _stages(tmp_path, cached: bool) -> CycleStages:
 
 def test_a_cycle_record_is_assembled_from_the_stages_summaries(tmp_path):
     """What history.json keeps: the last row's β and δ̄ and the mean δ̄ (0.02 and 0.04: mean 0.03), every stage's
-    cache flag by name (the gate's second look too), the next champion one generation on, the run's lineage."""
+    cache flag by name (the gate's evaluations too), the next champion one generation on, the run's lineage."""
     params = Params()
     stages = _stages(tmp_path, cached=True)
     champion = Champion(model="base")
@@ -67,7 +67,7 @@ def test_a_cycle_record_is_assembled_from_the_stages_summaries(tmp_path):
         "distill",
         "champion_eval",
         "student_eval",
-        "gate_look_2",
+        "gate_eval_1",
     ]
     assert all(record["cached"].values()) and record["mlflow_run"] is None and record["base_hash"] == "f" * 16
     assert record["composer_from"] == "cold start φ0, fitted in the world on 12 trajectories"

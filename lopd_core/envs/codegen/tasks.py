@@ -1,8 +1,10 @@
 """Deterministic codegen task sets: `train` / `test_id` from the train families, `test_ood` from held-out ones.
 
 Instance `i` of a split depends only on (seed, split, i), so a larger `n` extends a smaller one. Families
-cycle evenly and, within a family, difficulty levels 1..3 cycle. As in toolworld, train and test_id are
-disjoint by content: an instance's content hash sends it to exactly one of them (1 in 8 to test_id).
+cycle evenly and, within a family, difficulty levels 1..3 cycle. As in toolworld, train, val, test_id and
+test_final (val and test_final from the train families too) are disjoint by content: an instance's content hash
+sends it to exactly one of them (lopd_core/envs/held_out.py). val and test_final are carved out of train only in a
+deployment task set; drawn for the pretraining worlds (the warm start, the cold start) train is what it always was.
 Expected outputs come from calling the family's reference function here (our code, never model output); every
 value passes through JSON, the form in which the sandbox reports results.
 """
@@ -15,6 +17,7 @@ import json
 import random
 
 from lopd_core.envs.base import SPLITS, Task
+from lopd_core.envs.held_out import MAX_ATTEMPTS, is_deployment_set, refuse_pretraining, takes
 
 from .families_lists import FAMILIES as LIST_FAMILIES
 from .families_numbers import FAMILIES as NUMBER_FAMILIES
@@ -24,8 +27,6 @@ from .family import LEVELS, Family
 ENV_NAME = "codegen"
 FAMILIES: dict[str, Family] = {f.name: f for f in NUMBER_FAMILIES + TEXT_FAMILIES + LIST_FAMILIES}
 DEFAULT_ATTEMPTS = 3  # T: attempts per task (the first one and two after feedback)
-TEST_ID_BUCKETS = 8
-_MAX_ATTEMPTS = 200
 
 
 def tests_per_level(level: int) -> int:
@@ -64,8 +65,17 @@ def _instruction(family: Family, tests: list[dict]) -> str:
 
 
 def _content_key(family: Family, level: int, tests: list[dict]) -> int:
-    blob = json.dumps([family.name, level, tests], sort_keys=True)
+    return _key(family.name, level, tests)
+
+
+def _key(family: str, level: int, tests: list[dict]) -> int:
+    blob = json.dumps([family, level, tests], sort_keys=True)
     return int.from_bytes(hashlib.sha1(blob.encode()).digest()[:8], "big")
+
+
+def task_content_key(task: Task) -> int:
+    """The content key (lopd_core/envs/held_out.py) of a built task: the hash its split was assigned by."""
+    return _key(task.template, task.spec["level"], task.spec["tests"])
 
 
 def build_task(
@@ -90,9 +100,14 @@ def build_task(
     )
 
 
-def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_ATTEMPTS) -> list[Task]:
+def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_ATTEMPTS, *, worlds=None) -> list[Task]:
+    """`n` tasks of `split`. `worlds`: the worlds of the stream they are drawn for (codegen has none of its own):
+    the pretraining worlds' train tasks are not carved, the deployment sets' are (held_out.py says why)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    carved = is_deployment_set(worlds)
+    if not carved:
+        refuse_pretraining(split, ENV_NAME)
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     families = families_for(split)
@@ -100,13 +115,10 @@ def make_codegen_tasks(split: str, n: int, seed: int, attempts: int = DEFAULT_AT
     for i in range(n):
         family = families[i % len(families)]
         level = LEVELS[(i // len(families)) % len(LEVELS)]
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{ENV_NAME}|{seed}|{split}|{i}|{attempt}")
             tests = _draw_tests(family, level, rng)
-            if split == "test_ood":
-                break
-            in_test = _content_key(family, level, tests) % TEST_ID_BUCKETS == 0
-            if in_test == (split in ("test_id", "pretrain_test")):
+            if split == "test_ood" or takes(split, _content_key(family, level, tests), carved):
                 break
         else:
             raise RuntimeError(f"could not draw a {split} instance of {family.name}")
