@@ -214,3 +214,28 @@ def test_the_training_path_keeps_its_files_and_functions_small():
         text=True,
     )
     assert out.returncode == 0, out.stdout
+
+
+def positional_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters a caller may pass by position, a method's `self` or `cls` not counted."""
+    names = [a.arg for a in function.args.posonlyargs + function.args.args]
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def test_no_distill_function_takes_more_than_five_positional_parameters():
+    """Issue #45 (typed seams): past five, a call is read by counting commas; what is more is a setting, passed by
+    name (keyword-only), or belongs in a typed container (inputs.py's StepSetup, update.py's UpdateParts)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({', '.join(positional_parameters(node))})"
+        for path in sorted((ROOT / "lopd_core" / "distill").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(positional_parameters(node)) > 5
+    ]
+    assert not found, "make the extras keyword-only or pass a dataclass:\n" + "\n".join(found)
+
+
+def test_the_positional_check_counts_what_a_caller_passes_by_position():
+    tree = ast.parse("def f(a, b, /, c, *args, d, e=1, **kw): ...\nclass K:\n    def m(self, a, *, b): ...")
+    f, method = (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert positional_parameters(f) == ["a", "b", "c"]
+    assert positional_parameters(method) == ["a"]

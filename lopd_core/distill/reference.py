@@ -103,7 +103,7 @@ def reference_update(
         state,
         batch,
         sums,
-        sums.shares,
+        totals=sums.shares,
         beta=beta,
         grad_theta=grad_theta,
         composer=composer,

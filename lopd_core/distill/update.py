@@ -122,7 +122,7 @@ def update(
         state,
         batch,
         sums,
-        totals,
+        totals=totals,
         beta=beta,
         grad_theta=grad_theta,
         composer=composer,
