@@ -159,7 +159,8 @@ def plot_kl_entropy(data, path: Path) -> Path:
     for run, frame in data:
         axes[0].plot(frame["step"], frame["distill_loss"], marker=".", label=f"KL(p_S‖p_T) {run.label}")
         axes[0].plot(frame["step"], frame["kl_phi"], linestyle="--", label=f"KL φ {run.label}")
-        if "replay_kl" in frame and frame["replay_kl"].notna().any():  # lopd.replay_share > 0 (distill/replay.py)
+        # lopd.replay_share > 0 (distill/update/replay.py)
+        if "replay_kl" in frame and frame["replay_kl"].notna().any():
             axes[0].plot(frame["step"], frame["replay_kl"], linestyle=":", label=f"KL to the base, replay {run.label}")
         axes[1].plot(frame["step"], frame["student_entropy"], marker=".", label=f"student {run.label}")
         axes[1].plot(frame["step"], frame["teacher_entropy"], linestyle="--", label=f"teacher {run.label}")

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill import margin as MG
-from lopd_core.distill import step as S
-from lopd_core.distill.inputs import StepModels, StepSetup
-from lopd_core.distill.state import DistillState
+from lopd_core.distill.update import margin as MG
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.inputs import StepModels, StepSetup
+from lopd_core.distill.update.state import DistillState
 
 
 @dataclass(frozen=True)
