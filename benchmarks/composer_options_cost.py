@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.coldstart import _coldstart_step, _frozen_reader
-from lopd_core.distill.composer import ExperienceEncoder, compose_latents
-from lopd_core.distill.models import TeacherView
-from lopd_core.distill.world_fit import seed_targets
+from lopd_core.distill.composer.coldstart import _coldstart_step, _frozen_reader
+from lopd_core.distill.composer.composer import ExperienceEncoder, compose_latents
+from lopd_core.distill.composer.world_fit import seed_targets
+from lopd_core.distill.scoring.models import TeacherView
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
 from lopd_core.drivers.coldstart import load_phi
 from lopd_core.model.loading import load_policy

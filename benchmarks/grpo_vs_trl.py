@@ -85,7 +85,7 @@ def run_ours(model, tokenizer, prompts, *, steps, tasks, samples, lr, max_new_to
     import torch
 
     from lopd_core.config import Params
-    from lopd_core.distill.trainer import Distiller
+    from lopd_core.distill.loop.trainer import Distiller
     from lopd_core.drivers.distill import new_composer
     from lopd_core.model.chat import ChatCodec
     from lopd_core.rollout.engine import Sampling, Trajectory, generate_turn

@@ -38,8 +38,8 @@ from benchmarks.update_fingerprint import setup
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
 from lopd_core.config import Params, TinyModelConfig
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
 from lopd_core.model.loading import tiny_qwen3
 
 TASKS, SAMPLES = 3, 2

@@ -60,11 +60,11 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401
 from lopd_core.config import load_params
-from lopd_core.distill import losses as L
-from lopd_core.distill.batch import chunk_group, micro_batches
-from lopd_core.distill.models import make_student_and_teacher
-from lopd_core.distill.teacher import action_logits, build_batch
-from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.loop.trainer import Distiller
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.models import make_student_and_teacher
+from lopd_core.distill.scoring.teacher import action_logits, build_batch
+from lopd_core.distill.update.batch import chunk_group, micro_batches
 from lopd_core.drivers.coldstart import new_composer
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience

@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lopd_core  # noqa: F401  (offline defaults)
 from benchmarks.step_cost import PeakSampler, current_rss_mb
 from lopd_core.config import load_params
-from lopd_core.distill.composer import ExperienceEncoder, compose_latents
-from lopd_core.distill.models import TeacherView
-from lopd_core.distill.reading import text_embeddings
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
-from lopd_core.distill.world_fit import seed_targets
+from lopd_core.distill.composer.composer import ExperienceEncoder, compose_latents
+from lopd_core.distill.composer.reading import text_embeddings
+from lopd_core.distill.composer.world_fit import seed_targets
+from lopd_core.distill.scoring.models import TeacherView
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
 from lopd_core.drivers.coldstart import load_phi
 from lopd_core.model.loading import load_policy

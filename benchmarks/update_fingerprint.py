@@ -33,9 +33,9 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import Params, TinyModelConfig
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.checkpoints import plain_data
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.loop.checkpoints import plain_data
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec

@@ -7,7 +7,7 @@ One cycle, as a recipe (DESIGN §3 "Continual cycles"):
      into this cycle's bank, and play the teacher it makes (alone, reading the bank as text, as φ's latents);
   4. distil a new student from the champion; the frozen teacher is the champion itself, or the first base
      when `cycle.refresh_teacher` is false; with `lopd.replay_share` > 0 a share of each step replays the
-     pretraining worlds and every world an earlier cycle deployed to (lopd_core/distill/replay.py);
+     pretraining worlds and every world an earlier cycle deployed to (lopd_core/distill/update/replay.py);
   5. evaluate champion, student and the first base (the lineage's root) on the report's held-out tasks
      (`eval.batch` 0, every split test_final included: the same tasks every cycle, cached but the student's);
   6. the gate plays champion, student and root on a batch of fresh held-out tasks of its own (flows/gate.py: no

@@ -138,7 +138,7 @@ def cmd_evaluate(params: Params, args) -> int:
         path = args.out or params.eval.out
         results = run_evaluate(params, path, log=log)
     if args.teacher_in_play:  # the same policy as the frozen teacher, beside its own figures in the same file
-        from lopd_core.distill.teacher_play import merge_teacher
+        from lopd_core.distill.teacher.teacher_play import merge_teacher
         from lopd_core.drivers.teacher import run_teacher_in_play
         from lopd_core.evaluation import write_metrics
 
@@ -147,7 +147,7 @@ def cmd_evaluate(params: Params, args) -> int:
     log(f"evaluation done in {time.perf_counter() - started:.0f}s -> {path}")
     print(summary_table(results))  # the whole file is at `path`; here, one line per environment, split and mode
     if args.teacher_in_play:
-        from lopd_core.distill.teacher_play import teacher_lines
+        from lopd_core.distill.teacher.teacher_play import teacher_lines
 
         for line in teacher_lines(results, params.eval.modes):
             print(f"teacher in play, {line}")

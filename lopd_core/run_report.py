@@ -207,7 +207,8 @@ def plot_kl_entropy(data, path: Path) -> Path:
     for run, frame in data:
         _curve(axes[0], frame["step"], frame["distill_loss"], f"KL(p_S‖p_T) {run.label}")
         _curve(axes[0], frame["step"], frame["kl_phi"], f"KL φ {run.label}", linestyle="--")
-        if "replay_kl" in frame and frame["replay_kl"].notna().any():  # lopd.replay_share > 0 (distill/replay.py)
+        # lopd.replay_share > 0 (distill/update/replay.py)
+        if "replay_kl" in frame and frame["replay_kl"].notna().any():
             _curve(axes[0], frame["step"], frame["replay_kl"], f"KL to the base, replay {run.label}", linestyle=":")
         _curve(axes[1], frame["step"], frame["student_entropy"], f"student {run.label}")
         _curve(axes[1], frame["step"], frame["teacher_entropy"], f"teacher {run.label}", linestyle="--")
@@ -288,7 +289,7 @@ def plot_eval(columns: list[EvalColumn], path: Path, mode: str = "greedy") -> Pa
 
 def teacher_cells(columns: list[EvalColumn]) -> dict[tuple[str, str], list[tuple[str, dict, dict]]]:
     """{(env, split): [(column label, {condition: {mode: summary}}, the column's own {mode: summary})]} for every
-    column whose evaluation carries the teacher in play (lopd_core/distill/teacher_play.py's key)."""
+    column whose evaluation carries the teacher in play (lopd_core/distill/teacher/teacher_play.py's key)."""
     out: dict = {}
     for col in columns:
         for env, splits in (col.results or {}).items():

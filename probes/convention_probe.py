@@ -38,10 +38,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.build import load_composer
-from lopd_core.distill.composer import ExperienceEncoder, compose_latents
-from lopd_core.distill.models import TeacherView
-from lopd_core.distill.teacher import Framing, embed_row, splice_position
+from lopd_core.distill.composer.composer import ExperienceEncoder, compose_latents
+from lopd_core.distill.loop.build import load_composer
+from lopd_core.distill.scoring.models import TeacherView
+from lopd_core.distill.scoring.teacher import Framing, embed_row, splice_position
 from lopd_core.envs import WORLDS, make_tasks
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.evaluation import EVAL_SEED_OFFSET

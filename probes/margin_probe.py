@@ -40,9 +40,9 @@ from dataclasses import replace
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill import losses as L
-from lopd_core.distill.build import load_composer
-from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.loop.build import load_composer
+from lopd_core.distill.loop.trainer import Distiller
+from lopd_core.distill.scoring import losses as L
 from lopd_core.drivers.distill import method_retriever, new_composer, open_bank
 from lopd_core.envs.mix import mixed_tasks
 from lopd_core.methods import METHOD_NAMES, method_spec

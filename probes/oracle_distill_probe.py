@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.build import load_composer
-from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.loop.build import load_composer
+from lopd_core.distill.loop.trainer import Distiller
 from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs import make_tasks
 from lopd_core.envs.mix import mixed_tasks

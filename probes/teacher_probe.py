@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lopd_core  # noqa: F401  (offline defaults)
 from lopd_core.config import load_params
-from lopd_core.distill.build import load_composer
-from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
+from lopd_core.distill.loop.build import load_composer
+from lopd_core.distill.teacher.teacher_rollout import latent_rollout, task_latents
 from lopd_core.drivers.distill import make_retriever, open_bank
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.evaluation import EVAL_SEED_OFFSET, summarize

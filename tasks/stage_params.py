@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from lopd_core.distill.resume import RESUME_SETTINGS
+from lopd_core.distill.loop.resume import RESUME_SETTINGS
 
 # Where things are (or run), not what is computed: a plugin's tools give the same results in a sandboxed child.
 PATH_FIELDS = frozenset(
@@ -97,15 +97,17 @@ _ROLLOUT = *_PLAY, "lopd_core/rollout"
 # What training the composer through the frozen base runs: the cold start's step (the fit's too) and what it reads.
 _COMPOSER_CODE = (
     "lopd_core/distill/__init__.py",
-    "lopd_core/distill/coldstart.py",
-    "lopd_core/distill/coldstart_data.py",
-    "lopd_core/distill/composer.py",
-    "lopd_core/distill/encoder_lora.py",
-    "lopd_core/distill/losses.py",
-    "lopd_core/distill/lru.py",
-    "lopd_core/distill/models.py",
-    "lopd_core/distill/reading.py",
-    "lopd_core/distill/teacher.py",
+    "lopd_core/distill/composer/__init__.py",
+    "lopd_core/distill/composer/coldstart.py",
+    "lopd_core/distill/composer/coldstart_data.py",
+    "lopd_core/distill/composer/composer.py",
+    "lopd_core/distill/composer/encoder_lora.py",
+    "lopd_core/distill/composer/lru.py",
+    "lopd_core/distill/composer/reading.py",
+    "lopd_core/distill/scoring/__init__.py",
+    "lopd_core/distill/scoring/losses.py",
+    "lopd_core/distill/scoring/models.py",
+    "lopd_core/distill/scoring/teacher.py",
     "lopd_core/distributed.py",
     "lopd_core/sharding.py",
     "lopd_core/bank",
@@ -145,7 +147,7 @@ STAGES: dict[str, StageReads] = {
             "lopd_core/drivers/fit.py",
             "lopd_core/drivers/bank.py",
             "lopd_core/drivers/coldstart.py",
-            "lopd_core/distill/world_fit.py",
+            "lopd_core/distill/composer/world_fit.py",
             "lopd_core/traces",
             *_COMPOSER_CODE,
         ),

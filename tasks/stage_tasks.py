@@ -98,8 +98,8 @@ def coldstart_task(stage: str, key: str, work: str, params: Params, policy: str)
 def fit_task(
     stage: str, key: str, work: str, params: Params, teacher: str, bank_dir: str, index_dir: str, start: str
 ) -> dict:
-    """φ fitted in the deployment world (lopd_core/distill/world_fit.py): the composer `start` read into the bank
-    at `bank_dir` by `teacher`, the frozen weights distillation will read with latents."""
+    """φ fitted in the deployment world (lopd_core/distill/composer/world_fit.py): the composer `start` read into the
+    bank at `bank_dir` by `teacher`, the frozen weights distillation will read with latents."""
     from lopd_core.drivers.fit import run_fit
 
     out = _fresh(work)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 from lopd_core.rollout.decode import sampling_logprobs
 from lopd_core.rollout.trajectory import Sampling
 

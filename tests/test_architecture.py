@@ -214,3 +214,59 @@ def test_the_training_path_keeps_its_files_and_functions_small():
         text=True,
     )
     assert out.returncode == 0, out.stdout
+
+
+def positional_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters a caller may pass by position, a method's `self` or `cls` not counted."""
+    names = [a.arg for a in function.args.posonlyargs + function.args.args]
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def test_no_distill_function_takes_more_than_five_positional_parameters():
+    """Issue #45 (typed seams): past five, a call is read by counting commas; what is more is a setting, passed by
+    name (keyword-only), or belongs in a typed container (inputs.py's StepSetup, update.py's UpdateParts)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({', '.join(positional_parameters(node))})"
+        for path in sorted((ROOT / "lopd_core" / "distill").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(positional_parameters(node)) > 5
+    ]
+    assert not found, "make the extras keyword-only or pass a dataclass:\n" + "\n".join(found)
+
+
+def test_the_positional_check_counts_what_a_caller_passes_by_position():
+    tree = ast.parse("def f(a, b, /, c, *args, d, e=1, **kw): ...\nclass K:\n    def m(self, a, *, b): ...")
+    f, method = (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert positional_parameters(f) == ["a", "b", "c"]
+    assert positional_parameters(method) == ["a"]
+
+
+# distill/'s parts, bottom to top (lopd_core/distill/__init__.py says what each holds): a part imports only the
+# ones below it, so a reader of the update never needs the loop, nor a reader of the composer the update.
+DISTILL_PARTS = ["scoring", "composer", "teacher", "update", "loop"]
+
+
+def test_distill_parts_import_down_only():
+    package = ROOT / "lopd_core" / "distill"
+    assert sorted(p.name for p in package.iterdir() if (p / "__init__.py").exists()) == sorted(DISTILL_PARTS)
+    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py"], "every module of distill/ is in a part"
+    rank = {f"lopd_core.distill.{part}": i for i, part in enumerate(DISTILL_PARTS)}
+
+    def part(module: str) -> str | None:
+        return next((p for p in rank if module == p or module.startswith(p + ".")), None)
+
+    upward = sorted(
+        f"{module} ({DISTILL_PARTS[rank[here]]}) imports {name} ({DISTILL_PARTS[rank[there]]})"
+        for module, names in file_graph().items()
+        if (here := part(module))
+        for name in names
+        if (there := part(name)) and rank[there] > rank[here]
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_distill_parts_init_files_hold_only_their_docstring():
+    """No re-export hub: a name is imported from the module that defines it, never from a part's __init__.py."""
+    for path in sorted((ROOT / "lopd_core" / "distill").rglob("__init__.py")):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), path

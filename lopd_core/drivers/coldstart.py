@@ -1,5 +1,5 @@
 """The coldstart stage's driver: φ0, the composer's cold start, trained on oracle successes of the pretraining
-worlds read by the frozen policy (never the deployment bank: lopd_core/distill/coldstart_data.py). Writes
+worlds read by the frozen policy (never the deployment bank: lopd_core/distill/composer/coldstart_data.py). Writes
 coldstart.out and, beside lopd.csv, coldstart.csv.
 """
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 from lopd_core import distributed as D
 from lopd_core.config import Params
-from lopd_core.distill.coldstart import train_coldstart
-from lopd_core.distill.coldstart_data import pretraining_retriever, pretraining_successes
-from lopd_core.distill.composer import Composer, build_composer, load_weights, save_composer
+from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import pretraining_retriever, pretraining_successes
+from lopd_core.distill.composer.composer import Composer, build_composer, load_weights, save_composer
 from lopd_core.errors import StateError
 from lopd_core.model.chat import make_chat
 from lopd_core.model.loading import load_policy

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lopd_core.config import Params
-from lopd_core.distill.teacher_play import merge_teacher
+from lopd_core.distill.teacher.teacher_play import merge_teacher
 from lopd_core.gate import Comparison, GateDecision, GuardResult
 from lopd_core.jsonio import read_json, write_json
 from lopd_core.methods import resolve_method
@@ -96,7 +96,7 @@ def cycle_replay(params: Params) -> Params:
 def with_earlier_worlds(params: Params, history: list[dict]) -> Params:
     """`params` for a cycle's distillation: lopd.replay_share's `auto` resolved (cycle_replay), and
     lopd.replay_worlds extended by every toolworld world an earlier cycle deployed to (its record's
-    `deploy_worlds`) and this one does not, so that replay (lopd_core/distill/replay.py) keeps them. Without
+    `deploy_worlds`) and this one does not, so that replay (lopd_core/distill/update/replay.py) keeps them. Without
     replay, or without toolworld in the mix, the worlds are left as they are."""
     params = cycle_replay(params)
     cfg = params.lopd

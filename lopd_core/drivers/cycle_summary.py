@@ -8,7 +8,7 @@ report stage, the command prints the lines.
 from __future__ import annotations
 
 from lopd_core.config import Params
-from lopd_core.distill.teacher_play import teacher_lines
+from lopd_core.distill.teacher.teacher_play import teacher_lines
 from lopd_core.jsonio import read_json
 from lopd_core.methods import resolve_method
 from lopd_core.settings.run import FINAL_SPLIT

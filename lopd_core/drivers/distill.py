@@ -17,13 +17,13 @@ from lopd_core import distributed as D
 from lopd_core import methods as M
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import Params
-from lopd_core.distill import baselines as B
-from lopd_core.distill import margin as MG
-from lopd_core.distill.build import check_top_k, load_composer
-from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX
-from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, growth_enabled
-from lopd_core.distill.loop import export, run_distill
-from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.composer.coldstart_data import ORACLE_SAMPLE_INDEX
+from lopd_core.distill.loop.build import check_top_k, load_composer
+from lopd_core.distill.loop.growing_bank import BankGrowth, copy_input_bank, growth_enabled
+from lopd_core.distill.loop.loop import export, run_distill
+from lopd_core.distill.loop.trainer import Distiller
+from lopd_core.distill.teacher import baselines as B
+from lopd_core.distill.update import margin as MG
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank, seed_bank  # noqa: F401  (re-exported)
 from lopd_core.drivers.coldstart import new_composer, run_coldstart  # noqa: F401  (re-exported)
 from lopd_core.envs import Task

@@ -1,4 +1,4 @@
-"""The fit stage's driver: φ fitted in the deployment world (lopd_core/distill/world_fit.py).
+"""The fit stage's driver: φ fitted in the deployment world (lopd_core/distill/composer/world_fit.py).
 
 Reads the teacher's weights (`model.name_or_path`: the frozen base distillation will read with latents), the
 composer it starts from (φ0 at `coldstart.out`, or the champion's φ that `lopd cycle` passes), the bank and its
@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 
 from lopd_core.config import Params
-from lopd_core.distill.coldstart import train_coldstart
-from lopd_core.distill.composer import save_composer
-from lopd_core.distill.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
+from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.composer import save_composer
+from lopd_core.distill.composer.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
 from lopd_core.drivers.coldstart import load_phi
 from lopd_core.envs.mix import deployment_tasks

@@ -1,4 +1,4 @@
-"""The teacher stage's driver: the teacher in play (lopd_core/distill/teacher_play.py) — the frozen base at
+"""The teacher stage's driver: the teacher in play (lopd_core/distill/teacher/teacher_play.py) — the frozen base at
 `model.name_or_path` alone, reading its bank rows (`bank.dir`) as text, and as a composer's latents — on the
 evaluation's held-out tasks of `eval.teacher_splits`. `lopd evaluate --teacher-in-play` and every cycle call it.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lopd_core.bank import read_bank
 from lopd_core.config import Params
-from lopd_core.distill.teacher_play import teacher_in_play
+from lopd_core.distill.teacher.teacher_play import teacher_in_play
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
 from lopd_core.drivers.coldstart import load_phi
 from lopd_core.drivers.distill import starting_composer

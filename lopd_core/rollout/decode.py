@@ -149,7 +149,7 @@ def generate_turn(
 
     `context_embeds`, when given, holds one (T_i', D) input-embedding tensor per context that the prefill reads
     instead of the context's ids — a latent teacher acting with its latents spliced into the first user turn
-    (lopd_core/distill/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual.
+    (lopd_core/distill/teacher/teacher_rollout.py); T_i' may differ from len(context). Decoding then feeds ids as usual.
 
     `on_token(row, token_id, logprob, top)` is called for each token as soon as it is sampled (how `lopd serve`
     streams); `top` is [(token_id, logprob)] of the `top_logprobs` most likely tokens of the distribution the

@@ -4,7 +4,7 @@ inference server returns as `prompt_logprobs` (lopd serve computes them with thi
 for them over HTTP).
 
 The head runs in float32 on the final hidden states (lopd_core/model/head.py), as the teacher's in-process pass
-(`lopd_core.distill.teacher.action_logits`) does, so served and in-process scores agree to float noise.
+(`lopd_core.distill.scoring.teacher.action_logits`) does, so served and in-process scores agree to float noise.
 Shapes: T tokens, D width, V vocabulary, k top entries.
 """
 

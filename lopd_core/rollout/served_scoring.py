@@ -76,7 +76,7 @@ def scores_of(ids: list[int], prompt_logprobs: list[dict | None], top_k: int) ->
 
 def action_topk(scores: list[SequenceScores], action_masks: list[list[int]]):
     """The teacher's (N, k) top-k log-probs and ids and (N,) log-probs of the action tokens, in the order the
-    in-process teacher pass lays them out (row by row, position by position; lopd_core/distill/teacher.py)."""
+    in-process teacher pass lays them out (row by row, position by position; lopd_core/distill/scoring/teacher.py)."""
     values, indices, taken = [], [], []
     for row, mask in zip(scores, action_masks):
         for p, m in enumerate(mask):

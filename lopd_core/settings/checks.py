@@ -24,7 +24,7 @@ class Check(NamedTuple):
 
 REPLAY_AUTO = "auto"  # lopd.replay_share chosen by the run: `lopd cycle` replays, a single run does not
 CYCLE_REPLAY_SHARE = 0.5  # what `auto` means in `lopd cycle` (measured against 0 and 0.25: docs/results.md)
-MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/distill/margin.py)
+MARGIN_AUTO = "auto"  # lopd.margin priced at the start of distillation (lopd_core/distill/update/margin.py)
 
 
 def positive() -> Check:

@@ -66,7 +66,7 @@ class LopdConfig(Section):
         check=replay_value(),
         help="share of each step's tasks replayed from earlier worlds (round(share × tasks_per_step) tasks: training "
         "tasks of the pretraining worlds and of lopd.replay_worlds): there the teacher reads no experience, so the "
-        "student keeps the frozen teacher base's behaviour (lopd_core/distill/replay.py); 0: off; auto: "
+        "student keeps the frozen teacher base's behaviour (lopd_core/distill/update/replay.py); 0: off; auto: "
         f"{CYCLE_REPLAY_SHARE:g} in `lopd cycle` where its steps roll out toolworld tasks (continual cycles keep "
         "earlier worlds; chosen by measurement, docs/results.md), 0 in a single run or a comparison",
     )

@@ -172,8 +172,8 @@ class ColdStartConfig(Section):
         "never a deployment world (the base's own successes are too rare to teach it)",
     )
     out: str = setting("data/composer/phi0.pt", help="where φ0 is written")
-    # The in-world fit (lopd_core/distill/world_fit.py): φ0 does not transfer to a new world, so before distillation
-    # φ is fitted in the deployment world by KL to the base reading the same retrieved rows as text.
+    # The in-world fit (lopd_core/distill/composer/world_fit.py): φ0 does not transfer to a new world, so before
+    # distillation φ is fitted in the deployment world by KL to the base reading the same retrieved rows as text.
     fit_steps: int = setting(
         300,
         help="in-world fit of φ (`lopd fit`): optimizer steps of KL(base reading the bank rows as text || base "

@@ -2,7 +2,7 @@
 
 Why: a trace holds token ids only. Ids of another tokenizer with the same vocabulary size train silently on
 nonsense, and a larger one fails deep in an embedding lookup; the fingerprint turns both into a one-line refusal
-(lopd_core/distill/trace_source.py). It hashes the whole mapping token -> id (added and special tokens
+(lopd_core/distill/loop/trace_source.py). It hashes the whole mapping token -> id (added and special tokens
 included), so two tokenizers agree exactly when every id means the same token.
 """
 

@@ -2,7 +2,7 @@
 
 What the cycle reads from served traffic (`lopd.traces`): either the store `lopd serve` writes (a folder of
 segments) or a parquet snapshot of it (`lopd serve snapshot`). The bank takes the labeled successes; distillation
-takes the labeled traces as trajectories (lopd_core/distill/trace_source.py). Rows come sorted by trajectory id, so
+takes the labeled traces as trajectories (lopd_core/distill/loop/trace_source.py). Rows come sorted by trajectory id, so
 the same traces give the same order whatever order the store appended them in.
 """
 

@@ -24,7 +24,7 @@ from benchmarks.sharded_update import distiller, my_slice  # noqa: E402
 from benchmarks.update_fingerprint import setup  # noqa: E402
 from lopd_core import distributed as D  # noqa: E402
 from lopd_core import sharding as SH  # noqa: E402
-from lopd_core.distill.loop import export  # noqa: E402
+from lopd_core.distill.loop.loop import export  # noqa: E402
 
 CASES = {"lopd_full": ("lopd", "full"), "lopd_lora": ("lopd", "lora"), "grpo_full": ("grpo", "full")}
 

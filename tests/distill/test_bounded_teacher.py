@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lopd_core.config import EnvsConfig, Params
-from lopd_core.distill import step as step_mod
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.update import step as step_mod
 from lopd_core.envs import registry
 
 

@@ -23,12 +23,12 @@ import torch
 
 from lopd_core import methods as M
 from lopd_core.config import ConfigError, Params, load_params
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import losses as L
-from lopd_core.distill import step as S
-from lopd_core.distill import teacher_refresh as R
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import teacher_refresh as R
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.update import step as S
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec

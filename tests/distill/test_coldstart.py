@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from lopd_core.distill import losses as L
-from lopd_core.distill.coldstart import train_coldstart
-from lopd_core.distill.coldstart_data import oracle_trajectory
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.scoring import losses as L
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 

@@ -13,10 +13,9 @@ import pytest
 import torch
 from _batches import oracle_texts, six_trajectories, step_params
 
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.coldstart import train_coldstart
-from lopd_core.distill.coldstart_data import oracle_trajectory
-from lopd_core.distill.composer import (
+from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer.composer import (
     Composer,
     ExperienceEncoder,
     PhiConfig,
@@ -27,9 +26,10 @@ from lopd_core.distill.composer import (
     save_composer,
     saved_config,
 )
-from lopd_core.distill.encoder_lora import EncoderLoRA, projections
-from lopd_core.distill.inputs import AnchorLatents
-from lopd_core.distill.models import TeacherView
+from lopd_core.distill.composer.encoder_lora import EncoderLoRA, projections
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring.models import TeacherView
+from lopd_core.distill.update.inputs import AnchorLatents
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 

@@ -61,8 +61,8 @@ def test_served_rollouts_with_reload_are_refused_sharded(tiny_model, tiny_tokeni
     from dataclasses import replace
 
     from lopd_core.config import Params
-    from lopd_core.distill.composer import Composer
-    from lopd_core.distill.trainer import Distiller
+    from lopd_core.distill.composer.composer import Composer
+    from lopd_core.distill.loop.trainer import Distiller
 
     p = Params()
     p.rollout = replace(p.rollout, backend="openai", servers=["http://127.0.0.1:9/v1"], sync="reload")
@@ -107,7 +107,7 @@ def _reference(case: str, out: Path) -> dict:
     """The same three updates in this process, unsharded, and update 3 resumed from the sharded checkpoint."""
     from benchmarks.sharded_update import distiller
     from benchmarks.update_fingerprint import setup
-    from lopd_core.distill.loop import export
+    from lopd_core.distill.loop.loop import export
     from tests.distill.fsdp_worker import CASES
 
     method, mode = CASES[case]

@@ -1,4 +1,4 @@
-"""The bank grows during a distillation stage (lopd_core/distill/growing_bank.py): the student's new successes join
+"""The bank grows during a distillation stage (lopd_core/distill/loop/growing_bank.py): the student's new successes join
 it every `bank.refresh_every` steps, de-duplicated, with provenance, and retrieval sees them at once."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 
 from lopd_core.bank import ExperienceBank
-from lopd_core.distill.coldstart_data import oracle_trajectory
-from lopd_core.distill.growing_bank import BankGrowth, copy_input_bank, stage_bank_paths
+from lopd_core.distill.composer.coldstart_data import oracle_trajectory
+from lopd_core.distill.loop.growing_bank import BankGrowth, copy_input_bank, stage_bank_paths
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 

@@ -15,8 +15,8 @@ from unittest import mock
 
 import torch
 
-from lopd_core.distill.prefix import score_actions_shared
-from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.distill.scoring.prefix import score_actions_shared
+from lopd_core.distill.scoring.teacher import action_logits, build_batch
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.model.head import head_logits, uses_float32_head

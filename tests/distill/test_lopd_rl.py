@@ -1,14 +1,14 @@
 """`lopd_rl`, the hybrid beyond the paper: LOPD's distillation loss plus `baselines.rl_weight` times the GRPO
-term, on the same rollouts and tokens (lopd_core/distill/step.py student_token_loss)."""
+term, on the same rollouts and tokens (lopd_core/distill/update/step.py student_token_loss)."""
 
 from __future__ import annotations
 
 import torch
 
 from lopd_core.config import Params, load_params
-from lopd_core.distill import losses as L
-from lopd_core.distill import pg_losses as PG
-from lopd_core.distill import step as S
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring import pg_losses as PG
+from lopd_core.distill.update import step as S
 from lopd_core.methods import resolve_method
 
 

@@ -1,11 +1,11 @@
-"""lopd_core.distill.losses on tiny tensors with values worked out by hand (seeded, fast)."""
+"""lopd_core.distill.scoring.losses on tiny tensors with values worked out by hand (seeded, fast)."""
 
 import math
 
 import pytest
 import torch
 
-from lopd_core.distill.losses import (
+from lopd_core.distill.scoring.losses import (
     advantages,
     anchor_loss,
     composer_loss,

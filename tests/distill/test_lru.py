@@ -1,9 +1,9 @@
-"""The one bounded cache of the composer's and the teacher's paths (lopd_core/distill/lru.py): at capacity the least
-recently used entry goes, where a lookup counts as a use and `in` does not."""
+"""The one bounded cache of the composer's and the teacher's paths (lopd_core/distill/composer/lru.py): at capacity
+the least recently used entry goes, where a lookup counts as a use and `in` does not."""
 
 import pytest
 
-from lopd_core.distill.lru import LRUCache
+from lopd_core.distill.composer.lru import LRUCache
 
 
 def test_a_cache_at_capacity_evicts_the_least_recently_used():

@@ -14,11 +14,11 @@ import torch
 
 from lopd_core import methods as M
 from lopd_core.config import Params
-from lopd_core.distill import baselines as B
-from lopd_core.distill import losses as L
-from lopd_core.distill import pg_losses as PG
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring import pg_losses as PG
+from lopd_core.distill.teacher import baselines as B
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.model.chat import ChatCodec

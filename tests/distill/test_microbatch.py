@@ -11,11 +11,11 @@ import torch
 from _batches import oracle_texts, six_trajectories
 
 from lopd_core.config import Params
-from lopd_core.distill import losses as L
-from lopd_core.distill import step as step_mod
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill import update as U
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.update import step as step_mod
+from lopd_core.distill.update import update as U
 
 
 @pytest.fixture(scope="module")

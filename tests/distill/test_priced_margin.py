@@ -1,4 +1,4 @@
-"""The margin priced, not assumed (issue #29 item 2; lopd_core/distill/margin.py):
+"""The margin priced, not assumed (issue #29 item 2; lopd_core/distill/update/margin.py):
 
   * `lopd.margin: auto` prices m = margin_fraction × the initial teacher's gap on successes — on stored seed
     successes before step 1, else on step 1's own — and 0 where the gap is ≤ 0 or there is no success;
@@ -23,13 +23,13 @@ from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core import methods as M
 from lopd_core.config import ConfigError, Params, load_params
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import losses as L
-from lopd_core.distill import margin as MG
-from lopd_core.distill import margin_pricing
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.dashboard import CSV_COLUMNS
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.update import margin as MG
+from lopd_core.distill.update import margin_pricing
+from lopd_core.distill.update.dashboard import CSV_COLUMNS
 
 SUCCESSES = (0, 3)  # six_trajectories: rewards 1, 0, .5, 1, 0, .25
 

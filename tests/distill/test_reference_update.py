@@ -20,8 +20,8 @@ import torch
 from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core import methods as M
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
 
 LATENT = "latent teacher, φ learns: θ, φ, β and the whole row"
 COMPARED = {

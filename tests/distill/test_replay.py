@@ -1,6 +1,6 @@
-"""Replay (lopd.replay_share, lopd_core/distill/replay.py): a share of each step's tasks comes from earlier worlds,
-deterministically per (seed, step); on those tasks the teacher reads no experience; the dashboard's `replay_kl` is
-the token mean of the KL on the replay rows; a replayed task's rollouts never join the growing bank."""
+"""Replay (lopd.replay_share, lopd_core/distill/update/replay.py): a share of each step's tasks comes from earlier
+worlds, deterministically per (seed, step); on those tasks the teacher reads no experience; the dashboard's
+`replay_kl` is the token mean of the KL on the replay rows; a replayed task's rollouts never join the growing bank."""
 
 import copy
 import csv
@@ -12,10 +12,10 @@ import torch
 from _batches import loop_params, oracle_texts, six_trajectories, step_params
 
 from lopd_core.config import ConfigError, Params
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.dashboard import replay_kl
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.update.dashboard import replay_kl
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.envs.toolworld.worlds import pretrain_worlds
 

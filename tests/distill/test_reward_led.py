@@ -4,11 +4,11 @@ the silent and failed gates on a hand-built batch, RLSD's per-token scale and lo
 import pytest
 import torch
 
-from lopd_core.distill import anneal as AN
-from lopd_core.distill import pg_losses as PG
-from lopd_core.distill.batch import distill_weights, group_flags
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.step import StudentLoss, student_token_loss
+from lopd_core.distill.scoring import pg_losses as PG
+from lopd_core.distill.update import anneal as AN
+from lopd_core.distill.update.batch import distill_weights, group_flags
+from lopd_core.distill.update.state import DistillState
+from lopd_core.distill.update.step import StudentLoss, student_token_loss
 
 
 def test_groups_where_the_reward_is_silent_and_where_all_failed():

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from lopd_core.distill import losses as L
-from lopd_core.distill import step as S
-from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.teacher import action_logits, build_batch
+from lopd_core.distill.update import step as S
 
 ULPS = {"atol": 1e-6, "rtol": 1e-6}
 

@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import losses as L
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.checkpoints import CheckpointError, plain_data
-from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
-from lopd_core.distill.dashboard import CSV_COLUMNS
-from lopd_core.distill.models import TeacherView, make_student_and_teacher
-from lopd_core.distill.teacher import Framing, action_logits, build_batch, splice_position
+from lopd_core.distill.composer.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.loop.checkpoints import CheckpointError, plain_data
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.models import TeacherView, make_student_and_teacher
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch, splice_position
+from lopd_core.distill.update.dashboard import CSV_COLUMNS
 from lopd_core.envs import make_tasks, run_oracle
 from lopd_core.errors import TrainingDiverged
 from lopd_core.experience import format_experience

@@ -19,15 +19,15 @@ from _batches import oracle_texts, six_trajectories, step_params
 
 from lopd_core import methods as M
 from lopd_core.config import ConfigError, Params, load_params
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import losses as L
-from lopd_core.distill import pg_losses as PG
-from lopd_core.distill import step as S
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.dashboard import CSV_COLUMNS
-from lopd_core.distill.prefix import score_actions_shared
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring import pg_losses as PG
+from lopd_core.distill.scoring.prefix import score_actions_shared
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.dashboard import CSV_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""φ fitted in the deployment world (lopd_core/distill/world_fit.py): the text teacher's trajectory seen as the
+"""φ fitted in the deployment world (lopd_core/distill/composer/world_fit.py): the text teacher's trajectory seen as the
 student sees it, retrieval that never reads a task's own rows, and a fit that moves the latent reading toward the
 text reading (KL falls, NLL plays no part). Tiny fixtures; seconds."""
 
@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from lopd_core.distill.coldstart import train_coldstart
-from lopd_core.distill.coldstart_data import Success
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.teacher import Framing
-from lopd_core.distill.world_fit import cached_retriever, strip_experience_block, text_teacher_targets
+from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import Success
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.world_fit import cached_retriever, strip_experience_block, text_teacher_targets
+from lopd_core.distill.scoring.teacher import Framing
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout

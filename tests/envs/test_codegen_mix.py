@@ -10,10 +10,10 @@ import torch
 
 from lopd_core.bank.store import BankStore
 from lopd_core.config import Params, load_params
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.coldstart_data import oracle_trajectory
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
 from lopd_core.envs import make_tasks
 from lopd_core.envs.codegen import FAMILIES, families_for, oracle_action
 from lopd_core.envs.mix import interleave, mix_counts, mixed_tasks

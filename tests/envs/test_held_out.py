@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from lopd_core.config import Params
-from lopd_core.distill.coldstart_data import COLDSTART_SEED_OFFSET
+from lopd_core.distill.composer.coldstart_data import COLDSTART_SEED_OFFSET
 from lopd_core.envs import make_tasks
 from lopd_core.envs.codegen.tasks import task_content_key as codegen_key
 from lopd_core.envs.held_out import CARVE, TEST_BUCKETS, content_part

@@ -11,8 +11,8 @@ from _foreign_tokenizers import hermes_tokenizer, llama_tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lopd_core.config import ModelConfig
-from lopd_core.distill.teacher import Framing, embed_row, splice_position
-from lopd_core.distill.teacher_rollout import latent_rollout
+from lopd_core.distill.scoring.teacher import Framing, embed_row, splice_position
+from lopd_core.distill.teacher.teacher_rollout import latent_rollout
 from lopd_core.envs import format_call, make_env, make_tasks, parse_action
 from lopd_core.model.chat import ChatCodec, experience_block, make_chat
 from lopd_core.model.chat.template import TemplateChat, toolworld_schemas

@@ -22,7 +22,7 @@ def test_a_compare_run_grows_its_own_bank_and_evaluates_every_env_of_the_mix(
 ):
     from lopd_core.compare.report import write_compare_report
     from lopd_core.compare.run import run_method
-    from lopd_core.distill.composer import save_composer
+    from lopd_core.distill.composer.composer import save_composer
     from lopd_core.drivers.distill import new_composer, seed_bank
 
     monkeypatch.chdir(tmp_path)

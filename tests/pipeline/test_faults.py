@@ -47,8 +47,8 @@ def test_device_names_that_exist_are_accepted(device):
 
 
 def test_top_k_above_the_vocabulary_is_rejected(tiny_model, tiny_tokenizer):
-    from lopd_core.distill.composer import Composer
-    from lopd_core.distill.trainer import Distiller
+    from lopd_core.distill.composer.composer import Composer
+    from lopd_core.distill.loop.trainer import Distiller
 
     p = Params()
     p.lopd = replace(p.lopd, top_k=tiny_model.config.vocab_size + 5)
@@ -278,8 +278,8 @@ import torch
 import lopd_core  # noqa: F401
 from lopd_core.bank import ExperienceBank
 from lopd_core.config import TinyModelConfig
-from lopd_core.distill import trainer
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
 from lopd_core.drivers.distill import make_retriever
 from lopd_core.model.demos import build_demos
 from lopd_core.model.loading import tiny_qwen3
@@ -300,7 +300,7 @@ torch.manual_seed(0)
 composer = Composer(model.config.hidden_size, num_queries=4, num_layers=1, num_heads=2,
                     embedding_norm=mean_embedding_norm(model))
 d = trainer.Distiller(p, model, tok, make_retriever(bank, p.bank.retrieval), composer=composer, log=lambda m: None)
-from lopd_core.distill.loop import run_distill
+from lopd_core.distill.loop.loop import run_distill
 run_distill(d)
 """
 

@@ -1,13 +1,13 @@
 """The guard of the adaptation setting: nothing oracle reaches a deployment world. The bank holds only the
 agent's own sampled successes there; the composer's cold start reads oracle episodes of the pretraining worlds
-only (lopd_core/drivers/bank.py seed_bank, lopd_core/distill/coldstart_data.py)."""
+only (lopd_core/drivers/bank.py seed_bank, lopd_core/distill/composer/coldstart_data.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from lopd_core.config import load_params
-from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX, pretraining_retriever, pretraining_successes
+from lopd_core.distill.composer.coldstart_data import ORACLE_SAMPLE_INDEX, pretraining_retriever, pretraining_successes
 from lopd_core.envs.toolworld.worlds import WorldSplit
 from lopd_core.model.chat import ChatCodec
 

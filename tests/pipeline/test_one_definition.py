@@ -20,7 +20,7 @@ def test_compares_lopd_run_equals_the_distill_stage_on_the_same_seed(tmp_path, t
     from safetensors.torch import load_file
 
     from lopd_core.compare.run import plan_steps, run_method
-    from lopd_core.distill.composer import save_composer
+    from lopd_core.distill.composer.composer import save_composer
     from lopd_core.drivers.bank import run_bank
     from lopd_core.drivers.coldstart import new_composer
     from lopd_core.drivers.distill import run_lopd

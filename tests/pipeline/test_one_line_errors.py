@@ -141,8 +141,8 @@ def test_a_full_disk_while_checkpointing_names_the_path_and_leaves_no_tmp(
 ):
     from lopd_core import outputs
     from lopd_core.config import Params
-    from lopd_core.distill.composer import Composer
-    from lopd_core.distill.trainer import Distiller
+    from lopd_core.distill.composer.composer import Composer
+    from lopd_core.distill.loop.trainer import Distiller
 
     p = Params()
     p.lopd = replace(p.lopd, out_dir=str(tmp_path / "lopd"))

@@ -33,7 +33,7 @@ def _api(base: str, path: str) -> dict:
 @pytest.mark.slow
 def test_mlflow_server_shows_what_the_pipeline_tracked(tmp_path, monkeypatch):
     from lopd_core.config import load_params
-    from lopd_core.distill.dashboard import CSV_COLUMNS
+    from lopd_core.distill.update.dashboard import CSV_COLUMNS
     from tasks.tracking import CYCLE_TAG, STAGE_TAG, Tracker
 
     port = free_port()

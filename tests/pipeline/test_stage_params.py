@@ -334,7 +334,7 @@ def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
     """cycle.refresh_teacher false: the student starts from the champion, the teacher is other (frozen) weights."""
     import torch
 
-    from lopd_core.distill.models import make_student_and_teacher
+    from lopd_core.distill.scoring.models import make_student_and_teacher
 
     champion, first_base = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
     with torch.no_grad():
@@ -352,7 +352,7 @@ def test_a_separate_teacher_is_frozen_and_is_what_teaches(tiny_model, mode):
 def test_a_checkpoint_records_only_settings_the_distill_stage_reads():
     """The settings a resume must agree with (trainer.RESUME_SETTINGS) are keys of the distill stage's table, so
     a setting that moves the stage's cache key cannot be left out of one and kept in the other unnoticed."""
-    from lopd_core.distill.checkpoints import resume_settings
+    from lopd_core.distill.loop.checkpoints import resume_settings
 
     reads = STAGES["distill"].params
     recorded = resume_settings(Params())

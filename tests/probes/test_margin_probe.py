@@ -41,7 +41,7 @@ def test_a_teacher_that_prefers_the_successes_earns_group_margin():
 
 def test_divergence_alert_fires_on_a_kl_jump_that_meets_the_margin():
     """run_distill's warning: δ̄ ≥ m reached while the reverse KL jumps far above its recent median."""
-    from lopd_core.distill.loop import DIVERGENCE_WINDOW, margin_by_divergence
+    from lopd_core.distill.loop.loop import DIVERGENCE_WINDOW, margin_by_divergence
 
     calm = [0.008, 0.012, 0.006, 0.01] * (DIVERGENCE_WINDOW // 4)
     assert margin_by_divergence(calm, kl=0.19, delta=0.19, margin=0.05)  # seed 0's step 71, in small

@@ -26,7 +26,7 @@ import pytest
 import torch
 from _float_paths import assert_records_full_forward, assert_same_play
 
-from lopd_core.distill.teacher import Framing, embed_row
+from lopd_core.distill.scoring.teacher import Framing, embed_row
 from lopd_core.envs import make_tasks
 from lopd_core.envs.toolworld.tools import CALL_OPEN
 from lopd_core.model.chat import ChatCodec

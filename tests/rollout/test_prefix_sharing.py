@@ -1,11 +1,11 @@
-"""Scoring with each shared prompt run once (lopd_core/distill/prefix.py) against scoring every row from its first
-token (teacher.build_batch + action_logits): same logits at the same action tokens in the same order, and the
+"""Scoring with each shared prompt run once (lopd_core/distill/scoring/prefix.py) against scoring every row from its
+first token (teacher.build_batch + action_logits): same logits at the same action tokens in the same order, and the
 same gradient reaching the latents — while the prompt runs once per task, not once per sample."""
 
 import torch
 
-from lopd_core.distill.prefix import score_actions_shared
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.scoring.prefix import score_actions_shared
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout

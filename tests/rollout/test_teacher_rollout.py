@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.teacher import Framing, splice_position
-from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.scoring.teacher import Framing, splice_position
+from lopd_core.distill.teacher.teacher_rollout import latent_rollout, task_latents
 from lopd_core.envs import make_tasks
 from lopd_core.model.chat import ChatCodec
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout

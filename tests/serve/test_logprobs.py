@@ -102,7 +102,7 @@ def test_chat_logprobs_are_the_recorded_ones(live):
 
 
 def test_prompt_scoring_equals_the_in_process_teacher_pass(live, tiny_checkpoints):
-    from lopd_core.distill.teacher import action_logits, build_batch
+    from lopd_core.distill.scoring.teacher import action_logits, build_batch
 
     loaded = load_checkpoint(tiny_checkpoints[0], device="cpu")
     prompt = _prompt(loaded.tokenizer)

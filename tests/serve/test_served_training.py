@@ -12,9 +12,9 @@ import pytest
 import torch
 from _batches import oracle_texts, step_params
 
-from lopd_core.distill import loop as loop_mod
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import loop as loop_mod
+from lopd_core.distill.loop import trainer as trainer_mod
 from tests.serve.conftest import make_server
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lopd_core.distill.trace_source import TraceStream
+from lopd_core.distill.loop.trace_source import TraceStream
 from lopd_core.traces import TraceStore
 from lopd_core.traces.fingerprint import tokenizer_fingerprint
 from tests.serve.test_store import turn

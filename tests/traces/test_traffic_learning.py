@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from lopd_core.config import ConfigError, Params
-from lopd_core.distill import trainer as trainer_mod
-from lopd_core.distill.composer import Composer, mean_embedding_norm
-from lopd_core.distill.trace_source import TraceStream, trace_count
+from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
+from lopd_core.distill.loop import trainer as trainer_mod
+from lopd_core.distill.loop.trace_source import TraceStream, trace_count
 from lopd_core.traces import read_traces, trace_table, traces_as_trajectories
 from lopd_core.traces.schema import episode_records, trace_world
 from tests._batches import loop_params
@@ -227,7 +227,7 @@ def test_source_flag_is_the_setting(command, capsys):
 
 def test_the_importance_weight_reads_the_recorded_logprobs(tmp_path, store, tiny_model, tiny_tokenizer, monkeypatch):
     """With the sampled-token loss and the importance weight, p_sample is the served version's recorded log-prob."""
-    from lopd_core.distill import losses as L
+    from lopd_core.distill.scoring import losses as L
 
     params = _params(tmp_path, store, trajectories="traces", student_loss="sampled", importance_weight=True)
     d = _distiller(params, tiny_model, tiny_tokenizer)

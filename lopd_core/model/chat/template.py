@@ -22,7 +22,7 @@ environment's, `action_ids` the other way.
 Experiences sit at the head of the first user turn's content, between `<|exp_start|>` and `<|exp_end|>` as in
 the embedded format; the tokenizer gets those tokens from `add_experience_tokens` (lopd_core/model/loading.py).
 `user_header` is the id run that ends where the first user turn's content begins: the latent teacher splices
-there (lopd_core/distill/teacher.py). Construction checks on a probe that the splice of an experience block into
+there (lopd_core/distill/scoring/teacher.py). Construction checks on a probe that the splice of an experience block into
 a plain conversation is exactly the conversation rendered with it.
 
 Several tool calls in one turn (a served conversation's parallel calls) render as the template writes them, where

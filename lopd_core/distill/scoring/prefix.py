@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from lopd_core.distill.teacher import Framing, action_positions, embed_row
+from lopd_core.distill.scoring.teacher import Framing, action_positions, embed_row
 from lopd_core.model.head import head_logits
 from lopd_core.rollout.engine import cache_keyword
 

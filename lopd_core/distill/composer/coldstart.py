@@ -30,11 +30,11 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
-from lopd_core.distill import losses as L
-from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
-from lopd_core.distill.models import TeacherView, freeze
-from lopd_core.distill.reading import text_embeddings
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.composer.composer import Composer, ExperienceEncoder, compose_latents, mean_embedding_norm
+from lopd_core.distill.composer.reading import text_embeddings
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.models import TeacherView, freeze
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 
 COLDSTART_COLUMNS = ["step", "nll", "kl", "loss", "latent_norm_ratio", "grad_norm", "step_seconds"]
 

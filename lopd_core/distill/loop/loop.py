@@ -15,11 +15,11 @@ from pathlib import Path
 
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
-from lopd_core.distill.composer import save_composer
-from lopd_core.distill.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
-from lopd_core.distill.models import export_student, replicated_copy
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.trainer import Distiller
+from lopd_core.distill.composer.composer import save_composer
+from lopd_core.distill.loop.trainer import Distiller
+from lopd_core.distill.scoring.models import export_student, replicated_copy
+from lopd_core.distill.update.dashboard import CSV_COLUMNS, DIAGNOSTIC_COLUMNS, DashboardRow
+from lopd_core.distill.update.state import DistillState
 from lopd_core.errors import TrainingDiverged
 from lopd_core.outputs import atomic_write
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill import margin as MG
-from lopd_core.distill import step as S
-from lopd_core.distill.inputs import StepModels, StepSetup
-from lopd_core.distill.state import DistillState
+from lopd_core.distill.update import margin as MG
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.inputs import StepModels, StepSetup
+from lopd_core.distill.update.state import DistillState
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,8 @@ def step_result(
     state: DistillState,
     batch: S.RolloutBatch,
     sums: S.StepSums,
-    totals: dict[str, float],
     *,
+    totals: dict[str, float],
     beta: float,
     grad_theta: float,
     composer: ComposerStep,
@@ -161,7 +161,7 @@ def step_result(
     }
     if not setup.teacher_pass:
         values.update(dict.fromkeys(TEACHER_COLUMNS, math.nan))
-    diag = diagnostics_row(models, state, sums, composer, per_traj_gap, successes, rollout_s)
+    diag = diagnostics_row(models, state, sums, composer, gaps=per_traj_gap, successes=successes, rollout_s=rollout_s)
     # Per trajectory: mean over its action tokens of log p_T,φ − log p_S,old, what δ(τ) weighs by A(τ)
     # (probes/margin_probe.py reads it to price margins and advantages).
     return UpdateResult(DashboardRow(**values), diag, per_traj_gap.tolist(), per_traj_kl, trajectories)
@@ -190,15 +190,17 @@ def diagnostics_row(
     state: DistillState,
     sums: S.StepSums,
     composer: ComposerStep,
-    per_traj_gap,
-    successes,
-    rollout_s,
+    *,
+    gaps: torch.Tensor,
+    successes: torch.Tensor,
+    rollout_s: float,
 ) -> dict:
-    """The diagnostics row (DIAGNOSTIC_COLUMNS): margins by outcome, norms, skips, cache hits, phase times."""
+    """The diagnostics row (DIAGNOSTIC_COLUMNS): margins by outcome, norms, skips, cache hits, phase times;
+    `gaps` (B,) and `successes` (B,) are every rank's, per trajectory (its mean log p_T,φ − log p_S,old)."""
     return {
         "step": state.step,
-        "margin_success": float(per_traj_gap[successes].mean()) if successes.any() else float("nan"),
-        "margin_failure": float(per_traj_gap[~successes].mean()) if (~successes).any() else float("nan"),
+        "margin_success": float(gaps[successes].mean()) if successes.any() else float("nan"),
+        "margin_failure": float(gaps[~successes].mean()) if (~successes).any() else float("nan"),
         "latent_norm": composer.latent_norm,
         "embedding_norm": models.embedding_norm,
         "skipped_updates": state.skipped_updates,

@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill.dashboard import UpdateResult
-from lopd_core.distill.inputs import StepModels
-from lopd_core.distill.state import DistillState
+from lopd_core.distill.update.dashboard import UpdateResult
+from lopd_core.distill.update.inputs import StepModels
+from lopd_core.distill.update.state import DistillState
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lopd_core.distill import losses as _losses
+from lopd_core.distill.scoring import losses as _losses
 
 
 def _f32(x: Tensor) -> Tensor:

@@ -16,18 +16,18 @@ import time
 
 import torch
 
-from lopd_core.distill import baselines as B
-from lopd_core.distill import losses as L
-from lopd_core.distill import margin_pricing as P
-from lopd_core.distill import step as S
-from lopd_core.distill.batch import RolloutBatch
-from lopd_core.distill.composer import compose_latents
-from lopd_core.distill.dashboard import ComposerStep, UpdateResult, step_result
-from lopd_core.distill.inputs import StepModels, StepSetup
-from lopd_core.distill.reading import reading_kl, reading_rows
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.teacher import action_logits, build_batch
-from lopd_core.distill.teacher_context import context_embeddings
+from lopd_core.distill.composer.composer import compose_latents
+from lopd_core.distill.composer.reading import reading_kl, reading_rows
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.teacher import action_logits, build_batch
+from lopd_core.distill.teacher import baselines as B
+from lopd_core.distill.update import margin_pricing as P
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.batch import RolloutBatch
+from lopd_core.distill.update.dashboard import ComposerStep, UpdateResult, step_result
+from lopd_core.distill.update.inputs import StepModels, StepSetup
+from lopd_core.distill.update.state import DistillState
+from lopd_core.distill.update.teacher_context import context_embeddings
 from lopd_core.envs import Task
 
 
@@ -103,7 +103,7 @@ def reference_update(
         state,
         batch,
         sums,
-        sums.shares,
+        totals=sums.shares,
         beta=beta,
         grad_theta=grad_theta,
         composer=composer,

@@ -41,20 +41,20 @@ import torch
 from lopd_core import distributed as D
 from lopd_core import methods as M
 from lopd_core.config import Params
-from lopd_core.distill import anneal as AN
-from lopd_core.distill import checkpoints as C
-from lopd_core.distill import margin as MG
-from lopd_core.distill import margin_pricing as P
-from lopd_core.distill import replay as RP
-from lopd_core.distill import teacher_refresh as R
-from lopd_core.distill import trace_source as TS
-from lopd_core.distill import update as U
-from lopd_core.distill.build import build_models, check_processes, check_top_k, splice_room
-from lopd_core.distill.composer import Composer
-from lopd_core.distill.dashboard import UpdateResult
-from lopd_core.distill.inputs import Retriever, StepSetup
-from lopd_core.distill.reference import reference_update
-from lopd_core.distill.state import DistillState
+from lopd_core.distill.composer.composer import Composer
+from lopd_core.distill.loop import checkpoints as C
+from lopd_core.distill.loop import teacher_refresh as R
+from lopd_core.distill.loop import trace_source as TS
+from lopd_core.distill.loop.build import build_models, check_processes, check_top_k, splice_room
+from lopd_core.distill.update import anneal as AN
+from lopd_core.distill.update import margin as MG
+from lopd_core.distill.update import margin_pricing as P
+from lopd_core.distill.update import replay as RP
+from lopd_core.distill.update import update as U
+from lopd_core.distill.update.dashboard import UpdateResult
+from lopd_core.distill.update.inputs import Retriever, StepSetup
+from lopd_core.distill.update.reference import reference_update
+from lopd_core.distill.update.state import DistillState
 from lopd_core.envs import Task
 from lopd_core.envs.mix import deployment_tasks
 from lopd_core.model.chat import make_chat

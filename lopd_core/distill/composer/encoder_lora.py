@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from lopd_core.distill.models import LORA_TARGETS
+from lopd_core.distill.scoring.models import LORA_TARGETS
 
 
 def _plain_name(name: str) -> str:

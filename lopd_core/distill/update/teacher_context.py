@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill import baselines as B
-from lopd_core.distill.batch import RolloutBatch
-from lopd_core.distill.inputs import StepModels, StepSetup
+from lopd_core.distill.teacher import baselines as B
+from lopd_core.distill.update.batch import RolloutBatch
+from lopd_core.distill.update.inputs import StepModels, StepSetup
 from lopd_core.envs import Task
 
 

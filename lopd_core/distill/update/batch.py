@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from lopd_core import distributed as D
-from lopd_core.distill import losses as L
-from lopd_core.distill import pg_losses as PG
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring import pg_losses as PG
 
 # ---- the batch ----------------------------------------------------------------------------------------------
 

@@ -8,12 +8,12 @@ import math
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill import margin as MG
-from lopd_core.distill import step as S
-from lopd_core.distill.batch import RolloutBatch, micro_batches
-from lopd_core.distill.inputs import Retriever, StepModels, StepSetup
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.teacher import action_logits, build_batch
+from lopd_core.distill.scoring.teacher import action_logits, build_batch
+from lopd_core.distill.update import margin as MG
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.batch import RolloutBatch, micro_batches
+from lopd_core.distill.update.inputs import Retriever, StepModels, StepSetup
+from lopd_core.distill.update.state import DistillState
 
 
 def price_margin(

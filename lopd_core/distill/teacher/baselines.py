@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from lopd_core.distill.lru import LRUCache
+from lopd_core.distill.composer.lru import LRUCache
 from lopd_core.envs import Task, run_oracle
 from lopd_core.experience import format_experience
 from lopd_core.methods import MethodSpec

@@ -14,13 +14,13 @@ import torch
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
 from lopd_core.config import ConfigError, Params
-from lopd_core.distill import baselines as B
-from lopd_core.distill import composer as CP
-from lopd_core.distill.composer import Composer, ExperienceEncoder, mean_embedding_norm
-from lopd_core.distill.inputs import AnchorLatents, Retriever, StepModels
-from lopd_core.distill.models import TeacherView, make_student_and_teacher
-from lopd_core.distill.replay import IsReplay, never_replay
-from lopd_core.distill.teacher import Framing
+from lopd_core.distill.composer import composer as CP
+from lopd_core.distill.composer.composer import Composer, ExperienceEncoder, mean_embedding_norm
+from lopd_core.distill.scoring.models import TeacherView, make_student_and_teacher
+from lopd_core.distill.scoring.teacher import Framing
+from lopd_core.distill.teacher import baselines as B
+from lopd_core.distill.update.inputs import AnchorLatents, Retriever, StepModels
+from lopd_core.distill.update.replay import IsReplay, never_replay
 from lopd_core.methods import MethodSpec
 
 

@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 from lopd_core import distributed as D
-from lopd_core.distill import losses as L
-from lopd_core.distill import pg_losses as PG
-from lopd_core.distill.prefix import score_actions_shared
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring import pg_losses as PG
+from lopd_core.distill.scoring.prefix import score_actions_shared
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 
 # topk | full | sampled: distillation toward the teacher; grpo | grpo+kl | rlsd: a policy gradient (+ Skill-SD's
 # KL; RLSD's teacher-sized advantages)

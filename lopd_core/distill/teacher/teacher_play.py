@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lopd_core.config import Params
-from lopd_core.distill.composer import Composer
-from lopd_core.distill.encoder_lora import lora_fingerprint
-from lopd_core.distill.lru import LRUCache
-from lopd_core.distill.teacher_rollout import latent_rollout, task_latents
+from lopd_core.distill.composer.composer import Composer
+from lopd_core.distill.composer.encoder_lora import lora_fingerprint
+from lopd_core.distill.composer.lru import LRUCache
+from lopd_core.distill.teacher.teacher_rollout import latent_rollout, task_latents
 from lopd_core.envs import Task
 from lopd_core.evaluation import eval_sampling, eval_shards, shard_requests, summarize
 from lopd_core.model.chat import make_chat

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lopd_core.distill.coldstart_data import ORACLE_SAMPLE_INDEX, Success
-from lopd_core.distill.teacher import Framing
+from lopd_core.distill.composer.coldstart_data import ORACLE_SAMPLE_INDEX, Success
+from lopd_core.distill.scoring.teacher import Framing
 from lopd_core.envs import Task
 from lopd_core.rollout.engine import RolloutRequest, Sampling, rollout
 

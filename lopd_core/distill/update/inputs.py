@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from lopd_core.distill.anneal import step_scale
-from lopd_core.distill.batch import RolloutBatch, rollout_batch
-from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents
-from lopd_core.distill.encoder_lora import lora_fingerprint
-from lopd_core.distill.lru import DEFAULT_CAPACITY, LRUCache
-from lopd_core.distill.models import TeacherView
-from lopd_core.distill.replay import IsReplay, never_replay
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.step import StudentLoss
-from lopd_core.distill.teacher import Framing
+from lopd_core.distill.composer.composer import Composer, ExperienceEncoder, compose_latents
+from lopd_core.distill.composer.encoder_lora import lora_fingerprint
+from lopd_core.distill.composer.lru import DEFAULT_CAPACITY, LRUCache
+from lopd_core.distill.scoring.models import TeacherView
+from lopd_core.distill.scoring.teacher import Framing
+from lopd_core.distill.update.anneal import step_scale
+from lopd_core.distill.update.batch import RolloutBatch, rollout_batch
+from lopd_core.distill.update.replay import IsReplay, never_replay
+from lopd_core.distill.update.state import DistillState
+from lopd_core.distill.update.step import StudentLoss
 from lopd_core.envs import Task
 from lopd_core.methods import MethodSpec, TeacherWeights
 from lopd_core.sharding import Sharding

@@ -17,9 +17,9 @@ import statistics
 import torch
 
 from lopd_core import distributed as D
-from lopd_core.distill.composer import compose_latents
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.teacher_rollout import latent_rollout
+from lopd_core.distill.composer.composer import compose_latents
+from lopd_core.distill.teacher.teacher_rollout import latent_rollout
+from lopd_core.distill.update.state import DistillState
 from lopd_core.envs import Task
 from lopd_core.rollout.engine import RolloutRequest, Sampling
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lopd_core.distill import losses as L
-from lopd_core.distill.teacher import Framing, action_logits, build_batch
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.teacher import Framing, action_logits, build_batch
 
 
 def reading_rows(n_rows: int, samples_per_task: int, limit: int) -> list[int]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lopd_core.distill.composer import Composer, ExperienceEncoder, compose_latents
-from lopd_core.distill.models import TeacherView
-from lopd_core.distill.teacher import Framing, embed_row
+from lopd_core.distill.composer.composer import Composer, ExperienceEncoder, compose_latents
+from lopd_core.distill.scoring.models import TeacherView
+from lopd_core.distill.scoring.teacher import Framing, embed_row
 from lopd_core.model.chat import make_chat
 from lopd_core.rollout.engine import RolloutRequest, Sampling, Trajectory, rollout
 

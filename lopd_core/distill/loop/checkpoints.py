@@ -19,10 +19,10 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core.config import Params
-from lopd_core.distill import sharded_checkpoint as SC
-from lopd_core.distill.inputs import StepModels
-from lopd_core.distill.resume import RESUME_FREE, RESUME_SETTINGS
-from lopd_core.distill.state import DistillState
+from lopd_core.distill.loop import sharded_checkpoint as SC
+from lopd_core.distill.loop.resume import RESUME_FREE, RESUME_SETTINGS
+from lopd_core.distill.update.inputs import StepModels
+from lopd_core.distill.update.state import DistillState
 from lopd_core.errors import StateError
 from lopd_core.outputs import OutputPathError, atomic_write
 from lopd_core.outputs import _reason as output_reason

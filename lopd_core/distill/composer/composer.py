@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lopd_core.distill.encoder_lora import EncoderLoRA, lora_fingerprint
-from lopd_core.distill.lru import DEFAULT_CAPACITY, LRUCache
+from lopd_core.distill.composer.encoder_lora import EncoderLoRA, lora_fingerprint
+from lopd_core.distill.composer.lru import DEFAULT_CAPACITY, LRUCache
 from lopd_core.outputs import atomic_write, write_file
 
 
@@ -159,7 +159,7 @@ class ExperienceEncoder:
         batch_size: int = 16,
         cache_capacity: int = DEFAULT_CAPACITY,
     ):
-        self.view, self.tokenizer = teacher_view, tokenizer  # lopd_core.distill.models.TeacherView
+        self.view, self.tokenizer = teacher_view, tokenizer  # lopd_core.distill.scoring.models.TeacherView
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.cache: LRUCache[str, Tensor] = LRUCache(cache_capacity)
         self.hits = self.misses = 0

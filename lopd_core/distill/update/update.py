@@ -32,11 +32,13 @@ import torch
 
 from lopd_core import distributed as D
 from lopd_core import sharding as SH
-from lopd_core.distill import baselines as B
-from lopd_core.distill import losses as L
-from lopd_core.distill import margin_pricing as P
-from lopd_core.distill import step as S
-from lopd_core.distill.batch import (
+from lopd_core.distill.composer.reading import reading_kl, reading_rows
+from lopd_core.distill.scoring import losses as L
+from lopd_core.distill.scoring.teacher import ScoringBatch, action_logits, build_batch
+from lopd_core.distill.teacher import baselines as B
+from lopd_core.distill.update import margin_pricing as P
+from lopd_core.distill.update import step as S
+from lopd_core.distill.update.batch import (
     ComposerScale,
     RolloutBatch,
     chunk_group,
@@ -44,12 +46,10 @@ from lopd_core.distill.batch import (
     composer_scale,
     micro_batches,
 )
-from lopd_core.distill.dashboard import ComposerStep, UpdateResult, step_result
-from lopd_core.distill.inputs import StepModels, StepSetup
-from lopd_core.distill.reading import reading_kl, reading_rows
-from lopd_core.distill.state import DistillState
-from lopd_core.distill.teacher import ScoringBatch, action_logits, build_batch
-from lopd_core.distill.teacher_context import (
+from lopd_core.distill.update.dashboard import ComposerStep, UpdateResult, step_result
+from lopd_core.distill.update.inputs import StepModels, StepSetup
+from lopd_core.distill.update.state import DistillState
+from lopd_core.distill.update.teacher_context import (
     TeacherContext,
     check_teacher_rows,
     row_latents,
@@ -122,7 +122,7 @@ def update(
         state,
         batch,
         sums,
-        totals,
+        totals=totals,
         beta=beta,
         grad_theta=grad_theta,
         composer=composer,
