@@ -164,7 +164,8 @@ def distill_student(params: Params, champion: Champion, base: str, stages: dict,
     """Step 4: a new student distilled from the champion toward the fitted φ's latent teacher (`params` replay the
     worlds earlier cycles deployed to, where lopd.replay_share asks for replay)."""
     teacher = teacher_for(params, champion, base)
-    return S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
+    distilled = S.distill_flow(params, champion.model, stages["bank"], stages["fit"]["phi"], teacher, **common)
+    return {**distilled, "seed": params.seed}  # a retry's own seed (distill_params), kept in the record
 
 
 def announce_gate(params: Params, number: int, start: int) -> tuple[float, int, float]:

@@ -269,6 +269,7 @@ def cycle_record(
         "gate": gate,
         "champion_before": asdict(champion),
         "student": distilled["student"],
+        "distill_seed": distilled.get("seed"),  # the run's seed, or a retry's own (with_retry_seed)
         "csv": distilled["csv"],
         "export": exported["export"],
         "version": exported["version"],
