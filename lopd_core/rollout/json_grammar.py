@@ -305,24 +305,21 @@ State = tuple  # of items, the top last; () is a finished output
 
 def feed_byte(state: State, b: int, g: Grammar) -> State | None:
     """The state after one byte, or None when no output continues with it."""
-    n = len(state)
-    while n:
-        top = state[n - 1]
-        replaced = top.byte(b, g)
-        if replaced is not None:
-            return state[: n - 1] + replaced
-        if not top.nullable:
-            return None
-        n -= 1
-    return None
+    return _feed(state, lambda top: top.byte(b, g))
 
 
 def feed_token(state: State, t: int, g: Grammar) -> State | None:
     """The state after a token taken by id (a Forced item's), or None."""
+    return _feed(state, lambda top: top.token(t, g))
+
+
+def _feed(state: State, step) -> State | None:
+    """The state after `step` (an item -> its replacement items, or None) taken by the topmost item that takes
+    it; an item that does not may be passed only when it is nullable (it may end here)."""
     n = len(state)
     while n:
         top = state[n - 1]
-        replaced = top.token(t, g)
+        replaced = step(top)
         if replaced is not None:
             return state[: n - 1] + replaced
         if not top.nullable:
