@@ -1,14 +1,15 @@
 """`lopd serve` against the in-process batched engine: generated tokens/s and request latency at 1, 4 and 16
 concurrent clients, in one run, on one model.
 
-The server is `lopd serve` in a process of its own (its decoder in another, `serve.engine: process`, or on a
-thread of the server with `--engine thread`); each client is a thread here sending chat completions (each its own
-session, the same first turn, its own seed) over HTTP with the official openai package. The engine side runs
-`generate_turn` directly on batches of the same size and the same contexts: the ratio server/engine is what
-HTTP, JSON, sessions, trace writes (fsync per request) and the scheduling cost, and server c16/c1 is what
-batching buys. Server and engine alternate `--repeats` rounds per level (at least `--min-rounds` requests per
-client each), and the median round is reported with every round's ratio: on a shared machine a load that comes
-and goes then falls on both sides. Per level it also says where the server's time went: the decoder's busy share
+Each engine (`serve.engine`: the decoder in a process of its own, or on a thread of the server) runs behind its
+own `lopd serve`, a process of its own; each client is a thread here sending chat completions (each its own
+session, the same first turn, its own seed) over HTTP with the official openai package. The reference runs
+`generate_turn` in this process on batches of the same size and the same contexts: the ratio server/engine is what
+HTTP, JSON, sessions, trace writes and the scheduling cost, and server c16/c1 is what batching buys. Per level,
+`--repeats` rounds (at least `--min-rounds` requests per client each) alternate both servers and the reference, the
+servers' order turned each round, and the median round of each engine is reported with every round's ratio: on a
+shared machine a load that comes and goes then falls on every side, and `faster_at_c16` names the engine that
+`serve.engine` should default to. Per level it also says where each server's time went: the decoder's busy share
 of the wall time, its CPU while busy (below 1 when it waited for the interpreter lock or a core) and the CPU of
 the server and of the clients.
 A tiny random model (or --model DIR) on CPU by default: the ratios, not the absolute figures, are what carries
@@ -16,7 +17,7 @@ over. One torch thread per process, as every figure of the project is taken (the
 clients then each have a core's worth of work on a 2-core machine):
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] \
-        [--max-tokens 32] [--engine process|thread] [--repeats 3] [--min-rounds 16]
+        [--max-tokens 32] [--engine both|process|thread] [--repeats 5] [--min-rounds 16]
 """
 
 from __future__ import annotations
@@ -91,37 +92,19 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_round(client, health, server_pid, loaded, messages, context, level, per_client, args) -> dict:
-    """`level` clients through the server, then the same work on the engine in this process: the figures of one
-    round, the server's first."""
+def server_round(client, health, server_pid, messages, level, per_client, args) -> dict:
+    """`level` clients through one server: its throughput, latencies and where its time went."""
     import httpx
-    import torch
-
-    from lopd_core.rollout.engine import Sampling, generate_turn
 
     before = httpx.get(health).json()["engine"]
     server_cpu, client_cpu = process_cpu_s(server_pid), time.process_time()
     latencies, tokens, server_s = clients(client, messages, level, per_client, args.max_tokens)
     after = httpx.get(health).json()["engine"]
     server_cpu, client_cpu = process_cpu_s(server_pid) - server_cpu, time.process_time() - client_cpu
-    engine_tokens, t0, cpu0 = 0, time.perf_counter(), time.process_time()
-    for b in range(per_client):  # the same work, `level` rows per batch, no HTTP
-        turns = generate_turn(
-            loaded.model,
-            [context] * level,
-            sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
-            stop_id=loaded.chat.im_end_id,
-            pad_id=loaded.chat.pad_id,
-            generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
-        )
-        engine_tokens += sum(len(ids) for ids, _ in turns)
-    engine_s, engine_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     busy = after["busy_s"] - before["busy_s"]
     return {
         "requests": len(latencies),
         "server_tokens_per_s": round(sum(tokens) / server_s, 1),
-        "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
-        "server_over_engine": round((sum(tokens) / server_s) / (engine_tokens / engine_s), 3),
         "latency_p50_s": round(statistics.median(latencies), 4),
         "latency_p95_s": round(percentile(latencies, 0.95), 4),
         "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1),
@@ -133,56 +116,51 @@ def one_round(client, health, server_pid, loaded, messages, context, level, per_
         # again and rendered is not in it)
         "rows_per_step": round((after["tokens"] - before["tokens"]) / max(after["steps"] - before["steps"], 1), 2),
         "engine_cpu_over_busy": round((after["cpu_s"] - before["cpu_s"]) / max(busy, 1e-9), 3),
-        # the same for the engine run here: a shared machine gives the two sides different shares of a core
-        "reference_cpu_over_wall": round(engine_cpu / engine_s, 3),
         "server_cpu_s": round(server_cpu, 2),
         "client_cpu_s": round(client_cpu, 2),
         "server_s": round(server_s, 2),
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
-    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--levels", default="1,4,16")
-    parser.add_argument("--min-rounds", type=int, default=16, help="requests per client at the least")
-    parser.add_argument("--repeats", type=int, default=3, help="server/engine rounds per level (median reported)")
-    parser.add_argument("--engine", default="process", choices=["process", "thread"], help="serve.engine")
-    args = parser.parse_args()
-
-    import httpx
-    import openai
+def engine_round(loaded, context, level, per_client, args) -> dict:
+    """The same work on the engine in this process, `level` rows per batch, no HTTP."""
     import torch
 
-    from lopd_serve.models import load_checkpoint
+    from lopd_core.rollout.engine import Sampling, generate_turn
 
-    work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
-    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model")
-    loaded = load_checkpoint(folder, device="cpu")
+    engine_tokens, t0, cpu0 = 0, time.perf_counter(), time.process_time()
+    for b in range(per_client):
+        turns = generate_turn(
+            loaded.model,
+            [context] * level,
+            sampling=Sampling(temperature=1.0, max_new_tokens=args.max_tokens),
+            stop_id=loaded.chat.im_end_id,
+            pad_id=loaded.chat.pad_id,
+            generator=[torch.Generator().manual_seed(1000 * k + b) for k in range(level)],
+        )
+        engine_tokens += sum(len(ids) for ids, _ in turns)
+    engine_s, engine_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    # a shared machine gives the two sides different shares of a core: this says what the reference got
+    return {
+        "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
+        "reference_cpu_over_wall": round(engine_cpu / engine_s, 3),
+    }
+
+
+def start_server(folder: Path, store: Path, engine: str):
+    """`lopd serve` in a process of its own, as deployed (clients here would otherwise share its interpreter
+    lock); returns the process, its /health URL and an openai client."""
+    import httpx
+    import openai
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # The server in a process of its own, as deployed: clients here would otherwise share its interpreter lock.
     root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "lopd_cli.main", "serve", "--model", str(folder), "--port", str(port)]
+    command += ["--store", str(store), "--poll-s", "0", "--set", f"serve.engine={engine}"]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lopd_cli.main",
-            "serve",
-            "--model",
-            str(folder),
-            "--port",
-            str(port),
-            "--store",
-            str(work / "traces"),
-            "--poll-s",
-            "0",
-            "--set",
-            f"serve.engine={args.engine}",
-        ],
+        command,
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         stdout=subprocess.DEVNULL,
@@ -197,42 +175,95 @@ def main() -> int:
                 break
         except httpx.HTTPError:
             if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start") from None
+                raise SystemExit(f"the {engine} server did not start") from None
             time.sleep(0.2)
-    url = f"http://127.0.0.1:{port}/v1"
+    return server, health, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+def median_round(runs: list[dict]) -> dict:
+    """The round with the median ratio, and every round's ratio beside it."""
+    ordered = sorted(runs, key=lambda run: run["server_over_engine"])
+    return {**ordered[len(ordered) // 2], "server_over_engine_runs": [run["server_over_engine"] for run in ordered]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--levels", default="1,4,16")
+    parser.add_argument("--min-rounds", type=int, default=16, help="requests per client at the least")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per level (the median is reported)")
+    parser.add_argument(
+        "--engine", default="both", choices=["both", "process", "thread"], help="serve.engine (both: alternate them)"
+    )
+    args = parser.parse_args()
+
+    import httpx
+    import torch
+
+    from lopd_serve.models import load_checkpoint
+
+    work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
+    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model")
+    loaded = load_checkpoint(folder, device="cpu")
+    engines = ["process", "thread"] if args.engine == "both" else [args.engine]
+    servers = {e: start_server(folder, work / f"traces-{e}", e) for e in engines}
     messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find key a"}]
     context = loaded.chat.start(messages[0]["content"], messages[1]["content"]).token_ids
-    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-    client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=0)  # warm up
+    for _, _, client in servers.values():
+        client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=0)  # warm up
 
-    results = {}
+    results: dict[str, dict] = {e: {} for e in engines}
     for level in [int(x) for x in args.levels.split(",")]:
         per_client = max(args.requests // level, args.min_rounds)
-        runs = []
-        for _ in range(args.repeats):  # server and engine alternate: a load that comes and goes hits both
-            runs.append(one_round(client, health, server.pid, loaded, messages, context, level, per_client, args))
-        ratios = sorted(run["server_over_engine"] for run in runs)
-        results[level] = {
-            **sorted(runs, key=lambda run: run["server_over_engine"])[len(runs) // 2],  # the median run
-            "server_over_engine_runs": ratios,
-        }
-    stats = httpx.get(health).json()
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=30)
-    levels = sorted(results)
+        runs: dict[str, list] = {e: [] for e in engines}
+        for r in range(args.repeats):
+            # the engines and the in-process reference alternate, the engines' order turned every round: a load
+            # that comes and goes falls on every side, and neither engine always runs first
+            order = engines if r % 2 == 0 else engines[::-1]
+            rounds = {
+                e: server_round(servers[e][2], servers[e][1], servers[e][0].pid, messages, level, per_client, args)
+                for e in order
+            }
+            reference = engine_round(loaded, context, level, per_client, args)
+            for e, run in rounds.items():
+                ratio = run["server_tokens_per_s"] / reference["engine_tokens_per_s"]
+                runs[e].append({**run, **reference, "server_over_engine": round(ratio, 3)})
+            print(
+                f"c{level} round {r + 1}/{args.repeats}: "
+                + ", ".join(f"{e} {runs[e][-1]['server_over_engine']}x" for e in engines),
+                file=sys.stderr,
+                flush=True,
+            )
+        for e in engines:
+            results[e][level] = median_round(runs[e])
+    stats = {e: httpx.get(servers[e][1]).json() for e in engines}
+    for server, _, _ in servers.values():
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    levels = sorted(results[engines[0]])
+    top = levels[-1]
     out = {
         "device": "cpu",
-        "engine": args.engine,
         "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens,
-        "server_decode_steps": stats["batches"],
-        "server_requests": stats["batched_requests"],
-        "levels": results,
-        f"server_over_engine_c{levels[-1]}": results[levels[-1]]["server_over_engine"],
-        f"server_c{levels[-1]}_over_c{levels[0]}": round(
-            results[levels[-1]]["server_tokens_per_s"] / results[levels[0]]["server_tokens_per_s"], 2
-        ),
+        "repeats": args.repeats,
+        "engines": {
+            e: {
+                "server_decode_steps": stats[e]["batches"],
+                "server_requests": stats[e]["batched_requests"],
+                "levels": results[e],
+                f"server_over_engine_c{top}": results[e][top]["server_over_engine"],
+                f"server_c{top}_over_c{levels[0]}": round(
+                    results[e][top]["server_tokens_per_s"] / results[e][levels[0]]["server_tokens_per_s"], 2
+                ),
+            }
+            for e in engines
+        },
     }
+    if len(engines) > 1:  # the default engine should be this one (serve.engine)
+        out[f"faster_at_c{top}"] = max(engines, key=lambda e: results[e][top]["server_over_engine"])
     print(json.dumps(out, indent=2))
     return 0
 
