@@ -17,7 +17,7 @@ over. One torch thread per process, as every figure of the project is taken (the
 clients then each have a core's worth of work on a 2-core machine):
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/serving.py [--model DIR] [--requests 64] \
-        [--max-tokens 32] [--engine both|process|thread] [--repeats 5] [--min-rounds 16]
+        [--max-tokens 32] [--engine both|process|thread] [--repeats 5] [--min-rounds 16] [--width 64 --layers 2]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import lopd_core  # noqa: F401  (offline defaults)
 
 
-def tiny_checkpoint(folder: Path) -> Path:
+def tiny_checkpoint(folder: Path, width: int = 64, layers: int = 2) -> Path:
     import torch
 
     from lopd_core.config import TinyModelConfig
@@ -49,7 +49,9 @@ def tiny_checkpoint(folder: Path) -> Path:
     demos = build_demos(n=120, experience_fraction=0.4, max_experiences=2, convention_noise=0.5, slip=0.1, seed=0)
     tokenizer = train_tokenizer((d.text() for d in demos), vocab_size=600)
     torch.manual_seed(0)
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    cfg = TinyModelConfig(
+        hidden_size=width, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=2 * width
+    )
     tiny_qwen3(cfg, tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -189,6 +191,14 @@ def median_round(runs: list[dict]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=64,
+        help="hidden size of the random model (layers: --layers): the server's cost per step is fixed, the model's "
+        "grows with it, so a wider model shows how the ratio moves with the model's share of a step",
+    )
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", default="1,4,16")
@@ -205,7 +215,7 @@ def main() -> int:
     from lopd_serve.models import load_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
-    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model")
+    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model", args.width, args.layers)
     loaded = load_checkpoint(folder, device="cpu")
     engines = ["process", "thread"] if args.engine == "both" else [args.engine]
     servers = {e: start_server(folder, work / f"traces-{e}", e) for e in engines}
@@ -246,6 +256,7 @@ def main() -> int:
     top = levels[-1]
     out = {
         "device": "cpu",
+        "model": args.model or f"random, hidden {args.width}, {args.layers} layers",
         "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
