@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import varied_count
 from lopd_core.distill.composer.composer import save_composer
 from lopd_core.distill.composer.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
@@ -41,13 +42,18 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
     composer = load_phi(params, model, start, refit=True)
     targets = seed_targets(read_trajectories(seed_path))
     summary = {"start": str(start), "out": cs.fit_out, "seed_targets": len(targets), "online_rollouts": 0}
-    others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
+    others = dataclasses.replace(
+        params.bank.retrieval, allow_self_retrieval=False, top_j=cs.max_experiences or params.bank.top_j
+    )
     with open_bank(params) as bank:
         retrieve = make_retriever(bank, others)
         if cs.online_rollouts and cs.fit_steps:
-            targets += _text_teacher(params, model, tokenizer, retrieve, log)
+            top = params.bank.top_j  # the text teacher plays with what distillation retrieves
+            targets += _text_teacher(params, model, tokenizer, lambda ts: [r[:top] for r in retrieve(ts)], log)
             summary["online_rollouts"] = cs.online_rollouts
         retrieve, kept = cached_retriever(retrieve, targets)
+    if cs.max_experiences:  # 1..max_experiences of each target's cached rows, drawn anew each step
+        retrieve = varied_count(retrieve, cs.max_experiences, params.seed + FIT_SEED_OFFSET)
     summary["targets"] = len(kept)
     if not cs.fit_steps or not kept:
         log(f"fit: {'no target reads a bank row' if cs.fit_steps else 'coldstart.fit_steps is 0'}: φ kept as it is")
