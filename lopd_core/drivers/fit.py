@@ -42,14 +42,12 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
     composer = load_phi(params, model, start, refit=True)
     targets = seed_targets(read_trajectories(seed_path))
     summary = {"start": str(start), "out": cs.fit_out, "seed_targets": len(targets), "online_rollouts": 0}
-    others = dataclasses.replace(
-        params.bank.retrieval, allow_self_retrieval=False, top_j=cs.max_experiences or params.bank.top_j
-    )
+    most = cs.max_experiences or params.bank.top_j  # rows retrieved per target (1..most read: varied_count)
+    others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False, top_j=most)
     with open_bank(params) as bank:
         retrieve = make_retriever(bank, others)
         if cs.online_rollouts and cs.fit_steps:
-            top = params.bank.top_j  # the text teacher plays with what distillation retrieves
-            targets += _text_teacher(params, model, tokenizer, lambda ts: [r[:top] for r in retrieve(ts)], log)
+            targets += _text_teacher(params, model, tokenizer, retrieve, log)
             summary["online_rollouts"] = cs.online_rollouts
         retrieve, kept = cached_retriever(retrieve, targets)
     if cs.max_experiences:  # 1..max_experiences of each target's cached rows, drawn anew each step
@@ -90,13 +88,14 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
 
 
 def _text_teacher(params: Params, model, tokenizer, retrieve, log) -> list:
-    """`coldstart.online_rollouts` fresh rollouts of the text teacher on training tasks of the deployment world."""
+    """`coldstart.online_rollouts` fresh rollouts of the text teacher on training tasks of the deployment world,
+    each reading its nearest bank.top_j rows, as distillation retrieves (however many the fit reads)."""
     tasks = deployment_tasks(params.envs, "train", params.coldstart.online_rollouts, params.seed + FIT_SEED_OFFSET)
     return text_teacher_targets(
         model,
         tokenizer,
         tasks,
-        retrieve(tasks),
+        [rows[: params.bank.top_j] for rows in retrieve(tasks)],
         sampling=Sampling.from_rollout(params.rollout),
         batch_size=params.rollout.batch_size,
         seed=params.seed + FIT_SEED_OFFSET,

@@ -1,8 +1,9 @@
-"""φ's side of update.py's update, after the chunks: the reading term into the latents' gradient, then the
-composer's step — the anchor's piece of loss_φ with m and the gradient the chunks gathered on the latents' leaf,
-one backward through the resampler, φ's optimizer step (DESIGN §3, step 4's end). update.py's module docstring
-says why loss_φ is back-propagated in pieces; this file is its last piece. A file of its own because none of it
-is on the way to θ's optimizer step, which comes first.
+"""φ's side of update.py's update, after the chunks: the reading term into the latents' gradient (only where φ
+trains and reads text: before θ's step, as the reference orders it), then, after θ's step, the composer's step —
+the anchor's piece of loss_φ with m and the gradient the chunks gathered on the latents' leaf, one backward through
+the resampler, φ's optimizer step (DESIGN §3, step 4's end). update.py's module docstring says why loss_φ is
+back-propagated in pieces; this file is its last piece. A file of its own because on the default (φ frozen)
+none of it is on the way to θ's optimizer step.
 """
 
 from __future__ import annotations
@@ -19,16 +20,11 @@ from lopd_core.distill.update.parts import UpdateParts, grad_norm, timed
 from lopd_core.distill.update.state import DistillState
 
 
-def reads_text(parts: UpdateParts) -> bool:
-    """Whether this step has a reading term: its weight set, φ training, and latents to read."""
-    setup = parts.setup
-    return bool(setup.text_kl_weight and setup.method.composer.trainable and parts.context.latents is not None)
-
-
 def reading_backward(parts: UpdateParts) -> float:
     """The composer's reading term (reading.py): w · KL(p_text ‖ p_latent) on a few of the step's rows, backward
     into the latents' leaf, whose gradient step_composer then pushes through the resampler with the rest of
-    loss_φ. Returns the KL (a token mean over every rank's rows). Called only where it acts (`reads_text`)."""
+    loss_φ. Returns the KL (a token mean over every rank's rows). update calls it only where it acts: φ trains,
+    the weight is set and the step has latents."""
     setup, models, batch, context, sums = parts.setup, parts.models, parts.batch, parts.context, parts.sums
     with timed(sums, "composer"):
         rows = reading_rows(len(batch), setup.samples_per_task, setup.text_kl_rows)

@@ -43,7 +43,7 @@ from lopd_core.distill.update.batch import (
     composer_scale,
     micro_batches,
 )
-from lopd_core.distill.update.composer_step import reading_backward, reads_text, step_composer
+from lopd_core.distill.update.composer_step import reading_backward, step_composer
 from lopd_core.distill.update.dashboard import UpdateResult, step_result
 from lopd_core.distill.update.inputs import StepModels, StepSetup
 from lopd_core.distill.update.parts import TeacherContext, UpdateParts, context_embeddings, grad_norm, timed
@@ -72,7 +72,9 @@ def update(
     models.opt_theta.zero_grad(set_to_none=True)
     for c, chunk in enumerate(chunks):  # 2-4 on each micro-batch, gradients accumulated
         run_chunk(parts, chunk, beta=beta, scale=scale, train_composer=c in picked)
-    kl_text = reading_backward(parts) if reads_text(parts) else 0.0  # 4'. the reading term, into the latents' grad
+    kl_text = 0.0  # 4'. the reading term, into the latents' grad: only where φ trains and reads the text
+    if setup.text_kl_weight and setup.method.composer.trainable and context.latents is not None:
+        kl_text = reading_backward(parts)
     totals = sums.reduced()
     if setup.margin(state) is None:  # `lopd.margin: auto` with nothing stored to price on: this step's successes
         P.price_on_batch(setup, state, batch, sums.gap, log)
