@@ -6,7 +6,7 @@ Two figures per composer, each the median over `--reps` interleaved repetitions:
     rollouts with their retrieved rows, backward and optimizer step), the encoder's cache warm as after the first
     steps of a fit (a LoRA that trains is never cached: it encodes every step);
   * latents per distillation step — composing the latents for `--rows` trajectories of new tasks, as the teacher's
-    context does each step (teacher_context.py). Bank rows recur across steps, so the default's and a fixed LoRA's
+    context does each step (`teacher_context`). Bank rows recur across steps, so the default's and a fixed LoRA's
     encoder states are cached (warm); a query-conditioned composer reads every row anew with each new task in front
     (cold: new tasks every step). Both are printed; the line says which applies.
 

@@ -114,9 +114,13 @@ _COMPOSER_CODE = (
     *_ROLLOUT,
 )
 # The cold start's own keys (φ0) and the in-world fit's (coldstart.fit_*): one section, two stages.
-_COLDSTART = tuple(f"coldstart.{k}" for k in ("steps", "batch_size", "lr", "kl_weight", "oracle_tasks", "out"))
+_COLDSTART = tuple(
+    f"coldstart.{k}" for k in ("steps", "batch_size", "lr", "kl_weight", "oracle_tasks", "max_experiences", "out")
+)
 _RETRIEVAL = "bank.top_j", "bank.same_world", "bank.ef_search"
-_FIT = tuple(f"coldstart.{k}" for k in ("fit_steps", "fit_batch_size", "fit_lr", "online_rollouts", "fit_out"))
+_FIT = tuple(
+    f"coldstart.{k}" for k in ("fit_steps", "fit_batch_size", "fit_lr", "online_rollouts", "max_experiences", "fit_out")
+)
 
 STAGES: dict[str, StageReads] = {
     # model.base_source: the shipped base (lopd_core/model/embedded_base, part of lopd_core/model's code) or a build

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lopd_core.config import Params
 from lopd_core.distill.composer.coldstart import train_coldstart
+from lopd_core.distill.composer.coldstart_data import varied_count
 from lopd_core.distill.composer.composer import save_composer
 from lopd_core.distill.composer.world_fit import FIT_SEED_OFFSET, cached_retriever, seed_targets, text_teacher_targets
 from lopd_core.drivers.bank import bank_paths, make_retriever, open_bank
@@ -41,13 +42,16 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
     composer = load_phi(params, model, start, refit=True)
     targets = seed_targets(read_trajectories(seed_path))
     summary = {"start": str(start), "out": cs.fit_out, "seed_targets": len(targets), "online_rollouts": 0}
-    others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False)
+    most = cs.max_experiences or params.bank.top_j  # rows retrieved per target (1..most read: varied_count)
+    others = dataclasses.replace(params.bank.retrieval, allow_self_retrieval=False, top_j=most)
     with open_bank(params) as bank:
         retrieve = make_retriever(bank, others)
         if cs.online_rollouts and cs.fit_steps:
             targets += _text_teacher(params, model, tokenizer, retrieve, log)
             summary["online_rollouts"] = cs.online_rollouts
         retrieve, kept = cached_retriever(retrieve, targets)
+    if cs.max_experiences:  # 1..max_experiences of each target's cached rows, drawn anew each step
+        retrieve = varied_count(retrieve, cs.max_experiences, params.seed + FIT_SEED_OFFSET)
     summary["targets"] = len(kept)
     if not cs.fit_steps or not kept:
         log(f"fit: {'no target reads a bank row' if cs.fit_steps else 'coldstart.fit_steps is 0'}: φ kept as it is")
@@ -84,13 +88,14 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
 
 
 def _text_teacher(params: Params, model, tokenizer, retrieve, log) -> list:
-    """`coldstart.online_rollouts` fresh rollouts of the text teacher on training tasks of the deployment world."""
+    """`coldstart.online_rollouts` fresh rollouts of the text teacher on training tasks of the deployment world,
+    each reading its nearest bank.top_j rows, as distillation retrieves (however many the fit reads)."""
     tasks = deployment_tasks(params.envs, "train", params.coldstart.online_rollouts, params.seed + FIT_SEED_OFFSET)
     return text_teacher_targets(
         model,
         tokenizer,
         tasks,
-        retrieve(tasks),
+        [rows[: params.bank.top_j] for rows in retrieve(tasks)],
         sampling=Sampling.from_rollout(params.rollout),
         batch_size=params.rollout.batch_size,
         seed=params.seed + FIT_SEED_OFFSET,

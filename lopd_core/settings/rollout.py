@@ -171,6 +171,12 @@ class ColdStartConfig(Section):
         help="oracle episodes on training tasks of the pretraining worlds: φ0's targets and what they retrieve; "
         "never a deployment world (the base's own successes are too rare to teach it)",
     )
+    max_experiences: int = setting(
+        0,
+        help="φ0's cold start and the in-world fit read 1..max_experiences retrieved rows per target, drawn "
+        "uniformly each time, so that φ reads any number of rows; 0: bank.top_j every time, as distillation does",
+        check=non_negative(),
+    )
     out: str = setting("data/composer/phi0.pt", help="where φ0 is written")
     # The in-world fit (lopd_core/distill/composer/world_fit.py): φ0 does not transfer to a new world, so before
     # distillation φ is fitted in the deployment world by KL to the base reading the same retrieved rows as text.

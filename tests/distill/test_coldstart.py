@@ -62,3 +62,29 @@ def test_a_non_finite_coldstart_update_is_skipped_counted_and_logged(tiny_model,
     run, moved, names = _coldstart(tiny_model, tiny_tokenizer, kl_weight=0.5, logs=logs)
     assert run.skipped_updates == 0 and not any("skipped" in line for line in logs)
     assert moved == names  # every parameter of φ learns on a finite loss
+
+
+def test_varied_count_keeps_the_nearest_one_to_most_rows_seeded():
+    """`coldstart.max_experiences`: each call keeps a prefix (the nearest rows first) of 1..most rows per task,
+    every count in that range drawn, the same stream for the same seed; a task with fewer rows keeps what it has."""
+    from collections import Counter
+
+    from lopd_core.distill.composer.coldstart_data import varied_count
+
+    tasks = make_tasks("toolworld", "train", 3, seed=0)
+    rows = {t.task_id: [f"{t.task_id}-{k}" for k in range(8)] for t in tasks}
+    rows[tasks[2].task_id] = rows[tasks[2].task_id][:2]
+
+    def retrieve(ts):
+        return [rows[t.task_id] for t in ts]
+
+    pick, again = varied_count(retrieve, 8, seed=5), varied_count(retrieve, 8, seed=5)
+    counts = Counter()
+    for _ in range(200):
+        out = pick(tasks)
+        assert out == again(tasks)
+        for t, kept in zip(tasks, out):
+            assert kept == rows[t.task_id][: len(kept)] and 1 <= len(kept) <= 8
+        counts.update(len(kept) for kept in out[:2])
+        assert len(out[2]) <= 2
+    assert set(counts) == set(range(1, 9))  # every count from 1 to 8 is drawn

@@ -15,7 +15,7 @@ from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
 from lopd_core.distill.loop import trainer as trainer_mod
 from lopd_core.distill.scoring import losses as L
 from lopd_core.distill.update import step as step_mod
-from lopd_core.distill.update import update as U
+from lopd_core.distill.update.batch import chunk_group, composer_chunks, micro_batches
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,8 @@ def test_micro_batches_give_the_whole_batch_update(tiny_model, tiny_tokenizer, b
         **kw,
     )
     assert chunked.setup.low_memory == (separate is not False)  # lopd.low_memory, read at construction
-    assert len(U.step_chunks(chunked.setup, [t.token_ids for t in trajs])) == 3
+    group = chunk_group(chunked.setup.samples_per_task, chunked.setup.share_prompt)  # as update.py cuts the batch
+    assert len(micro_batches([len(t.token_ids) for t in trajs], chunked.setup.micro_batch, group)) == 3
     theta0 = {n: p.detach().clone() for n, p in whole.trainable.named_parameters() if p.requires_grad}
     out_a, out_b = whole.update(tasks, trajs), chunked.update(tasks, trajs)
 
@@ -137,8 +138,9 @@ def test_composer_fraction_trains_phi_on_a_subset_and_keeps_the_dual_ascent_whol
     tasks, trajs, retriever = batch
     full = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "a", micro_batch=2)
     part = _distiller(tiny_model, tiny_tokenizer, retriever, tmp_path / "b", micro_batch=2, composer_fraction=0.34)
-    picks = U.composer_picks(part.setup, 3, part.state.step)
-    assert len(picks) == 1 and picks == U.composer_picks(part.setup, 3, part.state.step)
+    seed = part.setup.seed * 1_000_003 + part.state.step  # as update.py picks this step's chunks
+    picks = composer_chunks(3, part.setup.composer_fraction, seed)
+    assert len(picks) == 1 and picks == composer_chunks(3, part.setup.composer_fraction, seed)
     phi0 = {n: p.detach().clone() for n, p in part.composer.named_parameters()}
     out_a, out_b = full.update(tasks, trajs), part.update(tasks, trajs)
     a = dict(full.trainable.named_parameters())

@@ -10,6 +10,7 @@ distillation retrieves from the deployment bank. Nothing here reads the deployme
 
 from __future__ import annotations
 
+import random
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -84,10 +85,26 @@ def pretraining_retriever(params: Params, trajectories: list[Trajectory]) -> Ite
             )
             bank.ensure_index()
 
+            most = params.coldstart.max_experiences
+
             def retrieve(tasks: list[Task]) -> list[list[str]]:
                 return [
                     [h.experience_text for h in hits]
-                    for hits in bank.retrieve(tasks, params.bank.top_j, False, same_world=True)
+                    for hits in bank.retrieve(tasks, most or params.bank.top_j, False, same_world=True)
                 ]
 
-            yield retrieve
+            yield varied_count(retrieve, most, params.seed + COLDSTART_SEED_OFFSET) if most else retrieve
+
+
+def varied_count(retrieve: Callable, most: int, seed: int) -> Callable[[list[Task]], list[list[str]]]:
+    """A retriever that keeps, per task and call, its nearest J rows with J drawn uniformly from 1..`most` (a
+    seeded stream): φ then learns to read any number of experiences up to `most` rather than always
+    bank.top_j, so that more rows at play time can help instead of reading as out of distribution
+    (`coldstart.max_experiences`; the warm start's `model.warmstart.max_experiences` does the same for the
+    base). `retrieve` must return at least `most` rows where the bank has them."""
+    rng = random.Random(seed)
+
+    def pick(tasks: list[Task]) -> list[list[str]]:
+        return [rows[: rng.randint(1, most)] for rows in retrieve(tasks)]
+
+    return pick

@@ -14,9 +14,10 @@ phase's frozen `StepSetup` (the resolved method, the student loss, the knobs it 
 Where each part lives (docs/architecture.md walks one step through them):
   trainer.py          the models, the optimizers, the method's phases, step 1 (rollouts)
   reference.py        steps 2-5 read top to bottom: start reading here; what runs in the simple configuration
-  update.py           steps 2-5 with named optimisations (micro-batches, one teacher pass for steps 2 and 4, ...)
+  update.py           steps 2-5 with named optimisations (micro-batches, one teacher pass for steps 2 and 4, ...),
+                      step 2a (what the teacher reads: latents, text, nothing) among them
+  composer_step.py    φ's side of update.py's update, after θ's step: the reading term, the anchor, φ's step
   inputs.py           the step's typed inputs: `StepSetup`, `StepModels`; build.py builds the models
-  teacher_context.py  step 2a: what the teacher reads (latents, text, nothing) and with which weights
   dashboard.py        the step's row of plots/distill.csv and its diagnostics
   replay.py           `lopd.replay_share`: a share of each step's tasks from earlier worlds, read without experience
   margin_pricing.py   `lopd.margin: auto` priced before (or at) step 1

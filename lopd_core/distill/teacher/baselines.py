@@ -3,7 +3,7 @@ what).
 
 A text context is built per trajectory by the builder of its method's `teacher.context` (`CONTEXT_BUILDERS`,
 one per kind of text; "latent" and "none" read no text) and spliced into the latent slot, where it is exactly
-the conversation with that text in its first user turn (teacher_context.py).
+the conversation with that text in its first user turn (update/parts.py `context_embeddings`).
 """
 
 from __future__ import annotations

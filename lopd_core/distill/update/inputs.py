@@ -1,7 +1,7 @@
 """The typed inputs of every step function: one frozen `StepSetup` and one `StepModels` container.
 
 Why: the trainer (`Distiller`, trainer.py) owns the models, the optimizers and the run's `DistillState`; the
-functions of a step (update.py, reference.py, teacher_context.py, dashboard.py, margin_pricing.py) take what they
+functions of a step (update.py, reference.py, composer_step.py, dashboard.py, margin_pricing.py) take what they
 read — the setup, the models, the state — and say so in their signature. None of them imports the trainer, so
 the files of the step import each other in one direction only (tests/test_architecture.py checks that no file
 imports itself back through others). torchtune's GRPO recipe passes typed containers between its stages the

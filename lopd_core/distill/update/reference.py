@@ -26,8 +26,8 @@ from lopd_core.distill.update import step as S
 from lopd_core.distill.update.batch import RolloutBatch
 from lopd_core.distill.update.dashboard import ComposerStep, UpdateResult, step_result
 from lopd_core.distill.update.inputs import StepModels, StepSetup
+from lopd_core.distill.update.parts import context_embeddings
 from lopd_core.distill.update.state import DistillState
-from lopd_core.distill.update.teacher_context import context_embeddings
 from lopd_core.envs import Task
 
 
