@@ -62,3 +62,18 @@ def test_seed_bank_rows_are_sampled_in_the_deployment_worlds(tmp_path, tiny_mode
     assert len(bank) == summary["bank_rows"]
     assert set(bank["world"]) <= set(params.envs.deploy_worlds)
     assert not bank["policy_version"].str.contains("oracle").any()
+
+
+def test_the_cold_start_reads_one_to_max_experiences_rows_when_asked(tmp_path, tiny_tokenizer):
+    """`coldstart.max_experiences`: the cold start's retriever reads up to that many same-world rows (more than
+    bank.top_j) and keeps 1..max of them per target, varying between calls; 0 keeps bank.top_j every time."""
+    params = _params(tmp_path, extra=["coldstart.oracle_tasks=40", "coldstart.max_experiences=6", "bank.top_j=2"])
+    trajectories, successes = pretraining_successes(params, ChatCodec(tiny_tokenizer))
+    tasks = [s.task for s in successes[:6]]
+    with pretraining_retriever(params, trajectories) as retrieve:
+        counts = {len(found) for _ in range(10) for found in retrieve(tasks)}
+    assert max(counts) > 2 and min(counts) >= 1 and max(counts) <= 6  # beyond top_j, and varied
+    (tmp_path / "plain").mkdir()
+    plain = _params(tmp_path / "plain", extra=["coldstart.oracle_tasks=40", "bank.top_j=2"])
+    with pretraining_retriever(plain, trajectories) as retrieve:
+        assert {len(found) for found in retrieve(tasks)} == {2}
