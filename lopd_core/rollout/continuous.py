@@ -4,9 +4,9 @@ scheduling, on the pieces of the rollout engine's decoder, decode.py).
 Why: `generate_turn` decodes a fixed batch until its last row is done, so a request arriving meanwhile waits for
 the whole batch, and a finished row is answered only when its batch ends. A server whose clients send their next
 request as soon as they are answered then alternates between decoding and waiting for requests. Here every step
-is one forward over the rows present: a row that joins feeds its whole context in that step (its prefill rides
-along the other rows' one-token decode, left-padded in the step's block), a row that finished is dropped before
-the next one.
+is one forward over the rows present, a row that finished is dropped before the next one, and a row that joins
+feeds its whole context in the step it joins: in a forward of the joiners alone, whose keys and values are then
+appended to the batch's cache (`_prefill_apart`), so that a join does not run every row at the prompt's width.
 
 The cache holds one row per request. A row that leaves frees its cache row; a row that joins takes a free cache
 row (its old slots masked) or, when none is free, a new one with every earlier slot masked. The masked slots (a
@@ -132,15 +132,12 @@ class ContinuousBatch:
         """One forward over every row's pending ids, one token sampled per row; returns the finished requests."""
         live = [row for row in self.rows if row is not None]
         joined = any(len(row.pending) != 1 for row in live)
-        block, fresh, positions = self._block(joined)
-        attention = fresh if self.attention is None else torch.cat([self.attention, fresh], dim=1)
-        logits = self.step_logits(input_ids=block, attention_mask=attention, position_ids=positions)  # (B, V)
-        free = [n for n, row in enumerate(self.rows) if row is None]
-        if free:  # a free row attended to its own pad slot only; nothing of it is kept
-            attention[free] = 0
-        self.attention = attention
-        for row in live:
-            row.next_pos += len(row.pending)
+        if joined and self.attention is not None and any(row.next_pos for row in live):
+            logits = self._prefill_apart()  # requests join rows already decoding
+        else:
+            logits = self._forward(joined)
+            for row in live:
+                row.next_pos += len(row.pending)
         self._sample(logits)
         done = [row.request for row in live if row.request.finished(self.stop_id)]
         for row in live:
@@ -150,6 +147,50 @@ class ContinuousBatch:
         elif joined:  # the decode rows' padding in the prefill block
             self._compact_if_wasteful()
         return done
+
+    def _forward(self, joined: bool) -> torch.Tensor:
+        """Every row's pending ids in one (B, W) block through the cache; returns each row's last logits."""
+        block, fresh, positions = self._block(joined)
+        attention = fresh if self.attention is None else torch.cat([self.attention, fresh], dim=1)
+        logits = self.step_logits(input_ids=block, attention_mask=attention, position_ids=positions)  # (B, V)
+        free = [n for n, row in enumerate(self.rows) if row is None]
+        if free:  # a free row attended to its own pad slot only; nothing of it is kept
+            attention[free] = 0
+        self.attention = attention
+        return logits
+
+    def _prefill_apart(self) -> torch.Tensor:
+        """A step where requests join rows already decoding. Fed in the decode rows' block, a joiner's prompt would
+        make every row of the step run at the prompt's width; so the joiners' prompts run in a forward of their
+        own (a fresh cache), their keys and values are appended to the batch's cache in slots the other rows mask,
+        and the decode rows take their one-token step as usual, a joiner feeding a pad there (its slot masked, its
+        logits those of its own prefill). vLLM separates prefill from decode for the same reason."""
+        joiners = [n for n, row in enumerate(self.rows) if row is not None and row.next_pos == 0]
+        prompts = [torch.tensor(self.rows[n].pending, dtype=torch.long, device=self.device) for n in joiners]
+        block, fresh = _left_padded(prompts, self.pad_id)  # (J, W)
+        own = DynamicCache()
+        positions = (fresh.cumsum(-1) - 1).clamp(min=0)
+        first = _last_logits(self.model, own)(input_ids=block, attention_mask=fresh, position_ids=positions)
+        index = torch.tensor(joiners, dtype=torch.long, device=self.device)
+        appended = self.attention.new_zeros((len(self.rows), block.shape[1]))
+        appended[index] = fresh.to(appended.dtype)
+        for layer, theirs in zip(self.cache.layers, own.layers):  # (B, H, T, d) -> (B, H, T + W, d)
+            for name in ("keys", "values"):
+                ours, part = getattr(layer, name), getattr(theirs, name)
+                slots = ours.new_zeros((ours.shape[0], ours.shape[1], part.shape[2], ours.shape[3]))
+                slots[index] = part
+                setattr(layer, name, torch.cat([ours, slots], dim=2))
+        self.attention = torch.cat([self.attention, appended], dim=1)
+        lengths = {n: len(self.rows[n].pending) for n in joiners}
+        for n in joiners:
+            self.rows[n].pending, self.rows[n].next_pos = [self.pad_id], lengths[n]
+        logits = self._forward(joined=False)  # (B, V) the decode rows' step
+        self.attention[index, -1] = 0  # the joiners' pad slot
+        for n, row in enumerate(self.rows):
+            if row is not None and n not in lengths:
+                row.next_pos += 1
+        logits[index] = first.to(logits.dtype)
+        return logits
 
     def _block(self, joined: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's (B, W) input ids, their mask and positions: each row's pending ids at the block's right

@@ -125,3 +125,32 @@ def test_rows_that_leave_and_join_in_turn_reuse_the_cache_rows(tiny_model, tiny_
         _check_turn(model, contexts[k], request.ids, request.logprobs, sampling)
         checked += check_stream_picks(model, contexts[k], request.ids, sampling, k)
     assert checked >= 0.9 * sum(len(r.ids) for r in requests)
+
+
+def test_a_join_prefills_the_joiner_alone_not_every_row_at_its_width(tiny_model, tiny_tokenizer):
+    """A request joining rows already decoding: its prompt runs in a forward of its own ((1, W)), the decode rows in
+    their usual (B, 1) step, never a (B, W) block of every row at the joiner's width; and the joiner still decodes
+    what it decodes alone."""
+    chat = ChatCodec(tiny_tokenizer)
+    model = tiny_model.eval()
+    contexts = [chat.start("", TEXTS[k % len(TEXTS)]).token_ids for k in range(4)]
+    requests = [Request(c, 1.0, 1.0, 8, torch.Generator().manual_seed(k)) for k, c in enumerate(contexts)]
+    batch = ContinuousBatch(model, stop_id=chat.im_end_id, pad_id=chat.pad_id)
+    for request in requests[:3]:
+        batch.add(request)
+    batch.step()  # the first three prefill together (nothing cached yet)
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        batch.add(requests[3])
+        rows = len(batch.rows)  # the cache's rows, a freed one reused by the joiner
+        batch.step()
+    finally:
+        hook.remove()
+    assert shapes == [(1, len(contexts[3])), (rows, 1)], shapes
+    while len(batch):
+        batch.step()
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=8)
+    _check_turn(model, contexts[3], requests[3].ids, requests[3].logprobs, sampling)
