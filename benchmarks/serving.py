@@ -171,14 +171,20 @@ def start_server(folder: Path, store: Path, engine: str):
     )
     health = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(health, timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the {engine} server did not start") from None
-            time.sleep(0.2)
+    try:
+        while True:
+            try:
+                if httpx.get(health, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the {engine} server did not start") from None
+                time.sleep(0.2)
+    except BaseException:  # not started (or Ctrl-C meanwhile): not left behind in its own session
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+        raise
     return server, health, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
 
 
@@ -188,37 +194,11 @@ def median_round(runs: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], "server_over_engine_runs": [run["server_over_engine"] for run in ordered]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
-    parser.add_argument(
-        "--width",
-        type=int,
-        default=64,
-        help="hidden size of the random model (layers: --layers): the server's cost per step is fixed, the model's "
-        "grows with it, so a wider model shows how the ratio moves with the model's share of a step",
-    )
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--levels", default="1,4,16")
-    parser.add_argument("--min-rounds", type=int, default=16, help="requests per client at the least")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds per level (the median is reported)")
-    parser.add_argument(
-        "--engine", default="both", choices=["both", "process", "thread"], help="serve.engine (both: alternate them)"
-    )
-    args = parser.parse_args()
-
+def measure(servers: dict, loaded, engines: list[str], args) -> tuple[dict, dict]:
+    """Per level, `--repeats` rounds of every engine's server and the in-process reference; each engine's median
+    round per level, and each server's /health figures at the end."""
     import httpx
-    import torch
 
-    from lopd_serve.models import load_checkpoint
-
-    work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
-    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model", args.width, args.layers)
-    loaded = load_checkpoint(folder, device="cpu")
-    engines = ["process", "thread"] if args.engine == "both" else [args.engine]
-    servers = {e: start_server(folder, work / f"traces-{e}", e) for e in engines}
     messages = [{"role": "system", "content": "tools: lookup(key)"}, {"role": "user", "content": "find key a"}]
     context = loaded.chat.start(messages[0]["content"], messages[1]["content"]).token_ids
     for _, _, client in servers.values():
@@ -249,9 +229,47 @@ def main() -> int:
         for e in engines:
             results[e][level] = median_round(runs[e])
     stats = {e: httpx.get(servers[e][1]).json() for e in engines}
-    for server, _, _ in servers.values():
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+    return results, stats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random model)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=64,
+        help="hidden size of the random model (layers: --layers): the server's cost per step is fixed, the model's "
+        "grows with it, so a wider model shows how the ratio moves with the model's share of a step",
+    )
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level and round")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--levels", default="1,4,16")
+    parser.add_argument("--min-rounds", type=int, default=16, help="requests per client at the least")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per level (the median is reported)")
+    parser.add_argument(
+        "--engine", default="both", choices=["both", "process", "thread"], help="serve.engine (both: alternate them)"
+    )
+    args = parser.parse_args()
+
+    import torch
+
+    from lopd_serve.models import load_checkpoint
+
+    work = Path(tempfile.mkdtemp(prefix="lopd-serve-bench-"))
+    folder = Path(args.model) if args.model else tiny_checkpoint(work / "model", args.width, args.layers)
+    loaded = load_checkpoint(folder, device="cpu")
+    engines = ["process", "thread"] if args.engine == "both" else [args.engine]
+    servers: dict = {}
+    try:  # the servers run in sessions of their own: stopped here whatever ends the run (an error, Ctrl-C)
+        for e in engines:
+            servers[e] = start_server(folder, work / f"traces-{e}", e)
+        results, stats = measure(servers, loaded, engines, args)
+    finally:
+        for server, _, _ in servers.values():
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
     levels = sorted(results[engines[0]])
     top = levels[-1]
     out = {

@@ -50,8 +50,7 @@ def run_fit(params: Params, *, start: str | None = None, log=print) -> dict:
             targets += _text_teacher(params, model, tokenizer, retrieve, log)
             summary["online_rollouts"] = cs.online_rollouts
         retrieve, kept = cached_retriever(retrieve, targets)
-    if cs.max_experiences:  # 1..max_experiences of each target's cached rows, drawn anew each step
-        retrieve = varied_count(retrieve, cs.max_experiences, params.seed + FIT_SEED_OFFSET)
+    retrieve = varied_count(retrieve, cs.max_experiences, params.seed + FIT_SEED_OFFSET)  # 1..N cached rows a step
     summary["targets"] = len(kept)
     if not cs.fit_steps or not kept:
         log(f"fit: {'no target reads a bank row' if cs.fit_steps else 'coldstart.fit_steps is 0'}: φ kept as it is")

@@ -181,14 +181,15 @@ class ContinuousBatch:
                 slots[index] = part
                 setattr(layer, name, torch.cat([ours, slots], dim=2))
         self.attention = torch.cat([self.attention, appended], dim=1)
-        lengths = {n: len(self.rows[n].pending) for n in joiners}
-        for n in joiners:
-            self.rows[n].pending, self.rows[n].next_pos = [self.pad_id], lengths[n]
+        joining = set(joiners)
+        decoding = [row for n, row in enumerate(self.rows) if row is not None and n not in joining]
+        for n in joiners:  # past its prompt, feeding a pad in the decode rows' step
+            row = self.rows[n]
+            row.pending, row.next_pos = [self.pad_id], len(row.pending)
         logits = self._forward(joined=False)  # (B, V) the decode rows' step
         self.attention[index, -1] = 0  # the joiners' pad slot
-        for n, row in enumerate(self.rows):
-            if row is not None and n not in lengths:
-                row.next_pos += 1
+        for row in decoding:
+            row.next_pos += 1
         logits[index] = first.to(logits.dtype)
         return logits
 

@@ -3,11 +3,12 @@ skipped, counted in what it returns and logged, never applied silently. Tiny fix
 
 import copy
 import math
+from collections import Counter
 
 import torch
 
 from lopd_core.distill.composer.coldstart import train_coldstart
-from lopd_core.distill.composer.coldstart_data import oracle_trajectory
+from lopd_core.distill.composer.coldstart_data import oracle_trajectory, varied_count
 from lopd_core.distill.composer.composer import Composer, mean_embedding_norm
 from lopd_core.distill.scoring import losses as L
 from lopd_core.envs import make_tasks
@@ -67,10 +68,6 @@ def test_a_non_finite_coldstart_update_is_skipped_counted_and_logged(tiny_model,
 def test_varied_count_keeps_the_nearest_one_to_most_rows_seeded():
     """`coldstart.max_experiences`: each call keeps a prefix (the nearest rows first) of 1..most rows per task,
     every count in that range drawn, the same stream for the same seed; a task with fewer rows keeps what it has."""
-    from collections import Counter
-
-    from lopd_core.distill.composer.coldstart_data import varied_count
-
     tasks = make_tasks("toolworld", "train", 3, seed=0)
     rows = {t.task_id: [f"{t.task_id}-{k}" for k in range(8)] for t in tasks}
     rows[tasks[2].task_id] = rows[tasks[2].task_id][:2]

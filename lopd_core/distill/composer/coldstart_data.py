@@ -93,7 +93,7 @@ def pretraining_retriever(params: Params, trajectories: list[Trajectory]) -> Ite
                     for hits in bank.retrieve(tasks, most or params.bank.top_j, False, same_world=True)
                 ]
 
-            yield varied_count(retrieve, most, params.seed + COLDSTART_SEED_OFFSET) if most else retrieve
+            yield varied_count(retrieve, most, params.seed + COLDSTART_SEED_OFFSET)
 
 
 def varied_count(retrieve: Callable, most: int, seed: int) -> Callable[[list[Task]], list[list[str]]]:
@@ -101,7 +101,9 @@ def varied_count(retrieve: Callable, most: int, seed: int) -> Callable[[list[Tas
     seeded stream): φ then learns to read any number of experiences up to `most` rather than always
     bank.top_j, so that more rows at play time can help instead of reading as out of distribution
     (`coldstart.max_experiences`; the warm start's `model.warmstart.max_experiences` does the same for the
-    base). `retrieve` must return at least `most` rows where the bank has them."""
+    base). `retrieve` must return at least `most` rows where the bank has them; `most` 0 is `retrieve` itself."""
+    if not most:
+        return retrieve
     rng = random.Random(seed)
 
     def pick(tasks: list[Task]) -> list[list[str]]:
